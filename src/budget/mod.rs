@@ -1,0 +1,284 @@
+//! The shared retry budget: a ratio budget with a small floor, and an optional run budget.
+//!
+//! One [`RetryBudget`] is a cheap `Clone` handle over atomics; every layer you give a clone to
+//! draws from the same balance. It works with the per-operation ledger of
+//! [`operation`](crate::operation): the ledger caps the attempts of one logical operation across
+//! nested layers, the budget caps the retries of all operations together.
+//!
+//! # Why a ratio budget, and why this one
+//!
+//! A cap on attempts per request does not stop a storm: in an outage every request spends all
+//! its attempts. A budget ties retries to what is going well: here, **each logical operation
+//! that succeeds deposits `retry_ratio` of a retry** (0.2 by default, Finagle's and tower's 20 %),
+//! and each retry withdraws one. In an outage nothing succeeds, so nothing is deposited and only
+//! the floor lets retries through; under scattered transient failures the successes around them
+//! pay for their retries.
+//!
+//! Three things differ from tower's `TpsBudget` (a Finagle port), each measured to matter:
+//!
+//! - **Deposits happen once per logical operation**, by the layer that opened it, not once per
+//!   layer: with three nested layers tower deposits three times for one success.
+//! - **The floor is per window, not per second.** `TpsBudget::default()` lets 10 retries/s
+//!   through whatever happens, which at the 1 request/s of one agent run is 10 retries per
+//!   request. The default floor here is 10 retries per minute.
+//! - **The hot path takes no lock and reads no clock**: a deposit is one atomic load (and an
+//!   atomic add while the balance is below its cap). Only a retry reads the clock (for the floor).
+//!
+//! The balance is capped at `max_balance` retries (100 by default), so a long healthy spell
+//! cannot bank an unbounded burst for the next outage.
+//!
+//! # Run budget
+//!
+//! An agent run can also cap what it spends in total, across every tool it calls: a number of
+//! retries and a total of backoff time. Give each run its own handle with
+//! [`RetryBudget::for_run`]; the ratio balance stays shared.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard::budget::{RetryBudget, RunLimits};
+//!
+//! let shared = RetryBudget::builder().retry_ratio(0.1).build()?;
+//! let run = shared.for_run(RunLimits::new().max_retries(20).max_retry_time(Duration::from_secs(60)).build()?);
+//! assert_eq!(run.run_retries(), Some(0));
+//! # Ok::<(), stormguard::error::ConfigError>(())
+//! ```
+
+mod ratio;
+mod run;
+
+pub use run::RunLimits;
+
+use crate::backoff::rng::mix;
+use crate::error::{ConfigError, ErrorCode};
+use ratio::Ratio;
+use run::Run;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a budget refused a retry.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The shared ratio budget (and its floor) is spent.
+    RetryBudget,
+    /// The run's own cap on retries or retry time is spent.
+    RunBudget,
+}
+
+impl Refusal {
+    /// The code of the error a refused retry ends with.
+    pub const fn code(self) -> ErrorCode {
+        match self {
+            Refusal::RetryBudget => ErrorCode::RetryBudgetExhausted,
+            Refusal::RunBudget => ErrorCode::RunBudgetExhausted,
+        }
+    }
+}
+
+/// A retry budget shared by every layer (and every clone) it is given to.
+///
+/// `RetryBudget::default()` is `retry_ratio` 0.2, `max_balance` 100, a floor of 10 retries per
+/// 60 s, no run limits.
+#[derive(Clone)]
+pub struct RetryBudget {
+    ratio: Arc<Ratio>,
+    run: Option<Arc<Run>>,
+}
+
+impl RetryBudget {
+    /// A builder with the default settings.
+    pub fn builder() -> RetryBudgetBuilder {
+        RetryBudgetBuilder::default()
+    }
+
+    /// A handle that shares this budget's ratio balance and adds a run budget of its own.
+    pub fn for_run(&self, limits: RunLimits) -> RetryBudget {
+        RetryBudget {
+            ratio: self.ratio.clone(),
+            run: Some(Arc::new(Run::new(limits))),
+        }
+    }
+
+    /// Credits one logical operation that succeeded.
+    #[inline]
+    pub fn deposit(&self) {
+        self.ratio.deposit();
+    }
+
+    /// Asks for one retry that will wait `delay` first. On `Ok` the retry is paid for.
+    pub fn try_withdraw(&self, delay: Duration) -> Result<(), Refusal> {
+        if let Some(run) = &self.run {
+            run.try_spend(delay)?;
+        }
+        if self.ratio.try_withdraw() {
+            return Ok(());
+        }
+        if let Some(run) = &self.run {
+            run.refund(delay);
+        }
+        Err(Refusal::RetryBudget)
+    }
+
+    /// Retries the ratio balance allows now (without the floor).
+    pub fn balance(&self) -> f64 {
+        self.ratio.balance()
+    }
+
+    /// Retries this run has spent, if it has a run budget.
+    pub fn run_retries(&self) -> Option<u32> {
+        self.run.as_ref().map(|run| run.retries())
+    }
+
+    /// Backoff time this run has spent, if it has a run budget.
+    pub fn run_retry_time(&self) -> Option<Duration> {
+        self.run.as_ref().map(|run| run.retry_time())
+    }
+
+    /// A fresh seed for one operation's backoff.
+    pub(crate) fn next_seed(&self) -> u64 {
+        self.ratio.next_seed()
+    }
+}
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        RetryBudgetBuilder::default()
+            .build()
+            .unwrap_or_else(|_| unreachable!("the default settings are valid"))
+    }
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("balance", &self.balance())
+            .field("run_retries", &self.run_retries())
+            .field("run_retry_time", &self.run_retry_time())
+            .finish()
+    }
+}
+
+/// tower interop: `deposit` credits one operation, `withdraw` asks for a retry without delay.
+impl tower::retry::budget::Budget for RetryBudget {
+    fn deposit(&self) {
+        RetryBudget::deposit(self);
+    }
+
+    fn withdraw(&self) -> bool {
+        self.try_withdraw(Duration::ZERO).is_ok()
+    }
+}
+
+/// Builds a [`RetryBudget`]; [`build`](Self::build) rejects invalid settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::RetryBudget;
+///
+/// let budget = RetryBudget::builder()
+///     .retry_ratio(0.1)
+///     .max_balance(50)
+///     .floor(5, Duration::from_secs(60))
+///     .seed(7)
+///     .build()?;
+/// assert!(RetryBudget::builder().retry_ratio(-1.0).build().is_err());
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryBudgetBuilder {
+    retry_ratio: f64,
+    max_balance: u32,
+    floor: u32,
+    floor_window: Duration,
+    seed: Option<u64>,
+    run: Option<RunLimits>,
+}
+
+impl Default for RetryBudgetBuilder {
+    fn default() -> Self {
+        RetryBudgetBuilder {
+            retry_ratio: 0.2,
+            max_balance: 100,
+            floor: 10,
+            floor_window: Duration::from_secs(60),
+            seed: None,
+            run: None,
+        }
+    }
+}
+
+impl RetryBudgetBuilder {
+    /// Retries earned per successful logical operation: 0 to 10 (0 leaves only the floor).
+    pub fn retry_ratio(mut self, ratio: f64) -> Self {
+        self.retry_ratio = ratio;
+        self
+    }
+
+    /// The most retries the balance can hold: at least 1.
+    pub fn max_balance(mut self, retries: u32) -> Self {
+        self.max_balance = retries;
+        self
+    }
+
+    /// Retries allowed per `window` whatever the balance (cold start, low traffic). The window is
+    /// 1 s to 1 h; `retries` may be 0.
+    pub fn floor(mut self, retries: u32, window: Duration) -> Self {
+        self.floor = retries;
+        self.floor_window = window;
+        self
+    }
+
+    /// Seeds the backoff RNGs, for reproducible tests and simulations. By default each budget
+    /// takes a random seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Gives the budget a run budget of its own.
+    pub fn run_limits(mut self, limits: RunLimits) -> Self {
+        self.run = Some(limits);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<RetryBudget, ConfigError> {
+        if !(0.0..=10.0).contains(&self.retry_ratio) {
+            return Err(ConfigError::new(
+                "retry_ratio",
+                "must be a number from 0 to 10",
+            ));
+        }
+        if self.max_balance == 0 {
+            return Err(ConfigError::new("max_balance", "must be at least 1"));
+        }
+        if self.floor_window < Duration::from_secs(1) || self.floor_window > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::new(
+                "floor_window",
+                "must be from 1 s to 1 h",
+            ));
+        }
+        let seed = self.seed.unwrap_or_else(random_seed);
+        Ok(RetryBudget {
+            ratio: Arc::new(Ratio::new(
+                self.retry_ratio,
+                self.max_balance,
+                self.floor,
+                self.floor_window,
+                seed,
+            )),
+            run: self.run.map(|limits| Arc::new(Run::new(limits))),
+        })
+    }
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    mix(h.finish())
+}

@@ -1,0 +1,121 @@
+//! The run budget: what one agent run may spend on retries, in count and in backoff time.
+
+use super::Refusal;
+use crate::error::ConfigError;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Caps on what one agent run may spend on retries, across every tool it calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::RunLimits;
+///
+/// let limits = RunLimits::new().max_retries(30).max_retry_time(Duration::from_secs(120)).build()?;
+/// assert_eq!(limits.retries(), Some(30));
+/// assert!(RunLimits::new().max_retry_time(Duration::ZERO).build().is_err());
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunLimits {
+    max_retries: Option<u32>,
+    max_retry_time: Option<Duration>,
+}
+
+impl RunLimits {
+    /// No limits yet.
+    pub const fn new() -> Self {
+        RunLimits {
+            max_retries: None,
+            max_retry_time: None,
+        }
+    }
+
+    /// At most `n` retries in the run (0 forbids retries).
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.max_retries = Some(n);
+        self
+    }
+
+    /// At most `d` of backoff in the run, summed over its retries.
+    pub fn max_retry_time(mut self, d: Duration) -> Self {
+        self.max_retry_time = Some(d);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<RunLimits, ConfigError> {
+        if self.max_retry_time == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "max_retry_time",
+                "must be greater than zero (use max_retries(0) to forbid retries)",
+            ));
+        }
+        Ok(self)
+    }
+
+    /// The cap on retries.
+    pub fn retries(&self) -> Option<u32> {
+        self.max_retries
+    }
+
+    /// The cap on backoff time.
+    pub fn retry_time(&self) -> Option<Duration> {
+        self.max_retry_time
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Run {
+    limits: RunLimits,
+    retries: AtomicU32,
+    nanos: AtomicU64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Run {
+    pub(super) fn new(limits: RunLimits) -> Self {
+        Run {
+            limits,
+            retries: AtomicU32::new(0),
+            nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn try_spend(&self, delay: Duration) -> Result<(), Refusal> {
+        let max = self.limits.max_retries.unwrap_or(u32::MAX);
+        self.retries
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map_err(|_| Refusal::RunBudget)?;
+        let max_nanos = self.limits.max_retry_time.map_or(u64::MAX, nanos);
+        let d = nanos(delay);
+        let spent = self
+            .nanos
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                t.checked_add(d).filter(|&sum| sum <= max_nanos)
+            });
+        if spent.is_err() {
+            self.retries.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refusal::RunBudget);
+        }
+        Ok(())
+    }
+
+    pub(super) fn refund(&self, delay: Duration) {
+        self.retries.fetch_sub(1, Ordering::AcqRel);
+        self.nanos.fetch_sub(nanos(delay), Ordering::AcqRel);
+    }
+
+    pub(super) fn retries(&self) -> u32 {
+        self.retries.load(Ordering::Acquire)
+    }
+
+    pub(super) fn retry_time(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Acquire))
+    }
+}

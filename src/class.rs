@@ -1,0 +1,273 @@
+//! Tool classes: retry policy follows what a tool does, not a global default.
+//!
+//! | failure class | `Read` | `IdempotentWrite` | `KeyedWrite` with a key | `KeyedWrite` without a key | `UnkeyedWrite` | `MultiStep` |
+//! |---|---|---|---|---|---|---|
+//! | `Transient` | retry | retry | retry (same key) | retry | retry | return |
+//! | `Ambiguous` | retry | retry | retry (same key) | `missing_idempotency_key` | `outcome_unknown` | `outcome_unknown` |
+//! | `ModelRecoverable` | return | return | return | return | return | return |
+//! | `Permanent` | return | return | return | return | return | return |
+//! | `Policy` | return | return | return | return | return | return |
+//!
+//! *Transient* means the effect did not happen, so even a write without a key may be sent again;
+//! *ambiguous* means it may have happened, so only a read, a naturally idempotent write or a write
+//! carrying its idempotency key may be sent again. A multi-step workflow is never retried as a
+//! whole: give each step its own key and class. *Return* hands the result back unchanged (an `Err`
+//! becomes a non-retryable [`ToolError`](crate::error::ToolError)); the two codes end the
+//! operation with an error that tells the run to escalate.
+//!
+//! ```
+//! use stormguard::class::{Decision, ToolClass};
+//! use stormguard::classify::FailureClass;
+//! use stormguard::error::ErrorCode;
+//!
+//! assert_eq!(ToolClass::Read.decide(FailureClass::Ambiguous, false), Decision::Retry);
+//! assert_eq!(
+//!     ToolClass::UnkeyedWrite.decide(FailureClass::Ambiguous, false),
+//!     Decision::Escalate(ErrorCode::OutcomeUnknown),
+//! );
+//! assert_eq!(ToolClass::KeyedWrite.decide(FailureClass::Ambiguous, true), Decision::Retry);
+//! ```
+
+use crate::backoff::Backoff;
+use crate::classify::FailureClass;
+use crate::error::{ConfigError, ErrorCode};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What a tool does to the world, which decides how it may be retried.
+///
+/// Ordered from the most to the least permissive; [`ToolClass::strictest`] picks the later one.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolClass {
+    /// search, get, list: no effect on the world.
+    Read,
+    /// set a field, upsert by id, delete by id: doing it twice equals doing it once.
+    IdempotentWrite,
+    /// send, charge, create, made safe to repeat by an idempotency key.
+    KeyedWrite,
+    /// A write to a provider without key support: an ambiguous outcome is never retried.
+    UnkeyedWrite,
+    /// reserve, charge, issue: no whole-workflow retry.
+    MultiStep,
+}
+
+/// What to do with one failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Retry it, if the budget, the attempt cap and the deadline allow.
+    Retry,
+    /// Hand the result back as it is: retrying cannot help.
+    Return,
+    /// End the operation with this code: the run must escalate or verify.
+    Escalate(ErrorCode),
+}
+
+impl ToolClass {
+    /// Every class, from the most to the least permissive.
+    pub const ALL: [ToolClass; 5] = [
+        ToolClass::Read,
+        ToolClass::IdempotentWrite,
+        ToolClass::KeyedWrite,
+        ToolClass::UnkeyedWrite,
+        ToolClass::MultiStep,
+    ];
+
+    /// The stable snake_case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ToolClass::Read => "read",
+            ToolClass::IdempotentWrite => "idempotent_write",
+            ToolClass::KeyedWrite => "keyed_write",
+            ToolClass::UnkeyedWrite => "unkeyed_write",
+            ToolClass::MultiStep => "multi_step",
+        }
+    }
+
+    /// The decision table of the [module docs](self). `keyed` says whether the request carries an
+    /// idempotency key.
+    pub const fn decide(self, failure: FailureClass, keyed: bool) -> Decision {
+        match failure {
+            FailureClass::Transient => match self {
+                ToolClass::MultiStep => Decision::Return,
+                _ => Decision::Retry,
+            },
+            FailureClass::Ambiguous => match self {
+                ToolClass::Read | ToolClass::IdempotentWrite => Decision::Retry,
+                ToolClass::KeyedWrite if keyed => Decision::Retry,
+                ToolClass::KeyedWrite => Decision::Escalate(ErrorCode::MissingIdempotencyKey),
+                ToolClass::UnkeyedWrite | ToolClass::MultiStep => {
+                    Decision::Escalate(ErrorCode::OutcomeUnknown)
+                }
+            },
+            FailureClass::ModelRecoverable | FailureClass::Permanent | FailureClass::Policy => {
+                Decision::Return
+            }
+        }
+    }
+
+    /// The stricter of two classes: what a nested layer applies when the operation it serves was
+    /// opened with another class.
+    pub fn strictest(self, other: ToolClass) -> ToolClass {
+        self.max(other)
+    }
+
+    /// The class an MCP tool's annotations imply, pessimistic as the MCP defaults are:
+    /// `readOnlyHint` gives `Read`, `idempotentHint` gives `IdempotentWrite`, anything else
+    /// `UnkeyedWrite` (annotations are hints: set `KeyedWrite` yourself when your code sends a key).
+    ///
+    /// ```
+    /// use stormguard::class::ToolClass;
+    /// assert_eq!(ToolClass::from_mcp_annotations(Some(true), None), ToolClass::Read);
+    /// assert_eq!(ToolClass::from_mcp_annotations(None, None), ToolClass::UnkeyedWrite);
+    /// ```
+    pub fn from_mcp_annotations(read_only: Option<bool>, idempotent: Option<bool>) -> ToolClass {
+        match (read_only, idempotent) {
+            (Some(true), _) => ToolClass::Read,
+            (_, Some(true)) => ToolClass::IdempotentWrite,
+            _ => ToolClass::UnkeyedWrite,
+        }
+    }
+
+    /// The class's default policy.
+    ///
+    /// | class | max attempts | backoff |
+    /// |---|---|---|
+    /// | `Read`, `IdempotentWrite` | 3 | exponential, full jitter, 100 ms base, 5 s cap |
+    /// | `KeyedWrite`, `UnkeyedWrite` | 3 | exponential, full jitter, 250 ms base, 10 s cap |
+    /// | `MultiStep` | 1 | - |
+    ///
+    /// Every class honours a server's `Retry-After` up to 30 s and has no deadline of its own.
+    pub fn policy(self) -> ClassPolicy {
+        let (attempts, base, cap) = match self {
+            ToolClass::Read | ToolClass::IdempotentWrite => (3, 100, 5_000),
+            ToolClass::KeyedWrite | ToolClass::UnkeyedWrite => (3, 250, 10_000),
+            ToolClass::MultiStep => (1, 250, 10_000),
+        };
+        ClassPolicy {
+            class: self,
+            max_attempts: attempts,
+            backoff: Backoff::full_jitter(Duration::from_millis(base), Duration::from_millis(cap)),
+            max_server_delay: Duration::from_secs(30),
+            deadline: None,
+        }
+    }
+}
+
+/// How one class is retried: attempt cap, backoff, the longest server hint honoured, deadline.
+///
+/// Start from [`ToolClass::policy`] and change what you need; `build` checks the result.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::class::ToolClass;
+///
+/// let policy = ToolClass::Read
+///     .policy()
+///     .into_builder()
+///     .max_attempts(4)
+///     .deadline(Duration::from_secs(20))
+///     .build()
+///     .unwrap();
+/// assert_eq!(policy.max_attempts(), 4);
+///
+/// assert!(ToolClass::Read.policy().into_builder().max_attempts(0).build().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassPolicy {
+    class: ToolClass,
+    max_attempts: u32,
+    backoff: Backoff,
+    max_server_delay: Duration,
+    deadline: Option<Duration>,
+}
+
+impl ClassPolicy {
+    /// A builder starting from this policy.
+    pub fn into_builder(self) -> ClassPolicyBuilder {
+        ClassPolicyBuilder { policy: self }
+    }
+
+    /// The tool class.
+    pub fn class(&self) -> ToolClass {
+        self.class
+    }
+
+    /// Attempts per logical operation, the first one included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// The longest `Retry-After` honoured; a longer hint is clamped to this.
+    pub fn max_server_delay(&self) -> Duration {
+        self.max_server_delay
+    }
+
+    /// The operation's deadline, measured from its first attempt.
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+}
+
+/// Builds a [`ClassPolicy`]; invalid settings are rejected by [`build`](Self::build).
+#[derive(Clone, Copy, Debug)]
+pub struct ClassPolicyBuilder {
+    policy: ClassPolicy,
+}
+
+/// The largest `max_attempts` accepted (gRPC caps at 5; agents rarely need more than 10).
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+
+impl ClassPolicyBuilder {
+    /// Attempts per logical operation, the first included: 1 to [`MAX_ATTEMPTS_LIMIT`].
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.policy.max_attempts = n;
+        self
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// The longest server hint honoured (at most one hour).
+    pub fn max_server_delay(mut self, d: Duration) -> Self {
+        self.policy.max_server_delay = d;
+        self
+    }
+
+    /// A deadline for the whole operation, from its first attempt: no retry starts whose backoff
+    /// would end after it.
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.policy.deadline = Some(d);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<ClassPolicy, ConfigError> {
+        let p = self.policy;
+        if p.max_attempts == 0 || p.max_attempts > MAX_ATTEMPTS_LIMIT {
+            return Err(ConfigError::new(
+                "max_attempts",
+                "must be between 1 and 100 (the first attempt counts)",
+            ));
+        }
+        if p.max_server_delay > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "max_server_delay",
+                "must be at most one hour",
+            ));
+        }
+        if p.deadline == Some(Duration::ZERO) {
+            return Err(ConfigError::new("deadline", "must be greater than zero"));
+        }
+        Ok(p)
+    }
+}

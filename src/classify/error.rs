@@ -1,0 +1,155 @@
+use super::{Classification, FailureClass, ServerHint};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use std::error::Error;
+use std::io;
+
+/// Gives a classifier the real error, so it can walk `source()` and downcast.
+///
+/// Implemented for tower's [`BoxError`], [`std::io::Error`], [`ToolError`], tower's and tokio's
+/// `Elapsed`, and [`std::convert::Infallible`]. Implement it for your own error type in one line:
+///
+/// ```
+/// use stormguard::classify::AsDynError;
+///
+/// #[derive(Debug)]
+/// struct MyError;
+/// impl std::fmt::Display for MyError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("my error") }
+/// }
+/// impl std::error::Error for MyError {}
+///
+/// impl AsDynError for MyError {
+///     fn as_dyn_error(&self) -> &(dyn std::error::Error + 'static) { self }
+/// }
+/// ```
+pub trait AsDynError {
+    /// The error as a trait object.
+    fn as_dyn_error(&self) -> &(dyn Error + 'static);
+}
+
+impl AsDynError for BoxError {
+    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+        &**self
+    }
+}
+
+macro_rules! as_dyn_error {
+    ($($t:ty),* $(,)?) => {$(
+        impl AsDynError for $t {
+            fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+                self
+            }
+        }
+    )*};
+}
+
+as_dyn_error!(
+    io::Error,
+    ToolError,
+    tower::timeout::error::Elapsed,
+    tokio::time::error::Elapsed,
+);
+
+#[cfg(feature = "http")]
+as_dyn_error!(::http::Error);
+
+impl AsDynError for std::convert::Infallible {
+    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+        match *self {}
+    }
+}
+
+/// Classifies an error by walking its [`source()`](Error::source) chain, outermost first.
+///
+/// | found in the chain | class | code |
+/// |---|---|---|
+/// | a [`ToolError`] | its class (`retryable: false` also forbids a retry) | its code |
+/// | tower's or tokio's `Elapsed` | `Ambiguous` (the request may have been sent) | `timeout` |
+/// | `io::Error` `ConnectionRefused`, `AddrNotAvailable`, `NotConnected` | `Transient` (not sent) | `unavailable` |
+/// | `io::Error` `ConnectionReset`, `ConnectionAborted`, `BrokenPipe`, `UnexpectedEof` | `Ambiguous` | `unavailable` |
+/// | `io::Error` `TimedOut` | `Ambiguous` | `timeout` |
+/// | `io::Error` `Interrupted`, `WouldBlock` | `Transient` | `unavailable` |
+/// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
+/// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
+/// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
+///
+/// ```
+/// use stormguard::classify::{classify_error, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// // An io error wrapped in another error is still found.
+/// #[derive(Debug)]
+/// struct Wrapper(std::io::Error);
+/// impl std::fmt::Display for Wrapper {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("request failed") }
+/// }
+/// impl std::error::Error for Wrapper {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
+/// }
+/// let err = Wrapper(std::io::ErrorKind::ConnectionRefused.into());
+/// let c = classify_error(&err);
+/// assert_eq!(c.failure_class(), Some(FailureClass::Transient));
+/// assert_eq!(c.code(), Some(ErrorCode::Unavailable));
+/// ```
+pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(c) = classify_one(e) {
+            return c;
+        }
+        // `io::Error::source` skips the error it wraps; `get_ref` does not.
+        next = match e.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn Error + 'static)),
+            None => e.source(),
+        };
+    }
+    Classification::failure(FailureClass::Ambiguous, ErrorCode::Internal)
+}
+
+fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
+    if let Some(tool) = e.downcast_ref::<ToolError>() {
+        return Some(classify_tool_error(tool));
+    }
+    if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
+        return Some(Classification::failure(
+            FailureClass::Ambiguous,
+            ErrorCode::Timeout,
+        ));
+    }
+    e.downcast_ref::<io::Error>().and_then(classify_io)
+}
+
+fn classify_tool_error(tool: &ToolError) -> Classification {
+    let class = tool.class().unwrap_or(if tool.retryable() {
+        FailureClass::Transient
+    } else {
+        FailureClass::Permanent
+    });
+    let hint = if !tool.retryable() {
+        ServerHint::DoNotRetry
+    } else if let Some(after) = tool.retry_after() {
+        ServerHint::RetryAfter(after)
+    } else {
+        ServerHint::None
+    };
+    Classification::failure(class, tool.code()).with_hint(hint)
+}
+
+fn classify_io(e: &io::Error) -> Option<Classification> {
+    use io::ErrorKind::*;
+    let (class, code) = match e.kind() {
+        ConnectionRefused | AddrNotAvailable | NotConnected | Interrupted | WouldBlock => {
+            (FailureClass::Transient, ErrorCode::Unavailable)
+        }
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
+            (FailureClass::Ambiguous, ErrorCode::Unavailable)
+        }
+        TimedOut => (FailureClass::Ambiguous, ErrorCode::Timeout),
+        PermissionDenied => (FailureClass::Permanent, ErrorCode::PermissionDenied),
+        InvalidInput | InvalidData => (FailureClass::ModelRecoverable, ErrorCode::InvalidArgument),
+        // An `Other` io error usually wraps something more specific: keep walking.
+        Other => return None,
+        _ => (FailureClass::Ambiguous, ErrorCode::Internal),
+    };
+    Some(Classification::failure(class, code))
+}

@@ -1,0 +1,82 @@
+//! Server hints: `Retry-After` and `grpc-retry-pushback-ms`, parsed by pure functions.
+//!
+//! Malformed values are ignored (`None`), never guessed at; huge values are clamped to
+//! [`MAX_HINT`] here, and again by each retry policy's own maximum.
+
+use std::time::{Duration, SystemTime};
+
+/// The largest delay a parsed hint can carry (one day); larger values are clamped to it.
+pub const MAX_HINT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What the server asked the client to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum ServerHint {
+    /// No hint.
+    #[default]
+    None,
+    /// Wait at least this long before the next attempt.
+    RetryAfter(Duration),
+    /// Do not retry (a negative gRPC pushback, or an error already marked non-retryable).
+    DoNotRetry,
+}
+
+/// Parses an HTTP `Retry-After` value: delay-seconds, or an HTTP-date relative to `now`.
+///
+/// Returns `None` for a malformed value; a date in the past gives `Duration::ZERO`; anything above
+/// [`MAX_HINT`] is clamped to it.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use stormguard::classify::hint::{parse_retry_after, MAX_HINT};
+///
+/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480);
+/// assert_eq!(parse_retry_after("120", now), Some(Duration::from_secs(120)));
+/// assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now), Some(Duration::from_secs(10)));
+/// assert_eq!(parse_retry_after("soon", now), None);
+/// assert_eq!(parse_retry_after("-5", now), None);
+/// assert_eq!(parse_retry_after("99999999999999999999", now), Some(MAX_HINT));
+/// ```
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    if value.bytes().all(|b| b.is_ascii_digit()) {
+        // All digits: delay-seconds. Too many digits to fit is still a valid, huge delay.
+        let secs = value.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(MAX_HINT));
+    }
+    parse_http_date(value, now)
+}
+
+#[cfg(feature = "http")]
+fn parse_http_date(value: &str, now: SystemTime) -> Option<Duration> {
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(MAX_HINT))
+}
+
+#[cfg(not(feature = "http"))]
+fn parse_http_date(_value: &str, _now: SystemTime) -> Option<Duration> {
+    None
+}
+
+/// Parses gRPC's `grpc-retry-pushback-ms` (gRFC A6): a signed 32-bit count of milliseconds.
+///
+/// A negative value means "do not retry"; a malformed value is ignored (`None`), as A6 asks.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::hint::{parse_pushback_ms, ServerHint};
+///
+/// assert_eq!(parse_pushback_ms("250"), Some(ServerHint::RetryAfter(Duration::from_millis(250))));
+/// assert_eq!(parse_pushback_ms("-1"), Some(ServerHint::DoNotRetry));
+/// assert_eq!(parse_pushback_ms("1.5"), None);
+/// assert_eq!(parse_pushback_ms("99999999999"), None);
+/// ```
+pub fn parse_pushback_ms(value: &str) -> Option<ServerHint> {
+    let ms = value.trim().parse::<i32>().ok()?;
+    Some(match u64::try_from(ms) {
+        Ok(ms) => ServerHint::RetryAfter(Duration::from_millis(ms).min(MAX_HINT)),
+        Err(_) => ServerHint::DoNotRetry,
+    })
+}

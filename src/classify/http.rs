@@ -1,0 +1,100 @@
+use super::{
+    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
+    NeverClassifyEos, ServerHint,
+};
+use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
+use crate::error::ErrorCode;
+use http::{HeaderMap, Response, StatusCode};
+use std::time::SystemTime;
+
+/// Classifies `http::Response`s by status and server hint, and errors by [`classify_error`].
+///
+/// | status | verdict | code |
+/// |---|---|---|
+/// | 1xx, 2xx, 3xx | `Success` | - |
+/// | 404, 410 | `Empty` (a normal "no such record") | `not_found` |
+/// | 408 | `Failure(Transient)` (the server never got the whole request) | `timeout` |
+/// | 429 | `Failure(Transient)` | `rate_limited` |
+/// | 503 | `Failure(Transient)` (refused before processing) | `unavailable` |
+/// | 500, 502 | `Failure(Ambiguous)` (a write may have applied) | `unavailable` |
+/// | 504 | `Failure(Ambiguous)` | `timeout` |
+/// | other 5xx | `Failure(Ambiguous)` | `internal` |
+/// | 401 | `Failure(Permanent)` | `unauthenticated` |
+/// | 403 | `Failure(Permanent)` | `permission_denied` |
+/// | 409 | `Failure(Permanent)` | `conflict` |
+/// | 451 | `Failure(Policy)` | `policy_violation` |
+/// | 400, 422 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
+///
+/// Any status may carry `Retry-After` (seconds or HTTP-date) or `grpc-retry-pushback-ms`; both
+/// become a [`ServerHint`]. Malformed values are ignored.
+///
+/// ```
+/// use stormguard::classify::{Classify, ClassifiedResponse, HttpClassifier, ServerHint, Verdict, FailureClass};
+/// use std::time::Duration;
+///
+/// let resp = http::Response::builder().status(429).header("retry-after", "2").body(()).unwrap();
+/// let result: Result<_, std::io::Error> = Ok(resp);
+/// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&result) else { unreachable!() };
+/// assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Transient));
+/// assert_eq!(c.hint(), ServerHint::RetryAfter(Duration::from_secs(2)));
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpClassifier;
+
+impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(&self, result: &Result<Response<B>, E>) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(match result {
+            Ok(resp) => classify_response(resp.status(), resp.headers()),
+            Err(e) => classify_error(e.as_dyn_error()),
+        })
+    }
+}
+
+fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {
+    let c = classify_status(status);
+    if c.failure_class().is_none() {
+        return c;
+    }
+    c.with_hint(server_hint(headers))
+}
+
+fn server_hint(headers: &HeaderMap) -> ServerHint {
+    if let Some(v) = headers.get("grpc-retry-pushback-ms") {
+        if let Some(hint) = v.to_str().ok().and_then(parse_pushback_ms) {
+            return hint;
+        }
+    }
+    headers
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse_retry_after(v, SystemTime::now()))
+        .map_or(ServerHint::None, ServerHint::RetryAfter)
+}
+
+/// The status table of [`HttpClassifier`], without headers.
+///
+/// ```
+/// use stormguard::classify::{classify_status, Verdict};
+/// assert_eq!(classify_status(http::StatusCode::NOT_FOUND).verdict(), Verdict::Empty);
+/// ```
+pub fn classify_status(status: StatusCode) -> Classification {
+    use FailureClass::*;
+    let (class, code) = match status.as_u16() {
+        100..=399 => return Classification::success(),
+        404 | 410 => return Classification::empty(),
+        408 => (Transient, ErrorCode::Timeout),
+        429 => (Transient, ErrorCode::RateLimited),
+        503 => (Transient, ErrorCode::Unavailable),
+        500 | 502 => (Ambiguous, ErrorCode::Unavailable),
+        504 => (Ambiguous, ErrorCode::Timeout),
+        401 => (Permanent, ErrorCode::Unauthenticated),
+        403 => (Permanent, ErrorCode::PermissionDenied),
+        409 => (Permanent, ErrorCode::Conflict),
+        451 => (Policy, ErrorCode::PolicyViolation),
+        400..=499 => (ModelRecoverable, ErrorCode::InvalidArgument),
+        _ => (Ambiguous, ErrorCode::Internal),
+    };
+    Classification::failure(class, code)
+}

@@ -1,0 +1,262 @@
+//! Classification: turn a call's `Result` into a verdict that retry, breaker and metrics share.
+//!
+//! Classification is separate from action, as in tower-http's `classify` module: a classifier
+//! only says what happened ([`Verdict`]), what the failure means for a retry ([`FailureClass`]),
+//! which [`ErrorCode`] describes it, and what the server asked for ([`ServerHint`]). The
+//! [`Retry`](crate::retry::Retry) layer decides what to do with it.
+//!
+//! Unlike tower-http, the classifier sees the real error as `&(dyn Error + 'static)`
+//! ([`AsDynError`]), so it walks [`source()`](std::error::Error::source) and downcasts instead of
+//! parsing strings: [`classify_error`] finds a [`std::io::Error`], tower's or tokio's `Elapsed`,
+//! or a [`ToolError`] anywhere in the chain.
+//!
+//! | verdict | meaning | retried? | counted by a breaker? |
+//! |---|---|---|---|
+//! | `Success` | the call did what was asked | - | as a success |
+//! | `Empty` | a normal "nothing there" answer (404, no such record) | no | no |
+//! | `Failure(Transient)` | the effect did not happen (refused, throttled, 503) | yes, by class | as a failure |
+//! | `Failure(Ambiguous)` | the effect may have happened (timeout after sending, reset, 500/502/504) | only reads, idempotent writes and keyed writes with a key | as a failure |
+//! | `Failure(ModelRecoverable)` | a bad argument: give it back to the model | no | no |
+//! | `Failure(Permanent)` | bad credential, forbidden, conflict | no | no |
+//! | `Failure(Policy)` | a guardrail tripped: halt | no | no |
+//!
+//! ```
+//! use stormguard::classify::{Classify, ClassifiedResponse, DefaultClassifier, FailureClass, Verdict};
+//! use std::io;
+//!
+//! let refused: Result<(), io::Error> = Err(io::Error::from(io::ErrorKind::ConnectionRefused));
+//! let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&refused) else { unreachable!() };
+//! assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Transient));
+//!
+//! let reset: Result<(), io::Error> = Err(io::Error::from(io::ErrorKind::ConnectionReset));
+//! let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&reset) else { unreachable!() };
+//! assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Ambiguous));
+//! ```
+
+mod error;
+pub mod hint;
+#[cfg(feature = "http")]
+mod http;
+
+pub use error::{classify_error, AsDynError};
+#[cfg(feature = "http")]
+pub use http::{classify_status, HttpClassifier};
+pub use hint::ServerHint;
+
+use crate::error::ErrorCode;
+use serde::{Deserialize, Serialize};
+
+/// What a failure means for a retry (the reference text's failure classes).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// Safe to retry: the effect did not happen (connection refused, throttled, 503).
+    Transient,
+    /// The effect may have happened: a timeout after sending, a reset mid-response, a 500, 502
+    /// or 504 on a write.
+    Ambiguous,
+    /// A bad argument or unparseable output: return it to the model to fix.
+    ModelRecoverable,
+    /// Retrying cannot help: a bad credential, a forbidden action, a conflict.
+    Permanent,
+    /// A guardrail tripped: halt loudly.
+    Policy,
+}
+
+impl FailureClass {
+    /// The stable snake_case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::Transient => "transient",
+            FailureClass::Ambiguous => "ambiguous",
+            FailureClass::ModelRecoverable => "model_recoverable",
+            FailureClass::Permanent => "permanent",
+            FailureClass::Policy => "policy",
+        }
+    }
+
+    /// Whether a failure of this class says the dependency is unhealthy (what a breaker counts):
+    /// `Transient` and `Ambiguous`. Caller mistakes and guardrails say nothing about its health.
+    pub const fn is_dependency_failure(self) -> bool {
+        matches!(self, FailureClass::Transient | FailureClass::Ambiguous)
+    }
+}
+
+/// What happened, in one word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// The call did what was asked.
+    Success,
+    /// A normal "nothing there" answer, such as "no such record". Neither a success nor a failure
+    /// of the dependency: a breaker ignores it and nothing retries it.
+    Empty,
+    /// The call failed; the class says what that means for a retry.
+    Failure(FailureClass),
+}
+
+/// A verdict plus the code that describes it and any hint the server gave.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::{Classification, FailureClass, ServerHint, Verdict};
+/// use stormguard::error::ErrorCode;
+///
+/// let c = Classification::failure(FailureClass::Transient, ErrorCode::RateLimited)
+///     .with_hint(ServerHint::RetryAfter(Duration::from_secs(3)));
+/// assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Transient));
+/// assert_eq!(c.code(), Some(ErrorCode::RateLimited));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classification {
+    verdict: Verdict,
+    code: Option<ErrorCode>,
+    hint: ServerHint,
+}
+
+impl Classification {
+    /// A success.
+    pub const fn success() -> Self {
+        Classification {
+            verdict: Verdict::Success,
+            code: None,
+            hint: ServerHint::None,
+        }
+    }
+
+    /// A normal empty answer ("no such record").
+    pub const fn empty() -> Self {
+        Classification {
+            verdict: Verdict::Empty,
+            code: Some(ErrorCode::NotFound),
+            hint: ServerHint::None,
+        }
+    }
+
+    /// A failure of `class`, described by `code`.
+    pub const fn failure(class: FailureClass, code: ErrorCode) -> Self {
+        Classification {
+            verdict: Verdict::Failure(class),
+            code: Some(code),
+            hint: ServerHint::None,
+        }
+    }
+
+    /// Adds the server's hint.
+    pub const fn with_hint(mut self, hint: ServerHint) -> Self {
+        self.hint = hint;
+        self
+    }
+
+    /// The verdict.
+    pub const fn verdict(&self) -> Verdict {
+        self.verdict
+    }
+
+    /// The failure class, if the verdict is a failure.
+    pub const fn failure_class(&self) -> Option<FailureClass> {
+        match self.verdict {
+            Verdict::Failure(class) => Some(class),
+            _ => None,
+        }
+    }
+
+    /// The code that describes the outcome (`None` for a success).
+    pub const fn code(&self) -> Option<ErrorCode> {
+        self.code
+    }
+
+    /// What the server asked for.
+    pub const fn hint(&self) -> ServerHint {
+        self.hint
+    }
+}
+
+/// The result of [`Classify::classify`]: decided now, or only at the end of the stream.
+///
+/// `RequiresEos` leaves room for protocols whose outcome arrives after the body (gRPC trailers),
+/// as tower-http's `ClassifiedResponse::RequiresEos` does. A response whose head has arrived is
+/// committed (gRPC A6's rule): [`Retry`](crate::retry::Retry) returns it to the caller and never
+/// retries it.
+#[derive(Debug)]
+pub enum ClassifiedResponse<Eos> {
+    /// The outcome is known now.
+    Ready(Classification),
+    /// The outcome is known only once the stream ends; `Eos` classifies it then.
+    RequiresEos(Eos),
+}
+
+/// Classifies the end of a stream (for example gRPC trailers).
+pub trait ClassifyEos {
+    /// What the stream ends with (trailers, for HTTP/2 and gRPC).
+    type Trailers;
+
+    /// The outcome, given the trailers if there were any.
+    fn classify_eos(self, trailers: Option<&Self::Trailers>) -> Classification;
+}
+
+/// A [`ClassifyEos`] that cannot be built: for classifiers that always decide from the head.
+#[derive(Debug, Clone, Copy)]
+pub enum NeverClassifyEos {}
+
+impl ClassifyEos for NeverClassifyEos {
+    type Trailers = ();
+
+    fn classify_eos(self, _: Option<&()>) -> Classification {
+        match self {}
+    }
+}
+
+/// Turns the result of a call into a [`Classification`].
+///
+/// Implemented by the stock classifiers ([`DefaultClassifier`], `HttpClassifier`) and by any
+/// closure `Fn(&Result<Res, E>) -> Classification`:
+///
+/// ```
+/// use stormguard::classify::{Classification, Classify, ClassifiedResponse, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// // A tool whose answer `None` means "no such record".
+/// let classifier = |r: &Result<Option<u32>, std::io::Error>| match r {
+///     Ok(Some(_)) => Classification::success(),
+///     Ok(None) => Classification::empty(),
+///     Err(_) => Classification::failure(FailureClass::Transient, ErrorCode::Unavailable),
+/// };
+/// assert!(matches!(classifier.classify(&Ok(None)), ClassifiedResponse::Ready(c) if c == Classification::empty()));
+/// ```
+pub trait Classify<Res, E> {
+    /// The end-of-stream classifier for responses that need one.
+    type ClassifyEos: ClassifyEos;
+
+    /// Classifies one result.
+    fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<Self::ClassifyEos>;
+}
+
+impl<F, Res, E> Classify<Res, E> for F
+where
+    F: Fn(&Result<Res, E>) -> Classification,
+{
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(self(result))
+    }
+}
+
+/// Every `Ok` is a success; every `Err` is classified by [`classify_error`].
+///
+/// The right choice for tool-call services whose response type carries no failure, and for
+/// clients whose failures are all errors (reqwest with `error_for_status`, tonic's typed clients).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultClassifier;
+
+impl<Res, E: AsDynError> Classify<Res, E> for DefaultClassifier {
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(match result {
+            Ok(_) => Classification::success(),
+            Err(e) => classify_error(e.as_dyn_error()),
+        })
+    }
+}

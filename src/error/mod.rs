@@ -1,0 +1,233 @@
+//! Structured errors a model can act on: [`ToolError`] and its stable [`ErrorCode`].
+//!
+//! Every failure that leaves a stormguard layer is a [`ToolError`]: a stable machine `code`, a
+//! `retryable` flag, a `hint` written for the model (or the person) who reads it, the
+//! [`FailureClass`] it was classified as, the number of attempts made, an optional `retry_after`,
+//! and the original error as its [`source`](std::error::Error::source).
+//!
+//! The code is the contract; the hint text may change between releases.
+//!
+//! # JSON shape
+//!
+//! [`ToolError`] serialises (serde) to this shape, which is what a model should see:
+//!
+//! ```json
+//! {"code":"outcome_unknown","retryable":false,"hint":"...","retry_after_ms":null,"attempts":1,"class":"ambiguous"}
+//! ```
+//!
+//! `retry_after_ms` is `null` when the server gave no hint; `class` is `null` for errors that were
+//! not classified (configuration or store errors).
+//!
+//! ```
+//! use stormguard::error::{ErrorCode, ToolError};
+//!
+//! let err = ToolError::new(ErrorCode::OutcomeUnknown).with_attempts(1);
+//! assert!(!err.retryable());
+//! let json = err.to_json();
+//! assert_eq!(json["code"], "outcome_unknown");
+//! assert_eq!(json["retryable"], false);
+//! ```
+
+mod code;
+mod config;
+
+pub use code::ErrorCode;
+pub use config::ConfigError;
+
+use crate::classify::FailureClass;
+use serde::ser::{Serialize, SerializeStruct, Serializer};
+use std::borrow::Cow;
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error, as tower uses it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The error every stormguard layer returns: a stable code, a retryable flag and a hint.
+///
+/// Build one with [`ToolError::new`] (the code decides the default `retryable` flag and hint) and
+/// the `with_*` methods.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::error::{ErrorCode, ToolError};
+///
+/// let err = ToolError::new(ErrorCode::RateLimited)
+///     .with_retry_after(Duration::from_secs(2))
+///     .with_hint("the model API is rate limiting this key; wait 2 s");
+/// assert_eq!(err.code(), ErrorCode::RateLimited);
+/// assert_eq!(err.to_string(), "rate_limited: the model API is rate limiting this key; wait 2 s");
+/// ```
+pub struct ToolError {
+    code: ErrorCode,
+    retryable: bool,
+    hint: Cow<'static, str>,
+    class: Option<FailureClass>,
+    attempts: u32,
+    retry_after: Option<Duration>,
+    source: Option<BoxError>,
+}
+
+impl ToolError {
+    /// A new error with the code's default `retryable` flag and hint, no attempts recorded.
+    pub fn new(code: ErrorCode) -> Self {
+        ToolError {
+            code,
+            retryable: code.default_retryable(),
+            hint: Cow::Borrowed(code.default_hint()),
+            class: None,
+            attempts: 0,
+            retry_after: None,
+            source: None,
+        }
+    }
+
+    /// Replaces the hint (what the reader should do next).
+    pub fn with_hint(mut self, hint: impl Into<Cow<'static, str>>) -> Self {
+        self.hint = hint.into();
+        self
+    }
+
+    /// Sets whether a caller may retry the same call.
+    pub fn with_retryable(mut self, retryable: bool) -> Self {
+        self.retryable = retryable;
+        self
+    }
+
+    /// Records the failure class the error was classified as.
+    pub fn with_class(mut self, class: FailureClass) -> Self {
+        self.class = Some(class);
+        self
+    }
+
+    /// Records how many attempts the operation made.
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    /// Records the delay the server (or a breaker) asked for before a new call.
+    pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
+        self.retry_after = Some(retry_after);
+        self
+    }
+
+    /// Attaches the underlying error, reachable through [`std::error::Error::source`].
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// The stable machine code.
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// Whether the same call may be made again. `false` once a stormguard layer has spent the
+    /// retries it was allowed: no outer layer, and no model, should retry it.
+    pub fn retryable(&self) -> bool {
+        self.retryable
+    }
+
+    /// What the reader should do next.
+    pub fn hint(&self) -> &str {
+        &self.hint
+    }
+
+    /// The failure class, if the error was classified.
+    pub fn class(&self) -> Option<FailureClass> {
+        self.class
+    }
+
+    /// How many attempts the logical operation made (0 when unknown).
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The delay the server or a breaker asked for, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Turns any error into a `ToolError`: an error that already is one (boxed) is unwrapped,
+    /// anything else is wrapped as `code` with the error as its source.
+    pub fn from_boxed(err: BoxError, code: ErrorCode) -> Self {
+        match err.downcast::<ToolError>() {
+            Ok(tool) => *tool,
+            Err(other) => ToolError::new(code).with_source(other),
+        }
+    }
+
+    /// The documented JSON shape (see the [module docs](self)).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// An MCP `CallToolResult` with `isError: true`: the JSON shape both as text content (for
+    /// clients that only read text) and as `structuredContent`.
+    ///
+    /// ```
+    /// use stormguard::error::{ErrorCode, ToolError};
+    /// let result = ToolError::new(ErrorCode::InvalidArgument).to_mcp_result();
+    /// assert_eq!(result["isError"], true);
+    /// assert_eq!(result["structuredContent"]["code"], "invalid_argument");
+    /// ```
+    pub fn to_mcp_result(&self) -> serde_json::Value {
+        let json = self.to_json();
+        serde_json::json!({
+            "content": [{ "type": "text", "text": json.to_string() }],
+            "structuredContent": json,
+            "isError": true,
+        })
+    }
+}
+
+impl Serialize for ToolError {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("ToolError", 6)?;
+        s.serialize_field("code", self.code.as_str())?;
+        s.serialize_field("retryable", &self.retryable)?;
+        s.serialize_field("hint", &*self.hint)?;
+        let ms = self
+            .retry_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        s.serialize_field("retry_after_ms", &ms)?;
+        s.serialize_field("attempts", &self.attempts)?;
+        s.serialize_field("class", &self.class)?;
+        s.end()
+    }
+}
+
+impl fmt::Display for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.hint)
+    }
+}
+
+impl fmt::Debug for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolError")
+            .field("code", &self.code)
+            .field("retryable", &self.retryable)
+            .field("hint", &self.hint)
+            .field("class", &self.class)
+            .field("attempts", &self.attempts)
+            .field("retry_after", &self.retry_after)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl std::error::Error for ToolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<ErrorCode> for ToolError {
+    fn from(code: ErrorCode) -> Self {
+        ToolError::new(code)
+    }
+}

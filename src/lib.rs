@@ -1,0 +1,80 @@
+//! Tower middleware that makes the retries of AI agents safe.
+//!
+//! Agents retry all the time: the HTTP client retries a timeout, the tool wrapper retries, the
+//! agent loop reissues the call, and a resumed run repeats a step whose completion was never
+//! recorded. Three nested layers of 3 attempts make 27 calls for one failing operation, and a
+//! retried write that is not idempotent charges the card twice. stormguard's layers stop both:
+//!
+//! - [`retry`]: a [`Retry`](retry::Retry) layer that decides each retry from the tool's
+//!   [class](class::ToolClass) and the failure's [class](classify::FailureClass), draws from a
+//!   [budget](budget::RetryBudget) shared by every layer, and joins the
+//!   [operation](operation) of any stormguard layer above it, so nesting never multiplies
+//!   attempts;
+//! - [`classify`]: one verdict per result (`Success`, `Empty`, or a failure class) that retry,
+//!   breaker and metrics share; "no such record" is an answer, not a failure;
+//! - [`backoff`]: full, equal or decorrelated jitter, a fresh seed per operation, and the
+//!   server's `Retry-After` honoured up to a cap;
+//! - [`error`]: every failure leaves as a [`ToolError`](error::ToolError) with a stable code, a
+//!   retryable flag and a hint a model can act on.
+//!
+//! # The decision table
+//!
+//! | failure | `Read` | `IdempotentWrite` | `KeyedWrite` (key) | `KeyedWrite` (no key) | `UnkeyedWrite` | `MultiStep` |
+//! |---|---|---|---|---|---|---|
+//! | `Transient` | retry | retry | retry | retry | retry | return |
+//! | `Ambiguous` | retry | retry | retry, same key | `missing_idempotency_key` | `outcome_unknown` | `outcome_unknown` |
+//! | `ModelRecoverable`, `Permanent`, `Policy` | return | return | return | return | return | return |
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+//! use stormguard::classify::HttpClassifier;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // One budget for every layer that guards this dependency.
+//! let budget = RetryBudget::default();
+//!
+//! let client = service_fn(|req: http::Request<String>| async move {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(format!("searched {}", req.uri())))
+//! });
+//! let mut search = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("search"))
+//!     .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier).name("http"))
+//!     .service(client);
+//!
+//! let req = http::Request::get("/search?q=storm").body(String::new())?;
+//! let resp = search.ready().await?.call(req).await?;
+//! assert_eq!(resp.body(), "searched /search?q=storm");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Features
+//!
+//! - `http` (default): the `http::Response` classifier, `Retry-After` HTTP-date parsing,
+//!   `HttpReplay`, and [`Carrier`](operation::Carrier) for `http::Request`.
+
+#![forbid(unsafe_code)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod backoff;
+pub mod budget;
+pub mod class;
+pub mod classify;
+pub mod error;
+pub mod operation;
+pub mod retry;
+
+mod telemetry;
+
+pub use error::{ErrorCode, ToolError};

@@ -1,0 +1,169 @@
+//! The logical operation: one ledger of attempts shared by every nested [`Retry`] layer.
+//!
+//! The outermost [`Retry`] that a request passes through opens an operation; every stormguard
+//! [`Retry`] it reaches while calling or polling its inner service (on the same task, whatever
+//! the request types in between) joins it, so the attempts of all nested layers together never
+//! exceed the operation's `max_attempts`. A layer that gives up closes the operation: no layer
+//! above it retries it again.
+//!
+//! This needs no allocation and no lock: the ledger lives in the outermost layer's future and is
+//! lent to the layers below through a thread-local slot while they run. Two things break that
+//! chain, and each has a remedy:
+//!
+//! - **A spawned task.** Wrap the future you spawn with [`carry`]: it takes the current operation
+//!   along and lends it to the spawned future's polls.
+//! - **A [`tower::buffer::Buffer`]** (or any layer that hands requests to a worker task). Put an
+//!   [`AttachLayer`] above it and an [`AdoptLayer`] below it: the operation travels in the
+//!   request (for `http::Request`, in its extensions; implement [`Carrier`] for your own types).
+//!
+//! Without them a layer behind the boundary opens an operation of its own, and a stack of three
+//! such layers can make `3 × 3` calls instead of 3.
+//!
+//! A retrying layer made for a *different* logical operation inside one (an auth-token refresh
+//! while a tool call runs) declares itself with
+//! [`RetryLayer::own_operation`](crate::retry::RetryLayer::own_operation), so its retries do not
+//! spend the caller's attempts.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use stormguard::operation::{carry, Operation};
+//!
+//! // Outside any stormguard layer there is no current operation.
+//! assert!(Operation::current().is_none());
+//! // `carry` is then a no-op wrapper.
+//! let handle = tokio::spawn(carry(async { 1 + 1 }));
+//! assert_eq!(handle.await.unwrap(), 2);
+//! # }
+//! ```
+//!
+//! [`Retry`]: crate::retry::Retry
+
+mod layer;
+pub(crate) mod ledger;
+
+pub use layer::{Adopt, AdoptLayer, Attach, AttachLayer, Carrier};
+
+use crate::class::ToolClass;
+use ledger::{in_scope, lock, with_current, Ledger, OpState};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// A handle to a logical operation that can travel to another task.
+///
+/// Get one with [`Operation::current`] inside a stormguard layer; lend it to a future with
+/// [`Operation::scope`] (or use [`carry`], which does both).
+#[derive(Clone)]
+pub struct Operation {
+    shared: Arc<Mutex<OpState>>,
+}
+
+impl Operation {
+    /// The operation installed on this thread, if a stormguard `Retry` is running here.
+    ///
+    /// The first call moves the ledger to the heap (one allocation) so it can be shared; the
+    /// layers already running keep using it.
+    pub fn current() -> Option<Operation> {
+        with_current(|ledger| Operation {
+            shared: ledger.share(),
+        })
+    }
+
+    /// Lends this operation to `future`'s polls: stormguard layers inside it join the operation.
+    pub fn scope<F: Future>(self, future: F) -> Scoped<F> {
+        Scoped {
+            future,
+            ledger: Some(Ledger::Shared(self.shared)),
+        }
+    }
+
+    /// Attempts made so far by all layers.
+    pub fn attempts(&self) -> u32 {
+        lock(&self.shared).attempts()
+    }
+
+    /// The cap on attempts.
+    pub fn max_attempts(&self) -> u32 {
+        lock(&self.shared).max_attempts
+    }
+
+    /// The strictest tool class declared for the operation.
+    pub fn class(&self) -> ToolClass {
+        lock(&self.shared).class
+    }
+
+    /// Whether a layer has given up on the operation.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.shared).closed.is_some()
+    }
+}
+
+impl fmt::Debug for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = *lock(&self.shared);
+        f.debug_struct("Operation")
+            .field("attempts", &state.attempts())
+            .field("max_attempts", &state.max_attempts)
+            .field("class", &state.class)
+            .field("keyed", &state.keyed)
+            .field("closed", &state.closed)
+            .finish()
+    }
+}
+
+/// Takes the current operation (if any) along with `future`, typically one you `tokio::spawn`.
+///
+/// ```
+/// # use stormguard::operation::carry;
+/// # async fn inner_call() {}
+/// # async fn example() {
+/// // inside a tool that a stormguard `Retry` wraps:
+/// let handle = tokio::spawn(carry(inner_call()));
+/// # }
+/// ```
+pub fn carry<F: Future>(future: F) -> Scoped<F> {
+    Scoped {
+        future,
+        ledger: with_current(|ledger| Ledger::Shared(ledger.share())),
+    }
+}
+
+pin_project! {
+    /// A future that runs with an operation lent to it; see [`carry`].
+    pub struct Scoped<F> {
+        #[pin]
+        future: F,
+        ledger: Option<Ledger>,
+    }
+}
+
+impl<F> Scoped<F> {
+    pub(crate) fn new(future: F, operation: Option<Operation>) -> Self {
+        Scoped {
+            future,
+            ledger: operation.map(|op| Ledger::Shared(op.shared)),
+        }
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let future = this.future;
+        in_scope(this.ledger, || future.poll(cx))
+    }
+}
+
+impl<F> fmt::Debug for Scoped<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scoped")
+            .field("carries_operation", &self.ledger.is_some())
+            .finish()
+    }
+}

@@ -1,0 +1,108 @@
+use super::{CloneReplay, Kit, Retry};
+use crate::budget::RetryBudget;
+use crate::class::{ClassPolicy, ToolClass};
+use crate::classify::DefaultClassifier;
+use std::borrow::Cow;
+use std::sync::Arc;
+use tower_layer::Layer;
+
+/// Applies [`Retry`] to a service. Every clone of the layer, and every service it makes, shares
+/// the [`RetryBudget`] it was given.
+///
+/// ```
+/// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+/// use stormguard::classify::HttpClassifier;
+///
+/// let budget = RetryBudget::default();
+/// let layer = RetryLayer::new(ToolClass::Read, budget)
+///     .name("search-api")
+///     .classifier(HttpClassifier);
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryLayer<C = DefaultClassifier, R = CloneReplay> {
+    policy: ClassPolicy,
+    budget: RetryBudget,
+    classifier: C,
+    replay: R,
+    name: Cow<'static, str>,
+    own_operation: bool,
+}
+
+impl RetryLayer {
+    /// Retries as `class`'s default policy allows, drawing from `budget`.
+    pub fn new(class: ToolClass, budget: RetryBudget) -> Self {
+        RetryLayer {
+            policy: class.policy(),
+            budget,
+            classifier: DefaultClassifier,
+            replay: CloneReplay,
+            name: Cow::Borrowed(class.as_str()),
+            own_operation: false,
+        }
+    }
+}
+
+impl<C, R> RetryLayer<C, R> {
+    /// Replaces the policy (attempts, backoff, server-hint cap, deadline) and class.
+    pub fn policy(mut self, policy: ClassPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Names the dependency, for traces and metrics (defaults to the class name).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Declares that this layer's requests are their own logical operation (an auth-token refresh
+    /// inside a tool call): it opens a new ledger instead of joining the current one.
+    pub fn own_operation(mut self) -> Self {
+        self.own_operation = true;
+        self
+    }
+
+    /// Replaces the classifier.
+    pub fn classifier<C2>(self, classifier: C2) -> RetryLayer<C2, R> {
+        RetryLayer {
+            policy: self.policy,
+            budget: self.budget,
+            classifier,
+            replay: self.replay,
+            name: self.name,
+            own_operation: self.own_operation,
+        }
+    }
+
+    /// Replaces how requests are copied for a retry and checked for an idempotency key.
+    pub fn replay<R2>(self, replay: R2) -> RetryLayer<C, R2> {
+        RetryLayer {
+            policy: self.policy,
+            budget: self.budget,
+            classifier: self.classifier,
+            replay,
+            name: self.name,
+            own_operation: self.own_operation,
+        }
+    }
+}
+
+impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
+    type Service = Retry<S, C, R>;
+
+    fn layer(&self, inner: S) -> Retry<S, C, R> {
+        Retry {
+            kit: Arc::new(Kit {
+                template: inner.clone(),
+                policy: self.policy,
+                budget: self.budget.clone(),
+                classifier: self.classifier.clone(),
+                replay: self.replay.clone(),
+                name: self.name.clone(),
+                own_operation: self.own_operation,
+            }),
+            inner,
+        }
+    }
+}

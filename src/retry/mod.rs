@@ -1,0 +1,233 @@
+//! Retries that follow the tool's class, share one budget, and never multiply when nested.
+//!
+//! [`Retry`] decides each retry from four things: the tool class × the failure class
+//! ([`ToolClass::decide`](crate::class::ToolClass::decide)), the operation's ledger (attempts
+//! across all nested layers, see [`operation`](crate::operation)), the shared
+//! [`RetryBudget`](crate::budget::RetryBudget), and the operation's deadline. The delay is the
+//! class's backoff, or the server's `Retry-After` / `grpc-retry-pushback-ms` clamped to the
+//! policy's maximum.
+//!
+//! Every failure that leaves it is a [`ToolError`](crate::error::ToolError):
+//!
+//! - a failure it gave up on (attempts, budget, deadline) is marked `retryable: false`, with the
+//!   code of the last failure (`unavailable`, `rate_limited`, ...) or of the refusal
+//!   (`retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), and the operation is
+//!   closed, so no layer above retries it again;
+//! - an ambiguous failure it may not retry ends as `outcome_unknown` or `missing_idempotency_key`;
+//! - a failure retrying cannot help (a bad argument, a bad credential) is returned unchanged:
+//!   an `Ok` response stays `Ok`, an `Err` becomes a non-retryable `ToolError`;
+//! - a `ToolError` from below that forbids retrying (an open circuit, an exhausted nested layer)
+//!   passes through as it is.
+//!
+//! # Example: three nested layers, one budget
+//!
+//! ```
+//! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+//! use stormguard::error::ErrorCode;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let counter = calls.clone();
+//! let dependency = service_fn(move |_req: u32| {
+//!     counter.fetch_add(1, Ordering::SeqCst);
+//!     async { Err::<u32, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) }
+//! });
+//!
+//! let budget = RetryBudget::default();
+//! let mut stack = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
+//!     .layer(RetryLayer::new(ToolClass::Read, budget).name("client"))
+//!     .service(dependency);
+//!
+//! let err = stack.ready().await.unwrap().call(7).await.unwrap_err();
+//! assert_eq!(calls.load(Ordering::SeqCst), 3); // not 27
+//! assert_eq!(err.code(), ErrorCode::Unavailable);
+//! assert!(!err.retryable());
+//! assert_eq!(err.attempts(), 3);
+//! # }
+//! ```
+//!
+//! # Backpressure
+//!
+//! `poll_ready` waits for the inner service (it neither sheds nor queues). Before every retry the
+//! future polls its own clone of the inner service ready, as tower's `Retry` does.
+//!
+//! # Where it belongs
+//!
+//! Outermost in a tool's stack (the agent loop's layer), above the circuit breaker, so that a
+//! rejection from an open circuit is seen and not retried; nested layers (a tool wrapper, an
+//! HTTP client's layer) may stay: they join the outer layer's operation.
+//!
+//! # Observability
+//!
+//! Tracing: a `stormguard.operation` span (DEBUG) per logical operation with `layer` and `class`;
+//! a DEBUG event per retry (`attempt`, `failure`, `delay_ms`) and an INFO event when a layer gives
+//! up or escalates (`code`, `attempts`, `reason`).
+//!
+//! Metrics:
+//!
+//! | name | labels | counts |
+//! |---|---|---|
+//! | `stormguard_operations_total` | `class` | logical operations (by the outermost layer) |
+//! | `stormguard_retries_total` | `class`, `failure` | retries granted, by any layer |
+//! | `stormguard_retry_refusals_total` | `class`, `reason` | retries refused: `max_attempts`, `retry_budget`, `run_budget`, `deadline`, `not_replayable`, `server_pushback` |
+//! | `stormguard_escalations_total` | `class`, `code` | `outcome_unknown` and `missing_idempotency_key` endings |
+//!
+//! Amplification is `(operations + retries) / operations`.
+
+mod future;
+mod layer;
+mod replay;
+
+pub use future::ResponseFuture;
+pub use layer::RetryLayer;
+#[cfg(feature = "http")]
+pub use replay::HttpReplay;
+pub use replay::{CloneReplay, Replay};
+
+use crate::budget::RetryBudget;
+use crate::class::ClassPolicy;
+use crate::classify::{Classify, DefaultClassifier};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::operation::ledger::{with_current, Installed, Ledger, OpState};
+use crate::telemetry;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// Retries a service's failures as its tool class, the shared budget and the operation's ledger
+/// allow. See the [module docs](self).
+pub struct Retry<S, C = DefaultClassifier, R = CloneReplay> {
+    inner: S,
+    kit: Arc<Kit<S, C, R>>,
+}
+
+/// What a retrying future needs besides its request: shared by the service and its futures, so a
+/// call clones one `Arc` and not the service.
+pub(crate) struct Kit<S, C, R> {
+    /// Cloned (on the cold path) for a retry.
+    pub(crate) template: S,
+    pub(crate) policy: ClassPolicy,
+    pub(crate) budget: RetryBudget,
+    pub(crate) classifier: C,
+    pub(crate) replay: R,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) own_operation: bool,
+}
+
+impl<S, C, R> Retry<S, C, R> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The policy this layer applies.
+    pub fn policy(&self) -> &ClassPolicy {
+        &self.kit.policy
+    }
+}
+
+impl<S: Clone, C, R> Clone for Retry<S, C, R> {
+    fn clone(&self) -> Self {
+        Retry {
+            inner: self.inner.clone(),
+            kit: self.kit.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C, R> fmt::Debug for Retry<S, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("name", &self.kit.name)
+            .field("policy", &self.kit.policy)
+            .field("budget", &self.kit.budget)
+            .finish()
+    }
+}
+
+/// Turns an inner error into the `ToolError` this layer returns, keeping a `ToolError` as it is.
+pub(crate) fn into_tool_error<E: Into<BoxError>>(err: E, code: ErrorCode) -> ToolError {
+    ToolError::from_boxed(err.into(), code)
+}
+
+impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+    R: Replay<Req>,
+{
+    type Response = S::Response;
+    type Error = ToolError;
+    type Future = ResponseFuture<S, C, R, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| into_tool_error(e, ErrorCode::Unavailable))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let kit = &*self.kit;
+        let copy = kit.replay.replay(&req);
+        let keyed = kit.replay.carries_key(&req);
+        let class = kit.policy.class();
+
+        let joined = if kit.own_operation {
+            None
+        } else {
+            with_current(|ledger| {
+                ledger.with(|op| {
+                    op.keyed |= keyed;
+                    op.class = op.class.strictest(class);
+                })
+            })
+        };
+
+        if joined.is_some() {
+            // Nested: the operation's owner has installed its ledger on this thread.
+            let future = self.inner.call(req);
+            return ResponseFuture::nested(future, self.kit.clone(), copy);
+        }
+
+        // Outermost (or its own operation): open the ledger and lend it to the inner call.
+        telemetry::operation_opened(class);
+        let deadline = kit.policy.deadline().map(|d| Instant::now() + d);
+        let mut ledger = Some(Ledger::Inline(OpState::new(
+            kit.policy.max_attempts(),
+            class,
+            keyed,
+            deadline,
+        )));
+        let span = tracing::debug_span!(
+            "stormguard.operation",
+            layer = %kit.name,
+            class = class.as_str()
+        );
+        let future = {
+            let _entered = span.enter();
+            let _installed = Installed::new(&mut ledger);
+            self.inner.call(req)
+        };
+        ResponseFuture::owner(future, self.kit.clone(), copy, ledger, span)
+    }
+}
