@@ -361,7 +361,8 @@ fn result_back<Res, E: Into<BoxError>>(
     result.map_err(|e| hand_back(e, classification, Some(failure), attempts))
 }
 
-/// An error handed back without a retry: a `ToolError` from below stays as it is; anything else
+/// An error handed back without a retry: a `ToolError` from below keeps its code and flag (its
+/// attempt count is brought up to date); anything else
 /// becomes a non-retryable `ToolError` with the classification's code.
 fn hand_back<E: Into<BoxError>>(
     e: E,
@@ -371,7 +372,8 @@ fn hand_back<E: Into<BoxError>>(
 ) -> ToolError {
     let code = classification.code().unwrap_or(ErrorCode::Internal);
     match e.into().downcast::<ToolError>() {
-        Ok(tool) => *tool,
+        Ok(tool) if tool.attempts() >= attempts => *tool,
+        Ok(tool) => tool.with_attempts(attempts),
         Err(other) => {
             let mut err = ToolError::new(code)
                 .with_attempts(attempts)

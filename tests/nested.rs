@@ -1,0 +1,208 @@
+//! One ledger per logical operation, across nested layers, request types and task boundaries.
+mod support;
+
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::FailureClass;
+use stormguard::error::{BoxError, ErrorCode};
+use stormguard::operation::{carry, AdoptLayer, AttachLayer};
+use stormguard::retry::RetryLayer;
+use support::{call, Dependency, Outcome, ToolCall};
+use tower::{service_fn, Service, ServiceBuilder};
+
+fn outage() -> Dependency {
+    Dependency::always(Outcome::Fail(FailureClass::Transient))
+}
+
+fn to_http(call: ToolCall) -> http::Request<String> {
+    http::Request::post(format!("/tools/{}", call.tool))
+        .body(call.arg.to_string())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_layers_over_differing_request_types_make_three_calls() {
+    let dep = outage();
+    let budget = RetryBudget::default();
+    // agent loop (ToolCall) -> tool wrapper (ToolCall) -> client (http::Request)
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
+        .map_request(to_http)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("client"))
+        .service(dep.clone());
+
+    for i in 0..5 {
+        let before = dep.calls();
+        let err = call(&mut stack, ToolCall { tool: "search", arg: i }).await.unwrap_err();
+        assert_eq!(dep.calls() - before, 3, "operation {i} made more than max_attempts calls");
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        assert!(!err.retryable());
+        assert_eq!(err.attempts(), 3);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tower_retry_nested_three_deep_makes_twenty_seven() {
+    // The problem this crate exists for, measured on tower's own Retry.
+    #[derive(Clone)]
+    struct Attempts(u32);
+    impl<Req: Clone, Res, E> tower::retry::Policy<Req, Res, E> for Attempts {
+        type Future = std::future::Ready<()>;
+        fn retry(&mut self, _: &mut Req, r: &mut Result<Res, E>) -> Option<Self::Future> {
+            (r.is_err() && self.0 > 1).then(|| {
+                self.0 -= 1;
+                std::future::ready(())
+            })
+        }
+        fn clone_request(&mut self, req: &Req) -> Option<Req> {
+            Some(req.clone())
+        }
+    }
+    let dep = outage();
+    let mut stack = ServiceBuilder::new()
+        .retry(Attempts(3))
+        .retry(Attempts(3))
+        .retry(Attempts(3))
+        .service(dep.clone());
+    let _ = call(&mut stack, 1u32).await;
+    assert_eq!(dep.calls(), 27);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_buffer_between_layers_needs_attach_and_adopt() {
+    // An unkeyed write whose HTTP client layer, behind a buffer, is configured for reads.
+    // Only if the operation travels does the client layer learn that it must not repeat an
+    // ambiguous failure of the write.
+    let budget = RetryBudget::default();
+
+    let lost = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(lost.clone());
+    let _ = call(&mut stack, to_http(ToolCall { tool: "send", arg: 1 })).await;
+    assert_eq!(lost.calls(), 3, "without the operation the write is sent three times");
+
+    let carried = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .layer(AttachLayer::new())
+        .buffer(8)
+        .layer(AdoptLayer::new())
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(carried.clone());
+    let err = call(&mut stack, to_http(ToolCall { tool: "send", arg: 1 }))
+        .await
+        .unwrap_err();
+    assert_eq!(carried.calls(), 1);
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert!(!err.retryable());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_buffer_between_layers_shares_the_attempt_cap() {
+    let budget = RetryBudget::default();
+    let dep = outage();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(AttachLayer::new())
+        .buffer(8)
+        .layer(AdoptLayer::new())
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(dep.clone());
+    for i in 1..=3 {
+        let err = call(&mut stack, to_http(ToolCall { tool: "t", arg: i }))
+            .await
+            .unwrap_err();
+        assert_eq!(dep.calls(), 3 * i);
+        assert_eq!(err.attempts(), 3);
+    }
+}
+
+/// A tool that runs its inner call on a spawned task, with or without `carry`, and reports
+/// failures as its own error type (dropping the `ToolError`, as many tool wrappers do).
+fn spawning_tool(
+    inner: impl Service<u32, Response = u32, Error = stormguard::ToolError, Future: Send>
+        + Clone
+        + Send
+        + 'static,
+    use_carry: bool,
+) -> impl Service<ToolCall, Response = u32, Error = BoxError, Future: Send> + Clone {
+    service_fn(move |req: ToolCall| {
+        let mut inner = inner.clone();
+        async move {
+            let work = async move { call(&mut inner, req.arg).await };
+            let joined = if use_carry {
+                tokio::spawn(carry(work)).await
+            } else {
+                tokio::spawn(work).await
+            };
+            joined?.map_err(|e| {
+                BoxError::from(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    e.to_string(),
+                ))
+            })
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawned_inner_call_joins_the_operation_when_carried() {
+    for (use_carry, expected) in [(false, 9), (true, 3)] {
+        let dep = outage();
+        let budget = RetryBudget::default();
+        let inner = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+            .service(dep.clone());
+        let mut stack = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+            .service(spawning_tool(inner, use_carry));
+        let _ = call(&mut stack, ToolCall { tool: "t", arg: 1 }).await;
+        assert_eq!(dep.calls(), expected, "carry = {use_carry}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_for_another_operation_does_not_spend_the_callers_attempts() {
+    for own in [false, true] {
+        let budget = RetryBudget::default();
+        // An auth refresh that fails twice before it works, and a tool call that fails once.
+        let refresh_dep = Dependency::script(
+            [
+                Outcome::Fail(FailureClass::Transient),
+                Outcome::Fail(FailureClass::Transient),
+            ],
+            Outcome::Ok,
+        );
+        let tool_dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+        let mut refresh_layer = RetryLayer::new(ToolClass::Read, budget.clone()).name("auth");
+        if own {
+            refresh_layer = refresh_layer.own_operation();
+        }
+        let refresh = ServiceBuilder::new().layer(refresh_layer).service(refresh_dep.clone());
+        let tool = {
+            let tool_dep = tool_dep.clone();
+            service_fn(move |req: ToolCall| {
+                let mut refresh = refresh.clone();
+                let mut tool_dep = tool_dep.clone();
+                async move {
+                    call(&mut refresh, 0u32).await?;
+                    call(&mut tool_dep, req.arg).await
+                }
+            })
+        };
+        let mut stack = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool"))
+            .service(tool);
+        let result = call(&mut stack, ToolCall { tool: "t", arg: 1 }).await;
+        if own {
+            assert!(result.is_ok(), "own operation: {result:?}");
+        } else {
+            // The refresh spent the operation's three attempts: the tool failure cannot be retried.
+            assert_eq!(result.unwrap_err().code(), ErrorCode::Unavailable);
+        }
+    }
+}

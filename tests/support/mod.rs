@@ -1,0 +1,96 @@
+//! Shared test helpers: a scripted dependency that counts its calls.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::VecDeque;
+use std::future::{ready, Ready};
+use std::io;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use stormguard::classify::FailureClass;
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use tower::Service;
+
+/// What one call to the dependency does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Outcome {
+    Ok,
+    Fail(FailureClass),
+}
+
+/// The error a failure of `class` is made of, as a real client would produce it.
+pub fn error_for(class: FailureClass) -> BoxError {
+    match class {
+        FailureClass::Transient => io::Error::from(io::ErrorKind::ConnectionRefused).into(),
+        FailureClass::Ambiguous => io::Error::from(io::ErrorKind::ConnectionReset).into(),
+        FailureClass::ModelRecoverable => io::Error::from(io::ErrorKind::InvalidInput).into(),
+        FailureClass::Permanent => io::Error::from(io::ErrorKind::PermissionDenied).into(),
+        FailureClass::Policy => Box::new(
+            ToolError::new(ErrorCode::PolicyViolation)
+                .with_class(FailureClass::Policy)
+                .with_retryable(false),
+        ),
+        _ => unreachable!("no other classes"),
+    }
+}
+
+/// A dependency that plays a script of outcomes, then repeats `then`, counting calls.
+#[derive(Clone)]
+pub struct Dependency {
+    calls: Arc<AtomicU32>,
+    script: Arc<Mutex<VecDeque<Outcome>>>,
+    then: Outcome,
+}
+
+impl Dependency {
+    pub fn always(outcome: Outcome) -> Self {
+        Self::script([], outcome)
+    }
+
+    pub fn script(script: impl IntoIterator<Item = Outcome>, then: Outcome) -> Self {
+        Dependency {
+            calls: Arc::new(AtomicU32::new(0)),
+            script: Arc::new(Mutex::new(script.into_iter().collect())),
+            then,
+        }
+    }
+
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn next(&self) -> Outcome {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.script.lock().unwrap().pop_front().unwrap_or(self.then)
+    }
+}
+
+impl<Req> Service<Req> for Dependency {
+    type Response = u32;
+    type Error = BoxError;
+    type Future = Ready<Result<u32, BoxError>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: Req) -> Self::Future {
+        ready(match self.next() {
+            Outcome::Ok => Ok(self.calls()),
+            Outcome::Fail(class) => Err(error_for(class)),
+        })
+    }
+}
+
+/// A tool-call request, a different type from what the client layer sees.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCall {
+    pub tool: &'static str,
+    pub arg: u32,
+}
+
+/// Waits for `svc` to be ready for `Req` and calls it.
+pub async fn call<S: Service<Req>, Req>(svc: &mut S, req: Req) -> Result<S::Response, S::Error> {
+    use tower::ServiceExt;
+    ServiceExt::<Req>::ready(svc).await?.call(req).await
+}
