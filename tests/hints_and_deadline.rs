@@ -1,0 +1,190 @@
+//! Server hints (Retry-After, grpc-retry-pushback-ms) and the operation deadline.
+mod support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stormguard::backoff::{Backoff, Jitter};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::HttpClassifier;
+use stormguard::error::ErrorCode;
+use stormguard::retry::RetryLayer;
+use support::call;
+use tokio::time::Instant;
+use tower::{service_fn, Layer};
+
+type Req = http::Request<String>;
+
+/// A server that answers `status` with `headers` to the first `failures` calls, then 200.
+fn server(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    failures: u32,
+) -> (
+    Arc<AtomicU32>,
+    impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
+        + Clone,
+) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let svc = service_fn(move |_req: Req| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut b = http::Response::builder();
+            b = if n < failures {
+                headers.iter().fold(b.status(status), |b, (k, v)| b.header(*k, *v))
+            } else {
+                b.status(200)
+            };
+            Ok::<_, Infallible>(b.body(String::new()).unwrap())
+        }
+    });
+    (calls, svc)
+}
+
+fn req() -> Req {
+    http::Request::get("/").body(String::new()).unwrap()
+}
+
+fn constant(ms: u64) -> stormguard::class::ClassPolicy {
+    ToolClass::Read
+        .policy()
+        .into_builder()
+        .backoff(
+            Backoff::constant(Duration::from_millis(ms))
+                .jitter(Jitter::None)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_replaces_the_backoff() {
+    let (calls, dep) = server(429, &[("retry-after", "7")], 1);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(constant(10))
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let start = Instant::now();
+    let resp = call(&mut svc, req()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(start.elapsed(), Duration::from_secs(7));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_huge_retry_after_is_clamped_to_the_policy_maximum() {
+    let (_, dep) = server(503, &[("retry-after", "86400")], 1);
+    let policy = constant(10)
+        .into_builder()
+        .max_server_delay(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(policy)
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let start = Instant::now();
+    call(&mut svc, req()).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(20));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_malformed_retry_after_is_ignored() {
+    let (_, dep) = server(503, &[("retry-after", "in a while")], 1);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(constant(10))
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let start = Instant::now();
+    call(&mut svc, req()).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(10));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_negative_pushback_forbids_the_retry() {
+    let (calls, dep) = server(503, &[("grpc-retry-pushback-ms", "-1")], 5);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert!(!err.retryable());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_retry_reports_the_servers_delay() {
+    let (_, dep) = server(429, &[("retry-after", "3")], 10);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RateLimited);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(3)));
+    assert_eq!(err.to_json()["retry_after_ms"], 3000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_starts_whose_backoff_would_pass_the_deadline() {
+    let (calls, dep) = server(503, &[("retry-after", "4")], 10);
+    let policy = constant(10)
+        .into_builder()
+        .max_attempts(5)
+        .deadline(Duration::from_secs(6))
+        .build()
+        .unwrap();
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(policy)
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    // Attempt at 0 s, retry at 4 s; a retry at 8 s would pass the 6 s deadline.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_404_is_an_answer_not_a_failure() {
+    let (calls, dep) = server(404, &[], 10);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let resp = call(&mut svc, req()).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_500_on_an_unkeyed_write_escalates_and_a_keyed_one_retries() {
+    use stormguard::retry::HttpReplay;
+    let (calls, dep) = server(500, &[], 1);
+    let mut unkeyed = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .replay(HttpReplay)
+        .layer(dep);
+    let err = call(&mut unkeyed, http::Request::post("/send").body(String::new()).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let (calls, dep) = server(500, &[], 1);
+    let mut keyed = RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .replay(HttpReplay)
+        .layer(dep);
+    let keyed_req = http::Request::post("/send")
+        .header("idempotency-key", "run-1:step-2:send:abc")
+        .body(String::new())
+        .unwrap();
+    assert_eq!(call(&mut keyed, keyed_req).await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
