@@ -11,7 +11,8 @@ pub(crate) const RETRIES: &str = "stormguard_retries_total";
 pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 
-static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 macro_rules! class_keys {
     ($name:expr; $($class:literal),*) => {{

@@ -30,7 +30,11 @@ async fn nested_layers_deposit_once_per_logical_operation() {
         call(&mut stack, i).await.unwrap();
     }
     // 10 successes x 0.2, not 3 x that (tower's nested TpsBudget deposits at every layer).
-    assert!((budget.balance() - 2.0).abs() < 1e-9, "balance {}", budget.balance());
+    assert!(
+        (budget.balance() - 2.0).abs() < 1e-9,
+        "balance {}",
+        budget.balance()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -56,7 +60,10 @@ async fn successes_pay_for_retries() {
     budget.deposit();
     budget.deposit(); // 5 x 0.2 = one retry
     assert!(budget.try_withdraw(Duration::ZERO).is_ok());
-    assert_eq!(budget.try_withdraw(Duration::ZERO), Err(Refusal::RetryBudget));
+    assert_eq!(
+        budget.try_withdraw(Duration::ZERO),
+        Err(Refusal::RetryBudget)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -145,11 +152,19 @@ fn implements_towers_budget_trait() {
 #[test]
 fn invalid_budgets_are_rejected_with_the_field_named() {
     let cases = [
-        (RetryBudget::builder().retry_ratio(-0.1).build(), "retry_ratio"),
-        (RetryBudget::builder().retry_ratio(f64::NAN).build(), "retry_ratio"),
+        (
+            RetryBudget::builder().retry_ratio(-0.1).build(),
+            "retry_ratio",
+        ),
+        (
+            RetryBudget::builder().retry_ratio(f64::NAN).build(),
+            "retry_ratio",
+        ),
         (RetryBudget::builder().max_balance(0).build(), "max_balance"),
         (
-            RetryBudget::builder().floor(1, Duration::from_millis(10)).build(),
+            RetryBudget::builder()
+                .floor(1, Duration::from_millis(10))
+                .build(),
             "floor_window",
         ),
     ];

@@ -34,7 +34,9 @@ fn server(
         async move {
             let mut b = http::Response::builder();
             b = if n < failures {
-                headers.iter().fold(b.status(status), |b, (k, v)| b.header(*k, *v))
+                headers
+                    .iter()
+                    .fold(b.status(status), |b, (k, v)| b.header(*k, *v))
             } else {
                 b.status(200)
             };
@@ -170,9 +172,12 @@ async fn a_500_on_an_unkeyed_write_escalates_and_a_keyed_one_retries() {
         .classifier(HttpClassifier)
         .replay(HttpReplay)
         .layer(dep);
-    let err = call(&mut unkeyed, http::Request::post("/send").body(String::new()).unwrap())
-        .await
-        .unwrap_err();
+    let err = call(
+        &mut unkeyed,
+        http::Request::post("/send").body(String::new()).unwrap(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 

@@ -34,8 +34,20 @@ async fn three_layers_over_differing_request_types_make_three_calls() {
 
     for i in 0..5 {
         let before = dep.calls();
-        let err = call(&mut stack, ToolCall { tool: "search", arg: i }).await.unwrap_err();
-        assert_eq!(dep.calls() - before, 3, "operation {i} made more than max_attempts calls");
+        let err = call(
+            &mut stack,
+            ToolCall {
+                tool: "search",
+                arg: i,
+            },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            dep.calls() - before,
+            3,
+            "operation {i} made more than max_attempts calls"
+        );
         assert_eq!(err.code(), ErrorCode::Unavailable);
         assert!(!err.retryable());
         assert_eq!(err.attempts(), 3);
@@ -82,8 +94,19 @@ async fn a_buffer_between_layers_needs_attach_and_adopt() {
         .buffer(8)
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .service(lost.clone());
-    let _ = call(&mut stack, to_http(ToolCall { tool: "send", arg: 1 })).await;
-    assert_eq!(lost.calls(), 3, "without the operation the write is sent three times");
+    let _ = call(
+        &mut stack,
+        to_http(ToolCall {
+            tool: "send",
+            arg: 1,
+        }),
+    )
+    .await;
+    assert_eq!(
+        lost.calls(),
+        3,
+        "without the operation the write is sent three times"
+    );
 
     let carried = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
     let mut stack = ServiceBuilder::new()
@@ -93,9 +116,15 @@ async fn a_buffer_between_layers_needs_attach_and_adopt() {
         .layer(AdoptLayer::new())
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .service(carried.clone());
-    let err = call(&mut stack, to_http(ToolCall { tool: "send", arg: 1 }))
-        .await
-        .unwrap_err();
+    let err = call(
+        &mut stack,
+        to_http(ToolCall {
+            tool: "send",
+            arg: 1,
+        }),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(carried.calls(), 1);
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert!(!err.retryable());
@@ -182,7 +211,9 @@ async fn a_layer_for_another_operation_does_not_spend_the_callers_attempts() {
         if own {
             refresh_layer = refresh_layer.own_operation();
         }
-        let refresh = ServiceBuilder::new().layer(refresh_layer).service(refresh_dep.clone());
+        let refresh = ServiceBuilder::new()
+            .layer(refresh_layer)
+            .service(refresh_dep.clone());
         let tool = {
             let tool_dep = tool_dep.clone();
             service_fn(move |req: ToolCall| {

@@ -254,12 +254,10 @@ impl RetryBudgetBuilder {
         if self.max_balance == 0 {
             return Err(ConfigError::new("max_balance", "must be at least 1"));
         }
-        if self.floor_window < Duration::from_secs(1) || self.floor_window > Duration::from_secs(3600)
+        if self.floor_window < Duration::from_secs(1)
+            || self.floor_window > Duration::from_secs(3600)
         {
-            return Err(ConfigError::new(
-                "floor_window",
-                "must be from 1 s to 1 h",
-            ));
+            return Err(ConfigError::new("floor_window", "must be from 1 s to 1 h"));
         }
         let seed = self.seed.unwrap_or_else(random_seed);
         Ok(RetryBudget {

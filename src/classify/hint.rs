@@ -52,7 +52,11 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(feature = "http")]
 fn parse_http_date(value: &str, now: SystemTime) -> Option<Duration> {
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO).min(MAX_HINT))
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_HINT),
+    )
 }
 
 #[cfg(not(feature = "http"))]

@@ -39,9 +39,9 @@ pub mod hint;
 mod http;
 
 pub use error::{classify_error, AsDynError};
+pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier};
-pub use hint::ServerHint;
 
 use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};

@@ -83,7 +83,9 @@ impl Ledger {
 
 pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
     // The state is plain data, valid after any panic: a poisoned lock is still usable.
-    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 thread_local! {

@@ -234,7 +234,14 @@ where
     let code = classification.code().unwrap_or(ErrorCode::Internal);
     let give_up = |track: &mut Track, code: ErrorCode, reason: &'static str, result| {
         Next::Done(Err(give_up(
-            kit, track, view.class, &classification, failure, code, reason, result,
+            kit,
+            track,
+            view.class,
+            &classification,
+            failure,
+            code,
+            reason,
+            result,
         )))
     };
 
