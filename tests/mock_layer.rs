@@ -1,10 +1,10 @@
 //! One `Retry` layer against tower-test's mock: readiness, the request replayed, errors.
+use std::future::poll_fn;
 use std::io;
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
-use std::future::poll_fn;
 use tower::{Layer, Service};
 use tower_test::{assert_request_eq, mock};
 

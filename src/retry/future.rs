@@ -139,7 +139,7 @@ where
                 }
                 StateProj::Ready => {
                     let kit = &**this.kit;
-                    let service = this.service.get_or_insert_with(|| kit.template.clone());
+                    let service = this.service.get_or_insert_with(|| kit.service());
                     let ready = in_scope(&mut this.track.ledger, || service.poll_ready(cx));
                     if let Err(e) = ready!(ready) {
                         let attempts = this.track.op(kit, |op| {

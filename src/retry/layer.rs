@@ -3,7 +3,7 @@ use crate::budget::RetryBudget;
 use crate::class::{ClassPolicy, ToolClass};
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tower_layer::Layer;
 
 /// Applies [`Retry`] to a service. Every clone of the layer, and every service it makes, shares
@@ -94,7 +94,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
     fn layer(&self, inner: S) -> Retry<S, C, R> {
         Retry {
             kit: Arc::new(Kit {
-                template: inner.clone(),
+                template: Mutex::new(inner.clone()),
                 policy: self.policy,
                 budget: self.budget.clone(),
                 classifier: self.classifier.clone(),

@@ -97,7 +97,7 @@ use crate::operation::ledger::{with_current, Installed, Ledger, OpState};
 use crate::telemetry;
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
@@ -112,14 +112,25 @@ pub struct Retry<S, C = DefaultClassifier, R = CloneReplay> {
 /// What a retrying future needs besides its request: shared by the service and its futures, so a
 /// call clones one `Arc` and not the service.
 pub(crate) struct Kit<S, C, R> {
-    /// Cloned (on the cold path) for a retry.
-    pub(crate) template: S,
+    /// Cloned (on the cold path) for a retry. Behind a mutex so that a `Send` service that is not
+    /// `Sync` still gives a `Send` future.
+    pub(crate) template: Mutex<S>,
     pub(crate) policy: ClassPolicy,
     pub(crate) budget: RetryBudget,
     pub(crate) classifier: C,
     pub(crate) replay: R,
     pub(crate) name: Cow<'static, str>,
     pub(crate) own_operation: bool,
+}
+
+impl<S: Clone, C, R> Kit<S, C, R> {
+    /// A fresh clone of the inner service, for a retry.
+    pub(crate) fn service(&self) -> S {
+        self.template
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
 }
 
 impl<S, C, R> Retry<S, C, R> {

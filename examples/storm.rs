@@ -1,0 +1,529 @@
+//! The storm demo: the same three-layer stack (agent loop -> tool wrapper -> client, each allowing
+//! 3 attempts) built three ways, driven by an open-loop load against a failing dependency.
+//!
+//! ```text
+//! cargo run --release --example storm            # a table
+//! cargo run --release --example storm -- --json  # one JSON object per line
+//! ```
+//!
+//! Stacks:
+//! - `tower-nested`: tower 0.5's `Retry` three deep, no budget;
+//! - `tower-nested-budget`: the same with one `TpsBudget::default()` per layer;
+//! - `stormguard-nested`: three stormguard `Retry` layers sharing one `RetryBudget` (defaults).
+//!
+//! Scenarios (in-process ones run on tokio's paused clock, so simulated minutes take seconds):
+//! - `outage` at 1 request/s for 600 s and at 100 requests/s for 60 s: every call fails;
+//! - `transient` at 100 requests/s for 300 s: each call fails with probability 0.1;
+//! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::{Classify, DefaultClassifier, HttpClassifier};
+use stormguard::retry::RetryLayer;
+use stormguard::ToolError;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+const SEED: u64 = 0x5EED;
+
+// ---------------------------------------------------------------------------------------------
+// The dependency: counts calls, per operation too, and fails as the scenario says.
+
+#[derive(Clone, Copy)]
+enum Failing {
+    Always,
+    WithProbability(f64),
+}
+
+#[derive(Clone)]
+struct Dependency {
+    failing: Failing,
+    state: Arc<Mutex<DepState>>,
+}
+
+struct DepState {
+    calls: u64,
+    per_op: HashMap<u64, u32>,
+    rng: u64,
+}
+
+impl Dependency {
+    fn new(failing: Failing) -> Self {
+        Dependency {
+            failing,
+            state: Arc::new(Mutex::new(DepState {
+                calls: 0,
+                per_op: HashMap::new(),
+                rng: SEED,
+            })),
+        }
+    }
+
+    fn calls(&self) -> u64 {
+        self.state.lock().unwrap().calls
+    }
+
+    fn max_per_op(&self) -> u32 {
+        let s = self.state.lock().unwrap();
+        s.per_op.values().copied().max().unwrap_or(0)
+    }
+}
+
+fn next_f64(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl Service<u64> for Dependency {
+    type Response = u64;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<u64, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, op: u64) -> Self::Future {
+        let mut s = self.state.lock().unwrap();
+        s.calls += 1;
+        *s.per_op.entry(op).or_default() += 1;
+        let fail = match self.failing {
+            Failing::Always => true,
+            Failing::WithProbability(p) => next_f64(&mut s.rng) < p,
+        };
+        std::future::ready(if fail {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "dependency unavailable",
+            ))
+        } else {
+            Ok(op)
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tower's Retry with a typical policy: 3 attempts, full jitter from 100 ms, optional TpsBudget.
+
+trait Failed {
+    fn failed(&self) -> bool;
+}
+
+impl Failed for u64 {
+    fn failed(&self) -> bool {
+        false
+    }
+}
+
+impl<B> Failed for http::Response<B> {
+    fn failed(&self) -> bool {
+        self.status().is_server_error()
+    }
+}
+
+#[derive(Clone)]
+struct TowerPolicy {
+    attempts_left: u32,
+    retries: u32,
+    budget: Option<Arc<TpsBudget>>,
+    seeds: Arc<AtomicU64>,
+    rng: Option<u64>,
+}
+
+impl TowerPolicy {
+    fn new(budget: Option<Arc<TpsBudget>>, seeds: Arc<AtomicU64>) -> Self {
+        TowerPolicy {
+            attempts_left: 3,
+            retries: 0,
+            budget,
+            seeds,
+            rng: None,
+        }
+    }
+}
+
+impl<Req: Clone, Res: Failed, E> tower::retry::Policy<Req, Res, E> for TowerPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _req: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        let failed = match result {
+            Ok(res) => res.failed(),
+            Err(_) => true,
+        };
+        if !failed {
+            if let Some(budget) = &self.budget {
+                budget.deposit();
+            }
+            return None;
+        }
+        if self.attempts_left <= 1 {
+            return None;
+        }
+        if let Some(budget) = &self.budget {
+            if !budget.withdraw() {
+                return None;
+            }
+        }
+        self.attempts_left -= 1;
+        let seeds = &self.seeds;
+        let rng = self
+            .rng
+            .get_or_insert_with(|| seeds.fetch_add(1, Ordering::Relaxed).wrapping_mul(SEED));
+        let ceiling = Duration::from_millis(100) * 2u32.pow(self.retries);
+        self.retries += 1;
+        Some(tokio::time::sleep(ceiling.mul_f64(next_f64(rng))))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        Some(req.clone())
+    }
+}
+
+fn tower_layer(budgeted: bool, seeds: &Arc<AtomicU64>) -> tower::retry::RetryLayer<TowerPolicy> {
+    let budget = budgeted.then(|| Arc::new(TpsBudget::default()));
+    tower::retry::RetryLayer::new(TowerPolicy::new(budget, seeds.clone()))
+}
+
+fn stormguard_budget() -> RetryBudget {
+    // The crate's default settings, with a fixed seed so runs repeat exactly.
+    RetryBudget::builder()
+        .seed(SEED)
+        .build()
+        .expect("defaults are valid")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driving a stack with an open-loop load.
+
+type BoxService<Req, Res> = tower::util::BoxCloneService<Req, Res, tower::BoxError>;
+
+#[derive(Clone, Copy)]
+enum Stack {
+    TowerNested,
+    TowerNestedBudget,
+    StormguardNested,
+}
+
+impl Stack {
+    const ALL: [Stack; 3] = [
+        Stack::TowerNested,
+        Stack::TowerNestedBudget,
+        Stack::StormguardNested,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Stack::TowerNested => "tower-nested",
+            Stack::TowerNestedBudget => "tower-nested-budget",
+            Stack::StormguardNested => "stormguard-nested",
+        }
+    }
+
+    /// The three-layer stack over `leaf`; stormguard's layers classify with `classifier`.
+    fn build<S, Req, Res, C>(self, leaf: S, classifier: C) -> BoxService<Req, Res>
+    where
+        S: Service<Req, Response = Res> + Clone + Send + 'static,
+        S::Error: Into<tower::BoxError> + Send + Sync + 'static,
+        S::Future: Send + 'static,
+        Req: Clone + Send + 'static,
+        Res: Failed + Send + 'static,
+        C: Classify<Res, S::Error> + Classify<Res, ToolError> + Clone + Send + Sync + 'static,
+    {
+        let seeds = Arc::new(AtomicU64::new(1));
+        match self {
+            Stack::TowerNested | Stack::TowerNestedBudget => {
+                let budgeted = matches!(self, Stack::TowerNestedBudget);
+                let svc = ServiceBuilder::new()
+                    .layer(tower_layer(budgeted, &seeds))
+                    .layer(tower_layer(budgeted, &seeds))
+                    .layer(tower_layer(budgeted, &seeds))
+                    .service(leaf);
+                BoxService::new(svc.map_err(Into::into))
+            }
+            Stack::StormguardNested => {
+                let budget = stormguard_budget();
+                let layer = |name: &'static str| {
+                    RetryLayer::new(ToolClass::Read, budget.clone())
+                        .name(name)
+                        .classifier(classifier.clone())
+                };
+                let svc = ServiceBuilder::new()
+                    .layer(layer("agent-loop"))
+                    .layer(layer("tool-wrapper"))
+                    .layer(layer("client"))
+                    .service(leaf);
+                BoxService::new(svc.map_err(tower::BoxError::from))
+            }
+        }
+    }
+}
+
+/// Sends `count` requests at `rate` per second, each on its own task; returns the successes.
+async fn drive<Req, Res>(
+    svc: BoxService<Req, Res>,
+    make: impl Fn(u64) -> Req,
+    rate: f64,
+    count: u64,
+) -> u64
+where
+    Req: Send + 'static,
+    Res: Failed + Send + 'static,
+{
+    let start = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let mut tasks = JoinSet::new();
+    for i in 0..count {
+        tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+        let svc = svc.clone();
+        let req = make(i);
+        tasks.spawn(async move {
+            match svc.oneshot(req).await {
+                Ok(res) => !res.failed(),
+                Err(_) => false,
+            }
+        });
+    }
+    let mut successes = 0;
+    while let Some(done) = tasks.join_next().await {
+        successes += u64::from(done.expect("request task"));
+    }
+    successes
+}
+
+struct Row {
+    scenario: &'static str,
+    stack: &'static str,
+    rate: f64,
+    logical: u64,
+    calls: u64,
+    successes: u64,
+    max_per_op: u32,
+    elapsed: Duration,
+}
+
+impl Row {
+    fn amplification(&self) -> f64 {
+        self.calls as f64 / self.logical as f64
+    }
+
+    fn success_rate(&self) -> f64 {
+        self.successes as f64 / self.logical as f64
+    }
+
+    fn json(&self) -> String {
+        serde_json::json!({
+            "scenario": self.scenario,
+            "stack": self.stack,
+            "rate_per_sec": self.rate,
+            "logical": self.logical,
+            "dependency_calls": self.calls,
+            "amplification": (self.amplification() * 10000.0).round() / 10000.0,
+            "successes": self.successes,
+            "success_rate": self.success_rate(),
+            "max_calls_per_operation": self.max_per_op,
+            "wall_ms": self.elapsed.as_millis() as u64,
+        })
+        .to_string()
+    }
+}
+
+fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, secs: u64) -> Row {
+    let wall = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let dep = Dependency::new(failing);
+    let count = (rate * secs as f64) as u64;
+    let successes = rt.block_on(async {
+        let svc = stack.build(dep.clone(), DefaultClassifier);
+        drive(svc, |i| i, rate, count).await
+    });
+    Row {
+        scenario,
+        stack: stack.name(),
+        rate,
+        logical: count,
+        calls: dep.calls(),
+        successes,
+        max_per_op: dep.max_per_op(),
+        elapsed: wall.elapsed(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The same over real sockets: a hyper server on 127.0.0.1 that answers 503.
+
+type HttpReq = http::Request<Full<Bytes>>;
+type HttpRes = http::Response<hyper::body::Incoming>;
+
+async fn start_503_server(calls: Arc<AtomicU64>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    async {
+                        Ok::<_, Infallible>(
+                            http::Response::builder()
+                                .status(503)
+                                .body(Full::new(Bytes::from_static(b"unavailable")))
+                                .expect("response"),
+                        )
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// The hyper client as a `Clone` tower service that reads each body to the end.
+#[derive(Clone)]
+struct HttpClient {
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+}
+
+impl Service<HttpReq> for HttpClient {
+    type Response = HttpRes;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<HttpRes, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: HttpReq) -> Self::Future {
+        let client = self.client.clone();
+        Box::pin(async move { Ok(client.request(req).await?) })
+    }
+}
+
+fn outage_http(stack: Stack) -> Row {
+    let wall = std::time::Instant::now();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (rate, count) = (50.0, 200);
+    let calls = Arc::new(AtomicU64::new(0));
+    let successes = rt.block_on(async {
+        let addr = start_503_server(calls.clone()).await;
+        let client = HttpClient {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        };
+        let svc = stack.build(client, HttpClassifier);
+        let uri: http::Uri = format!("http://{addr}/tool").parse().expect("uri");
+        drive(
+            svc,
+            move |i| {
+                http::Request::post(uri.clone())
+                    .body(Full::new(Bytes::from(i.to_string())))
+                    .expect("request")
+            },
+            rate,
+            count,
+        )
+        .await
+    });
+    Row {
+        scenario: "outage-http",
+        stack: stack.name(),
+        rate,
+        logical: count,
+        calls: calls.load(Ordering::Relaxed),
+        successes,
+        max_per_op: 0,
+        elapsed: wall.elapsed(),
+    }
+}
+
+fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let mut rows = Vec::new();
+    let mut emit = |row: Row| {
+        if json {
+            println!("{}", row.json());
+        }
+        rows.push(row);
+    };
+    for stack in Stack::ALL {
+        emit(simulate("outage", stack, Failing::Always, 1.0, 600));
+    }
+    for stack in Stack::ALL {
+        emit(simulate("outage", stack, Failing::Always, 100.0, 60));
+    }
+    for stack in Stack::ALL {
+        emit(simulate(
+            "transient",
+            stack,
+            Failing::WithProbability(0.1),
+            100.0,
+            300,
+        ));
+    }
+    for stack in Stack::ALL {
+        emit(outage_http(stack));
+    }
+    if !json {
+        println!(
+            "{:<12} {:<21} {:>7} {:>8} {:>10} {:>14} {:>12} {:>10}",
+            "scenario",
+            "stack",
+            "rate/s",
+            "logical",
+            "dep calls",
+            "amplification",
+            "success",
+            "max/op"
+        );
+        for r in &rows {
+            println!(
+                "{:<12} {:<21} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>10}",
+                r.scenario,
+                r.stack,
+                r.rate,
+                r.logical,
+                r.calls,
+                r.amplification(),
+                r.success_rate() * 100.0,
+                if r.max_per_op == 0 {
+                    "-".to_string()
+                } else {
+                    r.max_per_op.to_string()
+                }
+            );
+        }
+    }
+}
