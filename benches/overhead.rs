@@ -1,1 +1,132 @@
-fn main() {}
+//! Overhead of a first-try success, side by side with tower's own `Retry`.
+//!
+//! `cargo bench --bench overhead`. Every stack wraps the same leaf service that answers at once;
+//! futures are polled once with a no-op waker, so what is measured is the middleware itself.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::future::{ready, Future, Ready};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::retry::RetryLayer;
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::{Service, ServiceBuilder};
+
+#[derive(Clone, Copy)]
+struct Leaf;
+
+impl Service<u64> for Leaf {
+    type Response = u64;
+    type Error = std::io::Error;
+    type Future = Ready<Result<u64, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: u64) -> Self::Future {
+        ready(Ok(req + 1))
+    }
+}
+
+/// tower's `Retry` with the least a policy can do: retry errors, deposit successes if budgeted.
+#[derive(Clone)]
+struct Trivial {
+    budget: Option<Arc<TpsBudget>>,
+}
+
+impl<E> tower::retry::Policy<u64, u64, E> for Trivial {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut u64, result: &mut Result<u64, E>) -> Option<Ready<()>> {
+        match result {
+            Ok(_) => {
+                if let Some(b) = &self.budget {
+                    b.deposit();
+                }
+                None
+            }
+            Err(_) => match &self.budget {
+                Some(b) if !b.withdraw() => None,
+                _ => Some(ready(())),
+            },
+        }
+    }
+
+    fn clone_request(&mut self, req: &u64) -> Option<u64> {
+        Some(*req)
+    }
+}
+
+fn once<S: Service<u64>>(svc: &mut S, n: u64) -> S::Response
+where
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    let Poll::Ready(Ok(())) = svc.poll_ready(&mut cx) else {
+        panic!("not ready")
+    };
+    match pin!(svc.call(n)).poll(&mut cx) {
+        Poll::Ready(Ok(out)) => out,
+        _ => panic!("the stack should answer at once"),
+    }
+}
+
+fn overhead(c: &mut Criterion) {
+    let mut group = c.benchmark_group("overhead");
+
+    let mut bare = Leaf;
+    group.bench_function("bare", |b| b.iter(|| once(&mut bare, black_box(1))));
+
+    let mut tower_1 = ServiceBuilder::new()
+        .retry(Trivial { budget: None })
+        .service(Leaf);
+    group.bench_function("tower_retry_1", |b| {
+        b.iter(|| once(&mut tower_1, black_box(1)))
+    });
+
+    let tps = Arc::new(TpsBudget::default());
+    let mut tower_1_budget = ServiceBuilder::new()
+        .retry(Trivial { budget: Some(tps) })
+        .service(Leaf);
+    group.bench_function("tower_retry_1_budget", |b| {
+        b.iter(|| once(&mut tower_1_budget, black_box(1)))
+    });
+
+    let budget = RetryBudget::default();
+    let mut stormguard_1 = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(Leaf);
+    group.bench_function("stormguard_retry_1", |b| {
+        b.iter(|| once(&mut stormguard_1, black_box(1)))
+    });
+
+    let shared = Arc::new(TpsBudget::default());
+    let policy = Trivial {
+        budget: Some(shared),
+    };
+    let mut tower_3_budget = ServiceBuilder::new()
+        .retry(policy.clone())
+        .retry(policy.clone())
+        .retry(policy)
+        .service(Leaf);
+    group.bench_function("tower_retry_3_budget", |b| {
+        b.iter(|| once(&mut tower_3_budget, black_box(1)))
+    });
+
+    let mut stormguard_3_budget = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget))
+        .service(Leaf);
+    group.bench_function("stormguard_retry_3_budget", |b| {
+        b.iter(|| once(&mut stormguard_3_budget, black_box(1)))
+    });
+
+    group.finish();
+}
+
+criterion_group!(benches, overhead);
+criterion_main!(benches);

@@ -59,6 +59,11 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// assert_eq!(err.to_string(), "rate_limited: the model API is rate limiting this key; wait 2 s");
 /// ```
 pub struct ToolError {
+    // Boxed: a `Result<Response, ToolError>` stays as small as the response on the hot path.
+    inner: Box<Inner>,
+}
+
+struct Inner {
     code: ErrorCode,
     retryable: bool,
     hint: Cow<'static, str>,
@@ -72,81 +77,83 @@ impl ToolError {
     /// A new error with the code's default `retryable` flag and hint, no attempts recorded.
     pub fn new(code: ErrorCode) -> Self {
         ToolError {
-            code,
-            retryable: code.default_retryable(),
-            hint: Cow::Borrowed(code.default_hint()),
-            class: None,
-            attempts: 0,
-            retry_after: None,
-            source: None,
+            inner: Box::new(Inner {
+                code,
+                retryable: code.default_retryable(),
+                hint: Cow::Borrowed(code.default_hint()),
+                class: None,
+                attempts: 0,
+                retry_after: None,
+                source: None,
+            }),
         }
     }
 
     /// Replaces the hint (what the reader should do next).
     pub fn with_hint(mut self, hint: impl Into<Cow<'static, str>>) -> Self {
-        self.hint = hint.into();
+        self.inner.hint = hint.into();
         self
     }
 
     /// Sets whether a caller may retry the same call.
     pub fn with_retryable(mut self, retryable: bool) -> Self {
-        self.retryable = retryable;
+        self.inner.retryable = retryable;
         self
     }
 
     /// Records the failure class the error was classified as.
     pub fn with_class(mut self, class: FailureClass) -> Self {
-        self.class = Some(class);
+        self.inner.class = Some(class);
         self
     }
 
     /// Records how many attempts the operation made.
     pub fn with_attempts(mut self, attempts: u32) -> Self {
-        self.attempts = attempts;
+        self.inner.attempts = attempts;
         self
     }
 
     /// Records the delay the server (or a breaker) asked for before a new call.
     pub fn with_retry_after(mut self, retry_after: Duration) -> Self {
-        self.retry_after = Some(retry_after);
+        self.inner.retry_after = Some(retry_after);
         self
     }
 
     /// Attaches the underlying error, reachable through [`std::error::Error::source`].
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.source = Some(source.into());
+        self.inner.source = Some(source.into());
         self
     }
 
     /// The stable machine code.
     pub fn code(&self) -> ErrorCode {
-        self.code
+        self.inner.code
     }
 
     /// Whether the same call may be made again. `false` once a stormguard layer has spent the
     /// retries it was allowed: no outer layer, and no model, should retry it.
     pub fn retryable(&self) -> bool {
-        self.retryable
+        self.inner.retryable
     }
 
     /// What the reader should do next.
     pub fn hint(&self) -> &str {
-        &self.hint
+        &self.inner.hint
     }
 
     /// The failure class, if the error was classified.
     pub fn class(&self) -> Option<FailureClass> {
-        self.class
+        self.inner.class
     }
 
     /// How many attempts the logical operation made (0 when unknown).
     pub fn attempts(&self) -> u32 {
-        self.attempts
+        self.inner.attempts
     }
 
     /// The delay the server or a breaker asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        self.inner.retry_after
     }
 
     /// Turns any error into a `ToolError`: an error that already is one (boxed) is unwrapped,
@@ -185,42 +192,44 @@ impl ToolError {
 impl Serialize for ToolError {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut s = serializer.serialize_struct("ToolError", 6)?;
-        s.serialize_field("code", self.code.as_str())?;
-        s.serialize_field("retryable", &self.retryable)?;
-        s.serialize_field("hint", &*self.hint)?;
+        s.serialize_field("code", self.inner.code.as_str())?;
+        s.serialize_field("retryable", &self.inner.retryable)?;
+        s.serialize_field("hint", &*self.inner.hint)?;
         let ms = self
+            .inner
             .retry_after
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         s.serialize_field("retry_after_ms", &ms)?;
-        s.serialize_field("attempts", &self.attempts)?;
-        s.serialize_field("class", &self.class)?;
+        s.serialize_field("attempts", &self.inner.attempts)?;
+        s.serialize_field("class", &self.inner.class)?;
         s.end()
     }
 }
 
 impl fmt::Display for ToolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.code.as_str(), self.hint)
+        write!(f, "{}: {}", self.inner.code.as_str(), self.inner.hint)
     }
 }
 
 impl fmt::Debug for ToolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolError")
-            .field("code", &self.code)
-            .field("retryable", &self.retryable)
-            .field("hint", &self.hint)
-            .field("class", &self.class)
-            .field("attempts", &self.attempts)
-            .field("retry_after", &self.retry_after)
-            .field("source", &self.source)
+            .field("code", &self.inner.code)
+            .field("retryable", &self.inner.retryable)
+            .field("hint", &self.inner.hint)
+            .field("class", &self.inner.class)
+            .field("attempts", &self.inner.attempts)
+            .field("retry_after", &self.inner.retry_after)
+            .field("source", &self.inner.source)
             .finish()
     }
 }
 
 impl std::error::Error for ToolError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
+        self.inner
+            .source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }

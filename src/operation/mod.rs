@@ -45,7 +45,7 @@ pub(crate) mod ledger;
 pub use layer::{Adopt, AdoptLayer, Attach, AttachLayer, Carrier};
 
 use crate::class::ToolClass;
-use ledger::{in_scope, lock, with_current, Ledger, OpState};
+use ledger::{in_scope, lock, share_current, Ledger, OpState};
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;
@@ -68,9 +68,7 @@ impl Operation {
     /// The first call moves the ledger to the heap (one allocation) so it can be shared; the
     /// layers already running keep using it.
     pub fn current() -> Option<Operation> {
-        with_current(|ledger| Operation {
-            shared: ledger.share(),
-        })
+        share_current().map(|shared| Operation { shared })
     }
 
     /// Lends this operation to `future`'s polls: stormguard layers inside it join the operation.
@@ -128,7 +126,7 @@ impl fmt::Debug for Operation {
 pub fn carry<F: Future>(future: F) -> Scoped<F> {
     Scoped {
         future,
-        ledger: with_current(|ledger| Ledger::Shared(ledger.share())),
+        ledger: share_current().map(Ledger::Shared),
     }
 }
 

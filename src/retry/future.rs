@@ -58,7 +58,8 @@ struct Track {
     owner: bool,
     /// Attempts this layer has made.
     attempts: u32,
-    backoff: Option<BackoffState>,
+    /// Boxed: made only when a retry is granted, and kept out of the future's size.
+    backoff: Option<Box<BackoffState>>,
 }
 
 enum Next<T> {
@@ -280,7 +281,7 @@ where
         ServerHint::RetryAfter(after) => after.min(kit.policy.max_server_delay()),
         _ => track
             .backoff
-            .get_or_insert_with(|| kit.policy.backoff().state(kit.budget.next_seed()))
+            .get_or_insert_with(|| Box::new(kit.policy.backoff().state(kit.budget.next_seed())))
             .next_delay(),
     };
     if let Some(deadline) = view.deadline {

@@ -93,7 +93,7 @@ use crate::budget::RetryBudget;
 use crate::class::ClassPolicy;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
-use crate::operation::ledger::{with_current, Installed, Ledger, OpState};
+use crate::operation::ledger::{join_current, Installed, Ledger, OpState};
 use crate::telemetry;
 use std::borrow::Cow;
 use std::fmt;
@@ -203,18 +203,7 @@ where
         let keyed = kit.replay.carries_key(&req);
         let class = kit.policy.class();
 
-        let joined = if kit.own_operation {
-            None
-        } else {
-            with_current(|ledger| {
-                ledger.with(|op| {
-                    op.keyed |= keyed;
-                    op.class = op.class.strictest(class);
-                })
-            })
-        };
-
-        if joined.is_some() {
+        if !kit.own_operation && join_current(class, keyed) {
             // Nested: the operation's owner has installed its ledger on this thread.
             let future = self.inner.call(req);
             return ResponseFuture::nested(future, self.kit.clone(), copy);
@@ -223,7 +212,7 @@ where
         // Outermost (or its own operation): open the ledger and lend it to the inner call.
         telemetry::operation_opened(class);
         let deadline = kit.policy.deadline().map(|d| Instant::now() + d);
-        let mut ledger = Some(Ledger::Inline(OpState::new(
+        let mut ledger = Some(Ledger::inline(OpState::new(
             kit.policy.max_attempts(),
             class,
             keyed,

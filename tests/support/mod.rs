@@ -1,6 +1,8 @@
 //! Shared test helpers: a scripted dependency that counts its calls.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod server;
+
 use std::collections::VecDeque;
 use std::future::{ready, Ready};
 use std::io;
