@@ -8,8 +8,8 @@ use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
 use stormguard::error::ErrorCode;
 use stormguard::retry::{HttpReplay, RetryLayer};
-use support::server::{serve, status, Body, HttpClient};
 use support::call;
+use support::server::{serve, status, Body, HttpClient};
 use tower::ServiceBuilder;
 
 fn stack(
@@ -34,7 +34,9 @@ fn stack(
 }
 
 fn get(addr: std::net::SocketAddr) -> http::Request<Body> {
-    http::Request::get(format!("http://{addr}/search")).body(Body::default()).unwrap()
+    http::Request::get(format!("http://{addr}/search"))
+        .body(Body::default())
+        .unwrap()
 }
 
 #[tokio::test]
