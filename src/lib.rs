@@ -10,6 +10,8 @@
 //!   [budget](budget::RetryBudget) shared by every layer, and joins the
 //!   [operation](operation) of any stormguard layer above it, so nesting never multiplies
 //!   attempts;
+//! - [`breaker`]: a [`CircuitBreaker`](breaker::CircuitBreaker) that counts failures of the
+//!   dependency but not empty results or caller mistakes, with an exact half-open trial count;
 //! - [`classify`]: one verdict per result (`Success`, `Empty`, or a failure class) that retry,
 //!   breaker and metrics share; "no such record" is an answer, not a failure;
 //! - [`backoff`]: full, equal or decorrelated jitter, a fresh seed per operation, and the
@@ -68,6 +70,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod backoff;
+pub mod breaker;
 pub mod budget;
 pub mod class;
 pub mod classify;

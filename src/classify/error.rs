@@ -125,7 +125,8 @@ fn classify_tool_error(tool: &ToolError) -> Classification {
     } else {
         FailureClass::Permanent
     });
-    let hint = if !tool.retryable() {
+    // A breaker's rejection is never retried by a layer: only after its retry_after, by a caller.
+    let hint = if !tool.retryable() || tool.code() == ErrorCode::CircuitOpen {
         ServerHint::DoNotRetry
     } else if let Some(after) = tool.retry_after() {
         ServerHint::RetryAfter(after)

@@ -1,0 +1,146 @@
+//! [`ResponseFuture`]: one call through the breaker, with its outcome recorded on completion.
+
+use super::policy::{Count, CountPolicy};
+use super::state::{Admission, Breaker};
+use crate::classify::{Classification, ClassifiedResponse, Classify};
+use crate::error::{BoxError, ToolError};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// An admitted call's claim on the breaker. Dropped before the call completes (a cancelled
+/// trial), it gives the trial permit back, so a cancelled trial cannot wedge the breaker.
+pub(super) struct Ticket {
+    pub(super) breaker: Breaker,
+    pub(super) admission: Admission,
+    pub(super) started: Option<Instant>,
+    pub(super) settled: bool,
+}
+
+impl Ticket {
+    pub(super) fn new(breaker: Breaker, admission: Admission) -> Ticket {
+        let started = match admission {
+            Admission::Rejected(_) => None,
+            _ => breaker.shared.config.slow_call.map(|_| Instant::now()),
+        };
+        Ticket {
+            breaker,
+            admission,
+            started,
+            settled: false,
+        }
+    }
+
+    /// A rejected call holds no permit and records nothing.
+    pub(super) fn settled_rejected(&mut self) {
+        self.settled = true;
+    }
+
+    fn settle(&mut self, count: Count) {
+        let count = match (count, self.started, self.breaker.shared.config.slow_call) {
+            (Count::Success, Some(started), Some(slow)) if started.elapsed() > slow => {
+                Count::Failure
+            }
+            (count, ..) => count,
+        };
+        self.settled = true;
+        self.breaker.record(self.admission, count);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.breaker.release(self.admission);
+        }
+    }
+}
+
+pin_project! {
+    /// The future [`CircuitBreaker`](super::CircuitBreaker) returns.
+    pub struct ResponseFuture<F, C, P> {
+        #[pin]
+        state: State<F>,
+        classifier: C,
+        policy: P,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Called { #[pin] future: F, ticket: Ticket },
+        Rejected { error: Option<ToolError> },
+    }
+}
+
+impl<F, C, P> ResponseFuture<F, C, P> {
+    pub(super) fn called(future: F, ticket: Ticket, classifier: C, policy: P) -> Self {
+        ResponseFuture {
+            state: State::Called { future, ticket },
+            classifier,
+            policy,
+        }
+    }
+
+    pub(super) fn rejected(error: ToolError, classifier: C, policy: P) -> Self {
+        ResponseFuture {
+            state: State::Rejected { error: Some(error) },
+            classifier,
+            policy,
+        }
+    }
+}
+
+impl<F, C, P, Res, E> Future for ResponseFuture<F, C, P>
+where
+    F: Future<Output = Result<Res, E>>,
+    E: Into<BoxError>,
+    C: Classify<Res, E>,
+    P: CountPolicy,
+{
+    type Output = Result<Res, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        match this.state.project() {
+            StateProj::Called { future, ticket } => {
+                let result = ready!(future.poll(cx));
+                let classification = match this.classifier.classify(&result) {
+                    ClassifiedResponse::Ready(c) => c,
+                    // The outcome of a streamed response is not known yet: no evidence either way.
+                    ClassifiedResponse::RequiresEos(_) => Classification::empty(),
+                };
+                ticket.settle(this.policy.count(&classification));
+                Poll::Ready(result.map_err(Into::into))
+            }
+            StateProj::Rejected { error } => Poll::Ready(Err(match error.take() {
+                Some(e) => Box::new(e),
+                None => "circuit breaker future polled after completion".into(),
+            })),
+        }
+    }
+}
+
+impl<F, C, P> fmt::Debug for ResponseFuture<F, C, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+pub(super) fn retry_after_hint(breaker: &Breaker, after: Duration) -> String {
+    let reason = breaker.reason();
+    let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+    if reason.is_empty() {
+        format!(
+            "calls to {} are paused after repeated failures; retry after {secs} s",
+            breaker.name()
+        )
+    } else {
+        format!("{reason}; calls are paused, retry after {secs} s")
+    }
+}

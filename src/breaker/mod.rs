@@ -1,0 +1,216 @@
+//! A circuit breaker that counts failures of the dependency, not disappointing answers.
+//!
+//! [`CircuitBreaker`] goes Closed → Open when a trip rule fires (consecutive failures, or a
+//! failure rate over a count or time window with a minimum number of calls), rejects calls at once
+//! while open, then goes HalfOpen after the open duration and admits exactly
+//! [`trials`](BreakerConfigBuilder::trials) trial calls: enough successes close it, a failure
+//! opens it again for longer (the open duration doubles per repeated trip, up to a cap).
+//!
+//! What counts comes from the same [`Classification`](crate::classify::Classification) the retry
+//! layer uses, mapped by a [`CountPolicy`]: by default only `Failure(Transient | Ambiguous)` counts
+//! against the dependency. A "no such record" answer (`Empty`), a model's bad argument
+//! (`ModelRecoverable`), a bad credential (`Permanent`) and a guardrail (`Policy`) count as
+//! neither success nor failure, so they neither trip the breaker nor dilute its failure rate.
+//!
+//! The count window is a ring of the last N counted outcomes: after 1,000 healthy calls the
+//! breaker trips as soon as the last N cross the threshold (a window that accumulates since the
+//! last state change can need hundreds of failures).
+//!
+//! A rejection is a [`ToolError`](crate::error::ToolError) with code `circuit_open`,
+//! `retry_after` = the time left, and a hint that names the dependency and why it opened, e.g.
+//! `"12 calls in a row to billing-api failed; open for 5000 ms; calls are paused, retry after 5 s"`.
+//! stormguard's [`Retry`](crate::retry::Retry) never retries it and spends no budget on it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, State};
+//! use stormguard::error::{ErrorCode, ToolError};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let config = BreakerConfig::builder().consecutive_failures(3).build().unwrap();
+//! let breaker = Breaker::new("billing-api", config);
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(CircuitBreakerLayer::new(breaker.clone()))
+//!     .service(service_fn(|_: ()| async {
+//!         Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+//!     }));
+//! for _ in 0..3 {
+//!     let _ = svc.ready().await.unwrap().call(()).await;
+//! }
+//! assert_eq!(breaker.state(), State::Open);
+//! let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
+//! let err = err.downcast::<ToolError>().unwrap();
+//! assert_eq!(err.code(), ErrorCode::CircuitOpen);
+//! assert_eq!(err.retry_after(), Some(Duration::from_secs(5)));
+//! # }
+//! ```
+//!
+//! # Backpressure
+//!
+//! Like tower's `LoadShed`, an open breaker sheds in `call`, not in `poll_ready`: `poll_ready`
+//! decides admission once per call; when the call will be rejected it answers `Ready(Ok)` at once
+//! without polling the inner service (a down dependency is not waited on), and `call` returns the
+//! rejection. An admitted call waits for the inner service's readiness. A `Buffer` above the
+//! breaker is never torn down by an open circuit.
+//!
+//! # Where it belongs
+//!
+//! Below the outermost [`Retry`](crate::retry::Retry), so that each attempt is counted and a
+//! rejection is seen and not retried; one [`Breaker`] per dependency (a [`BreakerRegistry`] hands
+//! them out by name).
+//!
+//! # Observability
+//!
+//! Tracing: an INFO event `circuit breaker transition` (`breaker`, `from`, `to`, `reason`) on
+//! every transition. Metrics:
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `stormguard_breaker_state` | gauge: 0 closed, 1 open, 2 half-open | `breaker` |
+//! | `stormguard_breaker_transitions_total` | counter | `breaker`, `from`, `to` |
+//! | `stormguard_breaker_rejections_total` | counter | `breaker` |
+//! | `stormguard_breaker_outcomes_total` | counter | `breaker`, `count` = `success` / `failure` / `ignored` |
+//!
+//! Outcome and rejection counters are registered when the breaker is made: install your metrics
+//! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
+
+mod config;
+mod future;
+mod layer;
+mod policy;
+mod registry;
+mod state;
+
+pub use config::{BreakerConfig, BreakerConfigBuilder, OnTransition, Window};
+pub use future::ResponseFuture;
+pub use layer::CircuitBreakerLayer;
+pub use policy::{Count, CountDependencyFailures, CountPolicy};
+pub use registry::BreakerRegistry;
+pub use state::{Breaker, State, Transition};
+
+use crate::classify::{Classify, DefaultClassifier, FailureClass};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use future::{retry_after_hint, Ticket};
+use state::Admission;
+use std::fmt;
+use std::task::{Context, Poll};
+use tower_service::Service;
+
+pub(crate) const STATE: &str = "stormguard_breaker_state";
+pub(crate) const TRANSITIONS: &str = "stormguard_breaker_transitions_total";
+pub(crate) const REJECTIONS: &str = "stormguard_breaker_rejections_total";
+pub(crate) const OUTCOMES: &str = "stormguard_breaker_outcomes_total";
+
+/// Fails calls at once while its dependency is down. See the [module docs](self).
+pub struct CircuitBreaker<S, C = DefaultClassifier, P = CountDependencyFailures> {
+    inner: S,
+    breaker: Breaker,
+    classifier: C,
+    policy: P,
+    /// The admission decided in `poll_ready`, spent in `call`.
+    ticket: Option<Ticket>,
+}
+
+impl<S, C, P> CircuitBreaker<S, C, P> {
+    /// Wraps `inner` with `breaker`.
+    pub fn new(inner: S, breaker: Breaker, classifier: C, policy: P) -> Self {
+        CircuitBreaker {
+            inner,
+            breaker,
+            classifier,
+            policy,
+            ticket: None,
+        }
+    }
+
+    /// The shared breaker.
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, C: Clone, P: Clone> Clone for CircuitBreaker<S, C, P> {
+    fn clone(&self) -> Self {
+        // A clone has not been polled ready: it holds no admission.
+        CircuitBreaker::new(
+            self.inner.clone(),
+            self.breaker.clone(),
+            self.classifier.clone(),
+            self.policy.clone(),
+        )
+    }
+}
+
+impl<S: fmt::Debug, C, P> fmt::Debug for CircuitBreaker<S, C, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreaker")
+            .field("inner", &self.inner)
+            .field("breaker", &self.breaker)
+            .finish()
+    }
+}
+
+impl<S, C, P, Req> Service<Req> for CircuitBreaker<S, C, P>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error> + Clone,
+    P: CountPolicy + Clone,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S::Future, C, P>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        let breaker = &self.breaker;
+        let ticket = self
+            .ticket
+            .get_or_insert_with(|| Ticket::new(breaker.clone(), breaker.admit()));
+        if let Admission::Rejected(_) = ticket.admission {
+            return Poll::Ready(Ok(()));
+        }
+        match self.inner.poll_ready(cx) {
+            Poll::Ready(Err(e)) => {
+                self.ticket = None;
+                Poll::Ready(Err(e.into()))
+            }
+            other => other.map_err(Into::into),
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let breaker = &self.breaker;
+        let mut ticket = self
+            .ticket
+            .take()
+            .unwrap_or_else(|| Ticket::new(breaker.clone(), breaker.admit()));
+        if let Admission::Rejected(after) = ticket.admission {
+            ticket.settled_rejected();
+            breaker.rejected();
+            let err = ToolError::new(ErrorCode::CircuitOpen)
+                .with_class(FailureClass::Transient)
+                .with_retry_after(after)
+                .with_hint(retry_after_hint(breaker, after));
+            return ResponseFuture::rejected(err, self.classifier.clone(), self.policy.clone());
+        }
+        let future = self.inner.call(req);
+        ResponseFuture::called(future, ticket, self.classifier.clone(), self.policy.clone())
+    }
+}

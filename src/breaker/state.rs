@@ -1,0 +1,570 @@
+//! A breaker's shared state: one packed atomic word for the state machine, windows of atomics.
+//!
+//! The word holds the state, a generation that every transition bumps, and the half-open trial
+//! counters, so each transition and each trial admission is a single compare-and-swap: never
+//! more trials in flight than configured, even under concurrency, and no outcome from an earlier
+//! generation (a call admitted before the breaker opened) counts in a later one.
+
+use super::config::{BreakerConfig, Window};
+use super::policy::Count;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A breaker's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Calls flow; outcomes are counted.
+    Closed,
+    /// Calls are rejected at once until the open duration has passed.
+    Open,
+    /// A bounded number of trial calls decide whether to close or open again.
+    HalfOpen,
+}
+
+impl State {
+    /// The stable snake_case name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+
+    fn gauge(self) -> f64 {
+        match self {
+            State::Closed => 0.0,
+            State::Open => 1.0,
+            State::HalfOpen => 2.0,
+        }
+    }
+}
+
+/// One state transition, as passed to the `on_transition` callback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// The breaker's name.
+    pub breaker: String,
+    /// The state before.
+    pub from: State,
+    /// The state after.
+    pub to: State,
+    /// Why, in words (e.g. "8 of the last 10 counted calls failed").
+    pub reason: String,
+}
+
+// word: bits 0-18 trials admitted, 19-37 trial successes, 38-39 state, 40-63 generation.
+const FIELD: u64 = (1 << 19) - 1;
+const SUCCESS_SHIFT: u32 = 19;
+const STATE_SHIFT: u32 = 38;
+const GEN_SHIFT: u32 = 40;
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Word(u64);
+
+impl Word {
+    fn new(generation: u64, state: u64) -> Word {
+        Word((generation & 0xff_ffff) << GEN_SHIFT | state << STATE_SHIFT)
+    }
+    fn state(self) -> u64 {
+        (self.0 >> STATE_SHIFT) & 3
+    }
+    fn generation(self) -> u64 {
+        self.0 >> GEN_SHIFT
+    }
+    fn admitted(self) -> u64 {
+        self.0 & FIELD
+    }
+    fn successes(self) -> u64 {
+        (self.0 >> SUCCESS_SHIFT) & FIELD
+    }
+    fn next(self, state: u64) -> Word {
+        Word::new(self.generation() + 1, state)
+    }
+    fn public(self) -> State {
+        match self.state() {
+            CLOSED => State::Closed,
+            OPEN => State::Open,
+            _ => State::HalfOpen,
+        }
+    }
+}
+
+/// How a call was let through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// While closed, in this generation.
+    Closed(u64),
+    /// As a half-open trial, in this generation.
+    Trial(u64),
+    /// Rejected: the breaker is open for about this long yet.
+    Rejected(Duration),
+}
+
+const EMPTY_SLOT: u8 = 0;
+const SUCCESS_SLOT: u8 = 1;
+const FAILURE_SLOT: u8 = 2;
+
+/// The last `n` counted outcomes.
+struct Ring {
+    slots: Box<[AtomicU8]>,
+    cursor: AtomicU64,
+    failures: AtomicU32,
+}
+
+impl Ring {
+    fn new(n: u32) -> Ring {
+        Ring {
+            slots: (0..n).map(|_| AtomicU8::new(EMPTY_SLOT)).collect(),
+            cursor: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+        }
+    }
+
+    /// Records one outcome; returns (calls in the window, failures in the window).
+    fn record(&self, failed: bool) -> (u32, u32) {
+        let len = self.slots.len() as u64;
+        let i = self.cursor.fetch_add(1, Ordering::AcqRel);
+        let slot = &self.slots[(i % len) as usize];
+        let new = if failed { FAILURE_SLOT } else { SUCCESS_SLOT };
+        // A healthy dependency overwrites successes with successes: read, don't write.
+        if slot.load(Ordering::Acquire) != new {
+            let old = slot.swap(new, Ordering::AcqRel);
+            if failed && old != FAILURE_SLOT {
+                self.failures.fetch_add(1, Ordering::AcqRel);
+            } else if !failed && old == FAILURE_SLOT {
+                self.failures.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let calls = (i + 1).min(len) as u32;
+        (calls, self.failures.load(Ordering::Acquire))
+    }
+
+    fn reset(&self) {
+        for slot in self.slots.iter() {
+            slot.store(EMPTY_SLOT, Ordering::Release);
+        }
+        self.failures.store(0, Ordering::Release);
+        self.cursor.store(0, Ordering::Release);
+    }
+}
+
+/// Outcomes of the last `n` seconds, in one-second buckets.
+struct Buckets {
+    epochs: Box<[AtomicU64]>,
+    calls: Box<[AtomicU32]>,
+    failures: Box<[AtomicU32]>,
+}
+
+impl Buckets {
+    fn new(secs: u64) -> Buckets {
+        let n = secs.max(1) as usize;
+        Buckets {
+            epochs: (0..n).map(|_| AtomicU64::new(u64::MAX)).collect(),
+            calls: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            failures: (0..n).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    fn record(&self, now_sec: u64, failed: bool) -> (u32, u32) {
+        let n = self.epochs.len() as u64;
+        let i = (now_sec % n) as usize;
+        let seen = self.epochs[i].load(Ordering::Acquire);
+        if seen != now_sec
+            && self.epochs[i]
+                .compare_exchange(seen, now_sec, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.calls[i].store(0, Ordering::Release);
+            self.failures[i].store(0, Ordering::Release);
+        }
+        self.calls[i].fetch_add(1, Ordering::AcqRel);
+        if failed {
+            self.failures[i].fetch_add(1, Ordering::AcqRel);
+        }
+        let (mut calls, mut failures) = (0, 0);
+        for j in 0..self.epochs.len() {
+            let epoch = self.epochs[j].load(Ordering::Acquire);
+            if epoch != u64::MAX && epoch + n > now_sec {
+                calls += self.calls[j].load(Ordering::Acquire);
+                failures += self.failures[j].load(Ordering::Acquire);
+            }
+        }
+        (calls, failures)
+    }
+
+    fn reset(&self) {
+        for e in self.epochs.iter() {
+            e.store(u64::MAX, Ordering::Release);
+        }
+    }
+}
+
+enum Tally {
+    Count(Ring),
+    Time(Buckets),
+    Off,
+}
+
+struct Counters {
+    success: metrics::Counter,
+    failure: metrics::Counter,
+    ignored: metrics::Counter,
+    rejected: metrics::Counter,
+}
+
+pub(super) struct Shared {
+    pub(super) name: Cow<'static, str>,
+    pub(super) config: BreakerConfig,
+    word: AtomicU64,
+    /// (generation << 40) | milliseconds since `epoch` when the open state ends.
+    open_until: AtomicU64,
+    /// Trips since the breaker last closed (the open duration grows with it).
+    trips: AtomicU32,
+    opens: AtomicU64,
+    consecutive: AtomicU32,
+    tally: Tally,
+    reason: Mutex<String>,
+    epoch: Instant,
+    counters: Counters,
+}
+
+/// A circuit breaker's shared state: one per dependency. Cloning the handle shares it; give a
+/// clone to every [`CircuitBreakerLayer`](super::CircuitBreakerLayer) that guards that dependency.
+///
+/// ```
+/// use stormguard::breaker::{Breaker, BreakerConfig, State};
+///
+/// let breaker = Breaker::new("billing-api", BreakerConfig::default());
+/// assert_eq!(breaker.state(), State::Closed);
+/// assert_eq!(breaker.opens(), 0);
+/// ```
+#[derive(Clone)]
+pub struct Breaker {
+    pub(super) shared: Arc<Shared>,
+}
+
+impl Breaker {
+    /// A closed breaker named `name` (used in hints, traces and metric labels).
+    pub fn new(name: impl Into<Cow<'static, str>>, config: BreakerConfig) -> Breaker {
+        let name = name.into();
+        let tally = match config.failure_rate {
+            Some((_, Window::Count(n), _)) => Tally::Count(Ring::new(n)),
+            Some((_, Window::Time(d), _)) => Tally::Time(Buckets::new(d.as_secs())),
+            None => Tally::Off,
+        };
+        let label = name.to_string();
+        let counter = |count: &'static str| metrics::counter!(super::OUTCOMES, "breaker" => label.clone(), "count" => count);
+        let counters = Counters {
+            success: counter("success"),
+            failure: counter("failure"),
+            ignored: counter("ignored"),
+            rejected: metrics::counter!(super::REJECTIONS, "breaker" => label.clone()),
+        };
+        metrics::gauge!(super::STATE, "breaker" => label).set(State::Closed.gauge());
+        Breaker {
+            shared: Arc::new(Shared {
+                name,
+                config,
+                word: AtomicU64::new(Word::new(0, CLOSED).0),
+                open_until: AtomicU64::new(0),
+                trips: AtomicU32::new(0),
+                opens: AtomicU64::new(0),
+                consecutive: AtomicU32::new(0),
+                tally,
+                reason: Mutex::new(String::new()),
+                epoch: Instant::now(),
+                counters,
+            }),
+        }
+    }
+
+    /// The current state. An open breaker whose open duration has passed reports `Open` until a
+    /// call arrives to try it.
+    pub fn state(&self) -> State {
+        self.word().public()
+    }
+
+    /// How many times the breaker has opened (half-open trials that failed included).
+    pub fn opens(&self) -> u64 {
+        self.shared.opens.load(Ordering::Acquire)
+    }
+
+    /// The breaker's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Why the breaker last opened, in words (empty if it never did).
+    pub fn reason(&self) -> String {
+        self.shared
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn word(&self) -> Word {
+        Word(self.shared.word.load(Ordering::Acquire))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Decides whether a call may go through now.
+    pub(super) fn admit(&self) -> Admission {
+        let s = &*self.shared;
+        let mut word = self.word();
+        loop {
+            match word.state() {
+                CLOSED => return Admission::Closed(word.generation()),
+                OPEN => {
+                    let until = s.open_until.load(Ordering::Acquire);
+                    let first = s.config.open_duration;
+                    if until >> GEN_SHIFT != word.generation() & 0xff_ffff {
+                        // Opened a moment ago; its end is being written.
+                        return Admission::Rejected(first);
+                    }
+                    let until_ms = until & ((1 << GEN_SHIFT) - 1);
+                    let now = self.now_ms();
+                    if now < until_ms {
+                        return Admission::Rejected(Duration::from_millis(until_ms - now));
+                    }
+                    let half_open = word.next(HALF_OPEN);
+                    match s.word.compare_exchange(
+                        word.0,
+                        half_open.0,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => {
+                            self.transition(
+                                State::Open,
+                                State::HalfOpen,
+                                "the open duration has passed".into(),
+                            );
+                            word = half_open;
+                        }
+                        Err(actual) => word = Word(actual),
+                    }
+                }
+                _ => {
+                    if word.admitted() >= u64::from(s.config.trials) {
+                        return Admission::Rejected(s.config.open_duration);
+                    }
+                    match s.word.compare_exchange(
+                        word.0,
+                        word.0 + 1,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => return Admission::Trial(word.generation()),
+                        Err(actual) => word = Word(actual),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records the outcome of an admitted call.
+    pub(super) fn record(&self, admission: Admission, count: Count) {
+        let s = &*self.shared;
+        match count {
+            Count::Success => s.counters.success.increment(1),
+            Count::Failure => s.counters.failure.increment(1),
+            Count::Ignore => s.counters.ignored.increment(1),
+        }
+        match admission {
+            Admission::Closed(generation) => self.record_closed(generation, count),
+            Admission::Trial(generation) => self.record_trial(generation, count),
+            Admission::Rejected(_) => {}
+        }
+    }
+
+    /// Gives back a trial permit whose call was cancelled or answered without evidence.
+    pub(super) fn release(&self, admission: Admission) {
+        let Admission::Trial(generation) = admission else {
+            return;
+        };
+        let s = &*self.shared;
+        let _ = s
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let w = Word(w);
+                (w.state() == HALF_OPEN && w.generation() == generation && w.admitted() > 0)
+                    .then_some(w.0 - 1)
+            });
+    }
+
+    pub(super) fn rejected(&self) {
+        self.shared.counters.rejected.increment(1);
+    }
+
+    fn record_closed(&self, generation: u64, count: Count) {
+        let s = &*self.shared;
+        let failed = match count {
+            Count::Ignore => return,
+            Count::Success => {
+                if s.consecutive.load(Ordering::Relaxed) != 0 {
+                    s.consecutive.store(0, Ordering::Relaxed);
+                }
+                false
+            }
+            Count::Failure => true,
+        };
+        let in_a_row = if failed {
+            s.consecutive.fetch_add(1, Ordering::AcqRel) + 1
+        } else {
+            0
+        };
+        let window = match &s.tally {
+            Tally::Count(ring) => Some(ring.record(failed)),
+            Tally::Time(buckets) => Some(buckets.record(s.epoch.elapsed().as_secs(), failed)),
+            Tally::Off => None,
+        };
+        if !failed {
+            return;
+        }
+        let reason = match (s.config.consecutive_failures, s.config.failure_rate, window) {
+            (Some(n), _, _) if in_a_row >= n => {
+                format!("{in_a_row} calls in a row to {} failed", s.name)
+            }
+            (_, Some((threshold, window_kind, min_calls)), Some((calls, failures)))
+                if calls >= min_calls && f64::from(failures) >= threshold * f64::from(calls) =>
+            {
+                match window_kind {
+                    Window::Count(_) => {
+                        format!("{failures} of the last {calls} calls to {} failed", s.name)
+                    }
+                    Window::Time(d) => format!(
+                        "{failures} of {calls} calls to {} in the last {} s failed",
+                        s.name,
+                        d.as_secs()
+                    ),
+                }
+            }
+            _ => return,
+        };
+        let word = self.word();
+        if word.state() == CLOSED && word.generation() == generation {
+            self.trip(word, State::Closed, reason);
+        }
+    }
+
+    fn record_trial(&self, generation: u64, count: Count) {
+        let s = &*self.shared;
+        match count {
+            Count::Ignore => self.release(Admission::Trial(generation)),
+            Count::Failure => {
+                let word = self.word();
+                if word.state() == HALF_OPEN && word.generation() == generation {
+                    let reason = format!("a trial call to {} failed", s.name);
+                    self.trip(word, State::HalfOpen, reason);
+                }
+            }
+            Count::Success => {
+                let mut word = self.word();
+                loop {
+                    if word.state() != HALF_OPEN || word.generation() != generation {
+                        return;
+                    }
+                    let successes = word.successes() + 1;
+                    let next = if successes >= u64::from(s.config.trials) {
+                        word.next(CLOSED)
+                    } else {
+                        Word(word.0 + (1 << SUCCESS_SHIFT))
+                    };
+                    match s.word.compare_exchange(
+                        word.0,
+                        next.0,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) if next.state() == CLOSED => {
+                            s.trips.store(0, Ordering::Release);
+                            s.consecutive.store(0, Ordering::Release);
+                            match &s.tally {
+                                Tally::Count(ring) => ring.reset(),
+                                Tally::Time(buckets) => buckets.reset(),
+                                Tally::Off => {}
+                            }
+                            let reason = format!("{successes} trial calls succeeded");
+                            self.transition(State::HalfOpen, State::Closed, reason);
+                            return;
+                        }
+                        Ok(_) => return,
+                        Err(actual) => word = Word(actual),
+                    }
+                }
+            }
+        }
+    }
+
+    fn trip(&self, word: Word, from: State, reason: String) {
+        let s = &*self.shared;
+        let open = word.next(OPEN);
+        if s.word
+            .compare_exchange(word.0, open.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let trips = s.trips.fetch_add(1, Ordering::AcqRel) + 1;
+        let duration = s.config.open_duration_after(trips);
+        let until = self.now_ms() + duration.as_millis() as u64;
+        s.open_until.store(
+            (open.generation() & 0xff_ffff) << GEN_SHIFT | until,
+            Ordering::Release,
+        );
+        s.opens.fetch_add(1, Ordering::AcqRel);
+        let reason = format!("{reason}; open for {} ms", duration.as_millis());
+        *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
+        self.transition(from, State::Open, reason);
+    }
+
+    fn transition(&self, from: State, to: State, reason: String) {
+        let s = &*self.shared;
+        tracing::info!(
+            breaker = %s.name,
+            from = from.as_str(),
+            to = to.as_str(),
+            reason = %reason,
+            "circuit breaker transition"
+        );
+        let name = s.name.to_string();
+        metrics::gauge!(super::STATE, "breaker" => name.clone()).set(to.gauge());
+        metrics::counter!(
+            super::TRANSITIONS,
+            "breaker" => name.clone(),
+            "from" => from.as_str(),
+            "to" => to.as_str()
+        )
+        .increment(1);
+        if let Some(callback) = &s.config.on_transition {
+            callback(&Transition {
+                breaker: name,
+                from,
+                to,
+                reason,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Breaker")
+            .field("name", &self.shared.name)
+            .field("state", &self.state())
+            .field("opens", &self.opens())
+            .finish()
+    }
+}
