@@ -17,7 +17,19 @@ use tower::Service;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Outcome {
     Ok,
+    /// A normal "no such record" answer: `Ok(0)` (see [`classifier`]).
+    Empty,
     Fail(FailureClass),
+}
+
+/// Classifies the dependency's results: `Ok(0)` is an empty answer.
+pub fn classifier(result: &Result<u32, BoxError>) -> stormguard::classify::Classification {
+    use stormguard::classify::{classify_error, Classification};
+    match result {
+        Ok(0) => Classification::empty(),
+        Ok(_) => Classification::success(),
+        Err(e) => classify_error(&**e),
+    }
 }
 
 /// The error a failure of `class` is made of, as a real client would produce it.
@@ -79,6 +91,7 @@ impl<Req> Service<Req> for Dependency {
     fn call(&mut self, _req: Req) -> Self::Future {
         ready(match self.next() {
             Outcome::Ok => Ok(self.calls()),
+            Outcome::Empty => Ok(0),
             Outcome::Fail(class) => Err(error_for(class)),
         })
     }

@@ -1,0 +1,602 @@
+//! The circuit breaker on a paused clock: trip rules, what counts, half-open, growth, rejections.
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stormguard::breaker::{
+    Breaker, BreakerConfig, CircuitBreaker, CircuitBreakerLayer, State, Transition, Window,
+};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::FailureClass;
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::retry::RetryLayer;
+use support::{call, classifier, Dependency, Outcome};
+use tower::{Layer, ServiceBuilder};
+
+type Svc =
+    CircuitBreaker<Dependency, fn(&Result<u32, BoxError>) -> stormguard::classify::Classification>;
+
+fn guarded(dep: &Dependency, breaker: &Breaker) -> Svc {
+    CircuitBreakerLayer::new(breaker.clone())
+        .classifier(classifier as fn(&_) -> _)
+        .layer(dep.clone())
+}
+
+async fn run(svc: &mut Svc, n: usize) -> Vec<Result<u32, BoxError>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(call(svc, 1u32).await);
+    }
+    out
+}
+
+fn config() -> stormguard::breaker::BreakerConfigBuilder {
+    BreakerConfig::builder()
+}
+
+fn rejection(err: BoxError) -> ToolError {
+    *err.downcast::<ToolError>().expect("a ToolError")
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_failures_trip_it_and_a_success_resets_the_count() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .consecutive_failures(3)
+            .no_failure_rate()
+            .build()
+            .unwrap(),
+    );
+    let transient = Outcome::Fail(FailureClass::Transient);
+    let dep = Dependency::script(
+        [transient, transient, Outcome::Ok, transient, transient],
+        transient,
+    );
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 5).await;
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "the success in between reset the count"
+    );
+    run(&mut svc, 1).await;
+    assert_eq!(breaker.state(), State::Open);
+    assert_eq!(breaker.opens(), 1);
+    assert_eq!(dep.calls(), 6);
+    // Open: rejected without touching the dependency.
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(dep.calls(), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_count_window_is_a_ring_of_the_last_n_outcomes() {
+    // 30 % of the last 20, at least 10 calls: after 1,000 successes, 6 failures trip it.
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .no_consecutive_failures()
+            .failure_rate(0.3, Window::Count(20), 10)
+            .build()
+            .unwrap(),
+    );
+    let mut outcomes = vec![Outcome::Ok; 1000];
+    outcomes.extend([Outcome::Fail(FailureClass::Ambiguous); 10]);
+    let dep = Dependency::script(outcomes, Outcome::Ok);
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 1005).await;
+    assert_eq!(breaker.state(), State::Closed, "5 of the last 20 is 25 %");
+    run(&mut svc, 1).await;
+    assert_eq!(breaker.state(), State::Open, "6 of the last 20 is 30 %");
+    assert!(
+        breaker
+            .reason()
+            .contains("6 of the last 20 calls to dep failed"),
+        "{}",
+        breaker.reason()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_minimum_number_of_calls_holds_a_new_window() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .no_consecutive_failures()
+            .failure_rate(0.5, Window::Count(20), 10)
+            .build()
+            .unwrap(),
+    );
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 9).await;
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "9 of 9 failed, but fewer than 10 calls"
+    );
+    run(&mut svc, 1).await;
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_time_window_forgets_old_failures() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .no_consecutive_failures()
+            .failure_rate(0.5, Window::Time(Duration::from_secs(10)), 4)
+            .build()
+            .unwrap(),
+    );
+    let fail = Outcome::Fail(FailureClass::Transient);
+    let dep = Dependency::script(
+        [fail, fail, fail, Outcome::Ok, Outcome::Ok, fail],
+        Outcome::Ok,
+    );
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 3).await; // 3 failures at t = 0
+    tokio::time::advance(Duration::from_secs(11)).await;
+    run(&mut svc, 3).await; // 2 successes and 1 failure at t = 11: 1 of 3, too few calls
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_successes_count_as_failures() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .consecutive_failures(2)
+            .slow_call(Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    );
+    let slow = tower::service_fn(|_: u32| async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        Ok::<u32, BoxError>(1)
+    });
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(slow);
+    call(&mut svc, 1).await.unwrap();
+    call(&mut svc, 1).await.unwrap();
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn empty_answers_and_caller_errors_never_trip_it() {
+    let breaker = Breaker::new("lookup", BreakerConfig::default());
+    let mut script = Vec::new();
+    for _ in 0..250 {
+        script.extend([
+            Outcome::Empty,
+            Outcome::Fail(FailureClass::ModelRecoverable),
+            Outcome::Fail(FailureClass::Permanent),
+            Outcome::Fail(FailureClass::Policy),
+        ]);
+    }
+    let dep = Dependency::script(script, Outcome::Ok);
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 1000).await;
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(breaker.opens(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ignored_outcomes_do_not_dilute_the_failure_rate() {
+    // Half the answers are "no such record", 60 % of the rest fail: it must open.
+    let breaker = Breaker::new(
+        "lookup",
+        config()
+            .no_consecutive_failures()
+            .failure_rate(0.5, Window::Count(20), 10)
+            .build()
+            .unwrap(),
+    );
+    let fail = Outcome::Fail(FailureClass::Transient);
+    let pattern = [
+        Outcome::Empty,
+        fail,
+        Outcome::Empty,
+        fail,
+        Outcome::Empty,
+        Outcome::Ok,
+        Outcome::Empty,
+        fail,
+        Outcome::Empty,
+        Outcome::Ok,
+    ];
+    let dep = Dependency::script(pattern.into_iter().cycle().take(100), Outcome::Ok);
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 40).await;
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn half_open_admits_its_trials_then_closes_on_success() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .consecutive_failures(1)
+            .open_duration(Duration::from_secs(5), Duration::from_secs(60))
+            .build()
+            .unwrap(),
+    );
+    let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 1).await;
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::advance(Duration::from_millis(4999)).await;
+    assert!(call(&mut svc, 1u32).await.is_err());
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(call(&mut svc, 1u32).await.unwrap(), 2);
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(dep.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_open_duration_grows_on_repeated_trips_up_to_its_cap() {
+    let log: Arc<Mutex<Vec<Transition>>> = Arc::default();
+    let sink = log.clone();
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .consecutive_failures(1)
+            .open_duration(Duration::from_secs(5), Duration::from_secs(12))
+            .on_transition(move |t| sink.lock().unwrap().push(t.clone()))
+            .build()
+            .unwrap(),
+    );
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 1).await;
+    let mut waits = Vec::new();
+    for _ in 0..4 {
+        let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+        let wait = err.retry_after().unwrap();
+        waits.push(wait);
+        tokio::time::advance(wait).await;
+        run(&mut svc, 1).await; // the trial fails: open again, for longer
+    }
+    let secs: Vec<u64> = waits.iter().map(|d| d.as_secs()).collect();
+    assert_eq!(secs, vec![5, 10, 12, 12]);
+    assert_eq!(breaker.opens(), 5);
+    let log = log.lock().unwrap();
+    assert_eq!((log[0].from, log[0].to), (State::Closed, State::Open));
+    assert_eq!((log[1].from, log[1].to), (State::Open, State::HalfOpen));
+    assert_eq!((log[2].from, log[2].to), (State::HalfOpen, State::Open));
+    assert!(
+        log[0].reason.contains("1 calls in a row to dep failed"),
+        "{}",
+        log[0].reason
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejection_says_what_to_do_in_json() {
+    let breaker = Breaker::new(
+        "billing-api",
+        config().consecutive_failures(2).build().unwrap(),
+    );
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 2).await;
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    let json = err.to_json();
+    assert_eq!(json["code"], "circuit_open");
+    assert_eq!(json["retryable"], true);
+    assert_eq!(json["retry_after_ms"], 5000);
+    let hint = json["hint"].as_str().unwrap();
+    assert!(
+        hint.contains("2 calls in a row to billing-api failed"),
+        "{hint}"
+    );
+    assert!(hint.contains("retry after 5 s"), "{hint}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_does_not_retry_a_rejection_nor_spend_budget_on_it() {
+    let breaker = Breaker::new("dep", config().consecutive_failures(3).build().unwrap());
+    let budget = RetryBudget::builder()
+        .floor(100, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(dep.clone());
+    // 3 attempts (2 retries), the third failure opens the breaker.
+    let first = call(&mut svc, 1u32).await.unwrap_err();
+    assert_eq!(first.code(), ErrorCode::Unavailable);
+    assert_eq!(breaker.state(), State::Open);
+    // Now every call is rejected once, not retried: no dependency call, no budget spent.
+    for _ in 0..10 {
+        let err = call(&mut svc, 1u32).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::CircuitOpen);
+        assert!(err.retry_after().is_some());
+    }
+    assert_eq!(dep.calls(), 3);
+    // Only the first operation's 2 retries came out of the floor (100 per minute).
+    for _ in 0..98 {
+        assert!(budget.try_withdraw(Duration::ZERO).is_ok());
+    }
+    assert!(budget.try_withdraw(Duration::ZERO).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_trial_gives_its_permit_back() {
+    let breaker = Breaker::new("dep", config().consecutive_failures(1).build().unwrap());
+    let hang = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = hang.clone();
+    let dep = tower::service_fn(move |n: u32| {
+        let hang = flag.load(std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                return Err::<u32, BoxError>(support::error_for(FailureClass::Transient));
+            }
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            Ok(n)
+        }
+    });
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(dep);
+    let _ = call(&mut svc, 0).await;
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(5)).await;
+
+    // The trial hangs; the caller gives up on it (a timeout drops the future).
+    let trial = tokio::time::timeout(Duration::from_secs(1), call(&mut svc, 1)).await;
+    assert!(trial.is_err());
+    assert_eq!(breaker.state(), State::HalfOpen);
+    // Its permit came back: the next call is the trial, and closes the breaker.
+    hang.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(call(&mut svc, 2).await.unwrap(), 2);
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[test]
+fn invalid_configs_are_rejected() {
+    let cases = [
+        (
+            config().consecutive_failures(0).build(),
+            "consecutive_failures",
+        ),
+        (
+            config().failure_rate(0.0, Window::Count(10), 5).build(),
+            "failure_rate",
+        ),
+        (
+            config().failure_rate(1.5, Window::Count(10), 5).build(),
+            "failure_rate",
+        ),
+        (
+            config().failure_rate(0.5, Window::Count(0), 5).build(),
+            "window",
+        ),
+        (
+            config()
+                .failure_rate(0.5, Window::Time(Duration::from_millis(10)), 5)
+                .build(),
+            "window",
+        ),
+        (
+            config().failure_rate(0.5, Window::Count(10), 0).build(),
+            "min_calls",
+        ),
+        (
+            config().no_consecutive_failures().no_failure_rate().build(),
+            "rules",
+        ),
+        (
+            config()
+                .open_duration(Duration::ZERO, Duration::from_secs(1))
+                .build(),
+            "open_duration",
+        ),
+        (
+            config()
+                .open_duration(Duration::from_secs(9), Duration::from_secs(1))
+                .build(),
+            "open_duration",
+        ),
+        (config().trials(0).build(), "trials"),
+        (config().slow_call(Duration::ZERO).build(), "slow_call"),
+    ];
+    for (result, field) in cases {
+        assert_eq!(result.unwrap_err().field(), field);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovery_resets_the_open_duration() {
+    let breaker = Breaker::new("dep", config().consecutive_failures(1).build().unwrap());
+    let fail = Outcome::Fail(FailureClass::Transient);
+    // fail (open 5 s), trial fails (open 10 s), trial succeeds (closed), fail: open 5 s again.
+    let dep = Dependency::script([fail, fail, Outcome::Ok, fail], Outcome::Ok);
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 1).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    run(&mut svc, 1).await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+    run(&mut svc, 1).await;
+    assert_eq!(breaker.state(), State::Closed);
+    run(&mut svc, 1).await;
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn half_open_admits_exactly_its_trials_under_concurrent_callers() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::sync::Notify;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let test = async {
+        let trials = 3;
+        let breaker = Breaker::new(
+            "dep",
+            config()
+                .consecutive_failures(1)
+                .open_duration(Duration::from_millis(20), Duration::from_millis(20))
+                .trials(trials)
+                .build()
+                .unwrap(),
+        );
+        let reached = Arc::new(AtomicU32::new(0));
+        let release = Arc::new(Notify::new());
+        let (r, n) = (reached.clone(), release.clone());
+        let dep = tower::service_fn(move |fail: bool| {
+            let (r, n) = (r.clone(), n.clone());
+            async move {
+                if fail {
+                    return Err::<u32, std::io::Error>(
+                        std::io::ErrorKind::ConnectionRefused.into(),
+                    );
+                }
+                r.fetch_add(1, Ordering::SeqCst);
+                n.notified().await;
+                Ok(1)
+            }
+        });
+        let svc = CircuitBreakerLayer::new(breaker.clone()).layer(dep);
+        let _ = call(&mut svc.clone(), true).await;
+        assert_eq!(breaker.state(), State::Open);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let mut svc = svc.clone();
+            callers.spawn(async move { call(&mut svc, false).await.is_ok() });
+        }
+        // Wait until every caller has been admitted or rejected.
+        let mut rejected = 0;
+        while rejected + reached.load(Ordering::SeqCst) < 64 {
+            if let Some(Ok(false)) =
+                tokio::time::timeout(Duration::from_millis(5), callers.join_next())
+                    .await
+                    .ok()
+                    .flatten()
+            {
+                rejected += 1;
+            }
+        }
+        assert_eq!(reached.load(Ordering::SeqCst), trials);
+        assert_eq!(rejected, 64 - trials);
+        assert_eq!(breaker.state(), State::HalfOpen);
+        release.notify_waiters();
+        while let Some(done) = callers.join_next().await {
+            assert!(done.unwrap());
+        }
+        assert_eq!(breaker.state(), State::Closed);
+    };
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), test)
+            .await
+            .expect("the test finishes")
+    });
+}
+
+mod model {
+    //! The breaker against a reference model of its state machine, on random call sequences.
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        Call(bool),
+        Wait(u64),
+    }
+
+    #[derive(Debug, PartialEq, Clone, Copy)]
+    enum Model {
+        Closed { in_a_row: u32 },
+        Open { until: u64 },
+        HalfOpen { successes: u32 },
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => any::<bool>().prop_map(Step::Call),
+            1 => (0u64..12_000).prop_map(Step::Wait),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_the_model(steps in proptest::collection::vec(step(), 1..80), trials in 1u32..4) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (threshold, open_ms, max_ms) = (3u32, 1_000u64, 4_000u64);
+                let breaker = Breaker::new("dep", config()
+                    .consecutive_failures(threshold)
+                    .no_failure_rate()
+                    .open_duration(Duration::from_millis(open_ms), Duration::from_millis(max_ms))
+                    .trials(trials)
+                    .build()
+                    .unwrap());
+                let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(tower::service_fn(
+                    |ok: bool| async move {
+                        if ok { Ok::<u32, BoxError>(1) } else { Err(support::error_for(FailureClass::Transient)) }
+                    },
+                ));
+                let start = tokio::time::Instant::now();
+                let mut model = Model::Closed { in_a_row: 0 };
+                let mut trips = 0u32;
+                for s in steps {
+                    match s {
+                        Step::Wait(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
+                        Step::Call(ok) => {
+                            let now = start.elapsed().as_millis() as u64;
+                            if let Model::Open { until } = model {
+                                if now >= until {
+                                    model = Model::HalfOpen { successes: 0 };
+                                }
+                            }
+                            let result = call(&mut svc, ok).await;
+                            let open_for = |trips: u32| (open_ms << (trips - 1).min(10)).min(max_ms);
+                            model = match model {
+                                Model::Open { until } => {
+                                    prop_assert!(result.is_err());
+                                    let err = result.unwrap_err().downcast::<ToolError>().unwrap();
+                                    prop_assert_eq!(err.code(), ErrorCode::CircuitOpen);
+                                    Model::Open { until }
+                                }
+                                Model::Closed { in_a_row } if !ok && in_a_row + 1 >= threshold => {
+                                    trips += 1;
+                                    Model::Open { until: now + open_for(trips) }
+                                }
+                                Model::Closed { in_a_row } if !ok => Model::Closed { in_a_row: in_a_row + 1 },
+                                Model::Closed { .. } => Model::Closed { in_a_row: 0 },
+                                Model::HalfOpen { .. } if !ok => {
+                                    trips += 1;
+                                    Model::Open { until: now + open_for(trips) }
+                                }
+                                Model::HalfOpen { successes } if successes + 1 >= trials => {
+                                    trips = 0;
+                                    Model::Closed { in_a_row: 0 }
+                                }
+                                Model::HalfOpen { successes } => Model::HalfOpen { successes: successes + 1 },
+                            };
+                            let expected = match model {
+                                Model::Closed { .. } => State::Closed,
+                                Model::Open { .. } => State::Open,
+                                Model::HalfOpen { .. } => State::HalfOpen,
+                            };
+                            prop_assert_eq!(breaker.state(), expected, "after {:?} at {} ms", s, now);
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+}
