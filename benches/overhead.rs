@@ -8,6 +8,7 @@ use std::future::{ready, Future, Ready};
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::retry::RetryLayer;
@@ -123,6 +124,25 @@ fn overhead(c: &mut Criterion) {
         .service(Leaf);
     group.bench_function("stormguard_retry_3_budget", |b| {
         b.iter(|| once(&mut stormguard_3_budget, black_box(1)))
+    });
+
+    let breaker = Breaker::new("leaf", BreakerConfig::default());
+    let mut breaker_closed = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(breaker.clone()))
+        .service(Leaf);
+    group.bench_function("breaker_closed", |b| {
+        b.iter(|| once(&mut breaker_closed, black_box(1)))
+    });
+
+    let budget = RetryBudget::default();
+    let mut stormguard_3_breaker = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget))
+        .layer(CircuitBreakerLayer::new(breaker))
+        .service(Leaf);
+    group.bench_function("stormguard_retry_3_budget_breaker", |b| {
+        b.iter(|| once(&mut stormguard_3_breaker, black_box(1)))
     });
 
     group.finish();

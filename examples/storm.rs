@@ -9,11 +9,16 @@
 //! Stacks:
 //! - `tower-nested`: tower 0.5's `Retry` three deep, no budget;
 //! - `tower-nested-budget`: the same with one `TpsBudget::default()` per layer;
-//! - `stormguard-nested`: three stormguard `Retry` layers sharing one `RetryBudget` (defaults).
+//! - `stormguard-nested`: three stormguard `Retry` layers sharing one `RetryBudget` (defaults);
+//! - `stormguard-breaker`: the same with a stormguard `CircuitBreaker` (defaults) under it.
 //!
 //! Scenarios (in-process ones run on tokio's paused clock, so simulated minutes take seconds):
 //! - `outage` at 1 request/s for 600 s and at 100 requests/s for 60 s: every call fails;
 //! - `transient` at 100 requests/s for 300 s: each call fails with probability 0.1;
+//! - `empty-results` at 100 requests/s for 300 s: half the answers are "no such record", 5 % of
+//!   calls fail;
+//! - `recovery` at 100 requests/s for 90 s: every call fails for 30 s, then the dependency heals;
+//!   `recovery_ms` is the time from healing to the first success a caller sees;
 //! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s.
 
 use bytes::Bytes;
@@ -28,9 +33,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::{Classify, DefaultClassifier, HttpClassifier};
+use stormguard::classify::{
+    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
+    NeverClassifyEos,
+};
 use stormguard::retry::RetryLayer;
 use stormguard::ToolError;
 use tokio::task::JoinSet;
@@ -43,10 +52,17 @@ const SEED: u64 = 0x5EED;
 // ---------------------------------------------------------------------------------------------
 // The dependency: counts calls, per operation too, and fails as the scenario says.
 
+/// The answer that means "no such record".
+const EMPTY: u64 = u64::MAX;
+
 #[derive(Clone, Copy)]
 enum Failing {
     Always,
     WithProbability(f64),
+    /// Half the answers are empty; calls fail with this probability.
+    HalfEmpty(f64),
+    /// Every call fails until this long after the start.
+    Until(Duration),
 }
 
 #[derive(Clone)]
@@ -59,6 +75,9 @@ struct DepState {
     calls: u64,
     per_op: HashMap<u64, u32>,
     rng: u64,
+    start: Instant,
+    /// When the first call after healing succeeded, from the start.
+    first_success_after_heal: Option<Duration>,
 }
 
 impl Dependency {
@@ -69,12 +88,22 @@ impl Dependency {
                 calls: 0,
                 per_op: HashMap::new(),
                 rng: SEED,
+                start: Instant::now(),
+                first_success_after_heal: None,
             })),
         }
     }
 
     fn calls(&self) -> u64 {
         self.state.lock().unwrap().calls
+    }
+
+    fn recovery(&self) -> Option<Duration> {
+        let s = self.state.lock().unwrap();
+        match (self.failing, s.first_success_after_heal) {
+            (Failing::Until(heal), Some(at)) => Some(at - heal),
+            _ => None,
+        }
     }
 
     fn max_per_op(&self) -> u32 {
@@ -104,9 +133,24 @@ impl Service<u64> for Dependency {
         let mut s = self.state.lock().unwrap();
         s.calls += 1;
         *s.per_op.entry(op).or_default() += 1;
+        let mut answer = op;
         let fail = match self.failing {
             Failing::Always => true,
             Failing::WithProbability(p) => next_f64(&mut s.rng) < p,
+            Failing::HalfEmpty(p) => {
+                let roll = next_f64(&mut s.rng);
+                if roll >= p && roll < 0.5 + p / 2.0 {
+                    answer = EMPTY;
+                }
+                roll < p
+            }
+            Failing::Until(heal) => {
+                let now = s.start.elapsed();
+                if now >= heal && s.first_success_after_heal.is_none() {
+                    s.first_success_after_heal = Some(now);
+                }
+                now < heal
+            }
         };
         std::future::ready(if fail {
             Err(std::io::Error::new(
@@ -114,7 +158,23 @@ impl Service<u64> for Dependency {
                 "dependency unavailable",
             ))
         } else {
-            Ok(op)
+            Ok(answer)
+        })
+    }
+}
+
+/// The in-process classifier: `EMPTY` is a normal "no such record" answer.
+#[derive(Clone, Copy)]
+struct DemoClassifier;
+
+impl<E: AsDynError> Classify<u64, E> for DemoClassifier {
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(&self, result: &Result<u64, E>) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(match result {
+            Ok(EMPTY) => Classification::empty(),
+            Ok(_) => Classification::success(),
+            Err(e) => classify_error(e.as_dyn_error()),
         })
     }
 }
@@ -219,13 +279,15 @@ enum Stack {
     TowerNested,
     TowerNestedBudget,
     StormguardNested,
+    StormguardBreaker,
 }
 
 impl Stack {
-    const ALL: [Stack; 3] = [
+    const ALL: [Stack; 4] = [
         Stack::TowerNested,
         Stack::TowerNestedBudget,
         Stack::StormguardNested,
+        Stack::StormguardBreaker,
     ];
 
     fn name(self) -> &'static str {
@@ -233,18 +295,29 @@ impl Stack {
             Stack::TowerNested => "tower-nested",
             Stack::TowerNestedBudget => "tower-nested-budget",
             Stack::StormguardNested => "stormguard-nested",
+            Stack::StormguardBreaker => "stormguard-breaker",
         }
     }
 
     /// The three-layer stack over `leaf`; stormguard's layers classify with `classifier`.
-    fn build<S, Req, Res, C>(self, leaf: S, classifier: C) -> BoxService<Req, Res>
+    fn build<S, Req, Res, C>(
+        self,
+        leaf: S,
+        classifier: C,
+    ) -> (BoxService<Req, Res>, Option<Breaker>)
     where
         S: Service<Req, Response = Res> + Clone + Send + 'static,
         S::Error: Into<tower::BoxError> + Send + Sync + 'static,
         S::Future: Send + 'static,
         Req: Clone + Send + 'static,
         Res: Failed + Send + 'static,
-        C: Classify<Res, S::Error> + Classify<Res, ToolError> + Clone + Send + Sync + 'static,
+        C: Classify<Res, S::Error>
+            + Classify<Res, ToolError>
+            + Classify<Res, tower::BoxError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
     {
         let seeds = Arc::new(AtomicU64::new(1));
         match self {
@@ -255,21 +328,31 @@ impl Stack {
                     .layer(tower_layer(budgeted, &seeds))
                     .layer(tower_layer(budgeted, &seeds))
                     .service(leaf);
-                BoxService::new(svc.map_err(Into::into))
+                (BoxService::new(svc.map_err(Into::into)), None)
             }
-            Stack::StormguardNested => {
+            Stack::StormguardNested | Stack::StormguardBreaker => {
                 let budget = stormguard_budget();
                 let layer = |name: &'static str| {
                     RetryLayer::new(ToolClass::Read, budget.clone())
                         .name(name)
                         .classifier(classifier.clone())
                 };
-                let svc = ServiceBuilder::new()
+                let nested = ServiceBuilder::new()
                     .layer(layer("agent-loop"))
                     .layer(layer("tool-wrapper"))
-                    .layer(layer("client"))
+                    .layer(layer("client"));
+                if matches!(self, Stack::StormguardNested) {
+                    let svc = nested.service(leaf);
+                    return (BoxService::new(svc.map_err(tower::BoxError::from)), None);
+                }
+                let breaker = Breaker::new("dependency", BreakerConfig::default());
+                let svc = nested
+                    .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone()))
                     .service(leaf);
-                BoxService::new(svc.map_err(tower::BoxError::from))
+                (
+                    BoxService::new(svc.map_err(tower::BoxError::from)),
+                    Some(breaker),
+                )
             }
         }
     }
@@ -315,6 +398,8 @@ struct Row {
     calls: u64,
     successes: u64,
     max_per_op: u32,
+    breaker_opens: u64,
+    recovery: Option<Duration>,
     elapsed: Duration,
 }
 
@@ -338,6 +423,8 @@ impl Row {
             "successes": self.successes,
             "success_rate": self.success_rate(),
             "max_calls_per_operation": self.max_per_op,
+            "breaker_opens": self.breaker_opens,
+            "recovery_ms": self.recovery.map(|d| d.as_millis() as u64),
             "wall_ms": self.elapsed.as_millis() as u64,
         })
         .to_string()
@@ -353,9 +440,9 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
         .expect("runtime");
     let dep = Dependency::new(failing);
     let count = (rate * secs as f64) as u64;
-    let successes = rt.block_on(async {
-        let svc = stack.build(dep.clone(), DefaultClassifier);
-        drive(svc, |i| i, rate, count).await
+    let (successes, breaker) = rt.block_on(async {
+        let (svc, breaker) = stack.build(dep.clone(), DemoClassifier);
+        (drive(svc, |i| i, rate, count).await, breaker)
     });
     Row {
         scenario,
@@ -365,6 +452,8 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
         calls: dep.calls(),
         successes,
         max_per_op: dep.max_per_op(),
+        breaker_opens: breaker.map_or(0, |b| b.opens()),
+        recovery: dep.recovery(),
         elapsed: wall.elapsed(),
     }
 }
@@ -438,14 +527,14 @@ fn outage_http(stack: Stack) -> Row {
         .expect("runtime");
     let (rate, count) = (50.0, 200);
     let calls = Arc::new(AtomicU64::new(0));
-    let successes = rt.block_on(async {
+    let (successes, breaker) = rt.block_on(async {
         let addr = start_503_server(calls.clone()).await;
         let client = HttpClient {
             client: Client::builder(TokioExecutor::new()).build_http(),
         };
-        let svc = stack.build(client, HttpClassifier);
+        let (svc, breaker) = stack.build(client, HttpClassifier);
         let uri: http::Uri = format!("http://{addr}/tool").parse().expect("uri");
-        drive(
+        let successes = drive(
             svc,
             move |i| {
                 http::Request::post(uri.clone())
@@ -455,7 +544,8 @@ fn outage_http(stack: Stack) -> Row {
             rate,
             count,
         )
-        .await
+        .await;
+        (successes, breaker)
     });
     Row {
         scenario: "outage-http",
@@ -465,6 +555,8 @@ fn outage_http(stack: Stack) -> Row {
         calls: calls.load(Ordering::Relaxed),
         successes,
         max_per_op: 0,
+        breaker_opens: breaker.map_or(0, |b| b.opens()),
+        recovery: None,
         elapsed: wall.elapsed(),
     }
 }
@@ -494,11 +586,29 @@ fn main() {
         ));
     }
     for stack in Stack::ALL {
+        emit(simulate(
+            "empty-results",
+            stack,
+            Failing::HalfEmpty(0.05),
+            100.0,
+            300,
+        ));
+    }
+    for stack in Stack::ALL {
+        emit(simulate(
+            "recovery",
+            stack,
+            Failing::Until(Duration::from_secs(30)),
+            100.0,
+            90,
+        ));
+    }
+    for stack in Stack::ALL {
         emit(outage_http(stack));
     }
     if !json {
         println!(
-            "{:<12} {:<21} {:>7} {:>8} {:>10} {:>14} {:>12} {:>10}",
+            "{:<14} {:<21} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12}",
             "scenario",
             "stack",
             "rate/s",
@@ -506,11 +616,13 @@ fn main() {
             "dep calls",
             "amplification",
             "success",
-            "max/op"
+            "max/op",
+            "opens",
+            "recovery"
         );
         for r in &rows {
             println!(
-                "{:<12} {:<21} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>10}",
+                "{:<14} {:<21} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12}",
                 r.scenario,
                 r.stack,
                 r.rate,
@@ -522,7 +634,10 @@ fn main() {
                     "-".to_string()
                 } else {
                     r.max_per_op.to_string()
-                }
+                },
+                r.breaker_opens,
+                r.recovery
+                    .map_or("-".to_string(), |d| format!("{} ms", d.as_millis())),
             );
         }
     }

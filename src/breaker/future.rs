@@ -10,22 +10,23 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// An admitted call's claim on the breaker. Dropped before the call completes (a cancelled
 /// trial), it gives the trial permit back, so a cancelled trial cannot wedge the breaker.
 pub(super) struct Ticket {
     pub(super) breaker: Breaker,
     pub(super) admission: Admission,
-    pub(super) started: Option<Instant>,
-    pub(super) settled: bool,
+    /// When the call started (for the slow-call rule), as `Breaker::now_tick`; 0 when untimed.
+    started: u64,
+    settled: bool,
 }
 
 impl Ticket {
     pub(super) fn new(breaker: Breaker, admission: Admission) -> Ticket {
         let started = match admission {
-            Admission::Rejected(_) => None,
-            _ => breaker.shared.config.slow_call.map(|_| Instant::now()),
+            Admission::Rejected(_) => 0,
+            _ if breaker.shared.config.slow_call.is_some() => breaker.now_tick(),
+            _ => 0,
         };
         Ticket {
             breaker,
@@ -41,11 +42,14 @@ impl Ticket {
     }
 
     fn settle(&mut self, count: Count) {
-        let count = match (count, self.started, self.breaker.shared.config.slow_call) {
-            (Count::Success, Some(started), Some(slow)) if started.elapsed() > slow => {
+        let count = match (count, self.breaker.shared.config.slow_call) {
+            (Count::Success, Some(slow))
+                if self.started != 0
+                    && Duration::from_nanos(self.breaker.now_tick() - self.started) > slow =>
+            {
                 Count::Failure
             }
-            (count, ..) => count,
+            (count, _) => count,
         };
         self.settled = true;
         self.breaker.record(self.admission, count);

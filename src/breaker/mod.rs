@@ -201,7 +201,8 @@ where
             .ticket
             .take()
             .unwrap_or_else(|| Ticket::new(breaker.clone(), breaker.admit()));
-        if let Admission::Rejected(after) = ticket.admission {
+        if let Admission::Rejected(after_ms) = ticket.admission {
+            let after = std::time::Duration::from_millis(u64::from(after_ms));
             ticket.settled_rejected();
             breaker.rejected();
             let err = ToolError::new(ErrorCode::CircuitOpen)

@@ -76,8 +76,8 @@ impl Word {
     fn state(self) -> u64 {
         (self.0 >> STATE_SHIFT) & 3
     }
-    fn generation(self) -> u64 {
-        self.0 >> GEN_SHIFT
+    fn generation(self) -> u32 {
+        (self.0 >> GEN_SHIFT) as u32
     }
     fn admitted(self) -> u64 {
         self.0 & FIELD
@@ -86,7 +86,7 @@ impl Word {
         (self.0 >> SUCCESS_SHIFT) & FIELD
     }
     fn next(self, state: u64) -> Word {
-        Word::new(self.generation() + 1, state)
+        Word::new(u64::from(self.generation()) + 1, state)
     }
     fn public(self) -> State {
         match self.state() {
@@ -101,11 +101,15 @@ impl Word {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Admission {
     /// While closed, in this generation.
-    Closed(u64),
+    Closed(u32),
     /// As a half-open trial, in this generation.
-    Trial(u64),
-    /// Rejected: the breaker is open for about this long yet.
-    Rejected(Duration),
+    Trial(u32),
+    /// Rejected: the breaker is open for about this many milliseconds yet.
+    Rejected(u32),
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
 const EMPTY_SLOT: u8 = 0;
@@ -131,7 +135,10 @@ impl Ring {
     /// Records one outcome; returns (calls in the window, failures in the window).
     fn record(&self, failed: bool) -> (u32, u32) {
         let len = self.slots.len() as u64;
-        let i = self.cursor.fetch_add(1, Ordering::AcqRel);
+        // Not a read-modify-write: under contention two outcomes may share a slot, which only
+        // ages the window a little more slowly; the failure count stays exact for the slots.
+        let i = self.cursor.load(Ordering::Relaxed);
+        self.cursor.store(i + 1, Ordering::Relaxed);
         let slot = &self.slots[(i % len) as usize];
         let new = if failed { FAILURE_SLOT } else { SUCCESS_SLOT };
         // A healthy dependency overwrites successes with successes: read, don't write.
@@ -315,6 +322,11 @@ impl Breaker {
         Word(self.shared.word.load(Ordering::Acquire))
     }
 
+    /// Nanoseconds since the breaker was made, plus one (0 is "not timed").
+    pub(super) fn now_tick(&self) -> u64 {
+        self.shared.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
     fn now_ms(&self) -> u64 {
         self.shared.epoch.elapsed().as_millis() as u64
     }
@@ -329,14 +341,16 @@ impl Breaker {
                 OPEN => {
                     let until = s.open_until.load(Ordering::Acquire);
                     let first = s.config.open_duration;
-                    if until >> GEN_SHIFT != word.generation() & 0xff_ffff {
+                    if until >> GEN_SHIFT != u64::from(word.generation()) {
                         // Opened a moment ago; its end is being written.
-                        return Admission::Rejected(first);
+                        return Admission::Rejected(millis(first));
                     }
                     let until_ms = until & ((1 << GEN_SHIFT) - 1);
                     let now = self.now_ms();
                     if now < until_ms {
-                        return Admission::Rejected(Duration::from_millis(until_ms - now));
+                        return Admission::Rejected(
+                            u32::try_from(until_ms - now).unwrap_or(u32::MAX),
+                        );
                     }
                     let half_open = word.next(HALF_OPEN);
                     match s.word.compare_exchange(
@@ -358,7 +372,7 @@ impl Breaker {
                 }
                 _ => {
                     if word.admitted() >= u64::from(s.config.trials) {
-                        return Admission::Rejected(s.config.open_duration);
+                        return Admission::Rejected(millis(s.config.open_duration));
                     }
                     match s.word.compare_exchange(
                         word.0,
@@ -408,7 +422,7 @@ impl Breaker {
         self.shared.counters.rejected.increment(1);
     }
 
-    fn record_closed(&self, generation: u64, count: Count) {
+    fn record_closed(&self, generation: u32, count: Count) {
         let s = &*self.shared;
         let failed = match count {
             Count::Ignore => return,
@@ -459,7 +473,7 @@ impl Breaker {
         }
     }
 
-    fn record_trial(&self, generation: u64, count: Count) {
+    fn record_trial(&self, generation: u32, count: Count) {
         let s = &*self.shared;
         match count {
             Count::Ignore => self.release(Admission::Trial(generation)),
@@ -521,7 +535,7 @@ impl Breaker {
         let duration = s.config.open_duration_after(trips);
         let until = self.now_ms() + duration.as_millis() as u64;
         s.open_until.store(
-            (open.generation() & 0xff_ffff) << GEN_SHIFT | until,
+            u64::from(open.generation()) << GEN_SHIFT | until,
             Ordering::Release,
         );
         s.opens.fetch_add(1, Ordering::AcqRel);
