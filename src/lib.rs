@@ -75,6 +75,7 @@ pub mod budget;
 pub mod class;
 pub mod classify;
 pub mod error;
+pub mod key;
 pub mod operation;
 pub mod retry;
 

@@ -47,11 +47,21 @@ pub enum ErrorCode {
     CircuitOpen,
     /// The dependency failed in a way nothing more specific describes.
     Internal,
+    /// The idempotency key of one operation changed between its attempts.
+    IdempotencyKeyChanged,
+    /// The key was used before with different arguments.
+    IdempotencyKeyReused,
+    /// The same action (same key) is being executed by another caller right now.
+    InProgress,
+    /// The receipt records for this key are older than the store's retention.
+    ReceiptExpired,
+    /// The receipt store could not record the intent, so nothing was executed.
+    StoreUnavailable,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::RateLimited,
         ErrorCode::Unavailable,
         ErrorCode::Timeout,
@@ -68,6 +78,11 @@ impl ErrorCode {
         ErrorCode::MissingIdempotencyKey,
         ErrorCode::CircuitOpen,
         ErrorCode::Internal,
+        ErrorCode::IdempotencyKeyChanged,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::InProgress,
+        ErrorCode::ReceiptExpired,
+        ErrorCode::StoreUnavailable,
     ];
 
     /// The stable snake_case string.
@@ -89,6 +104,11 @@ impl ErrorCode {
             ErrorCode::MissingIdempotencyKey => "missing_idempotency_key",
             ErrorCode::CircuitOpen => "circuit_open",
             ErrorCode::Internal => "internal",
+            ErrorCode::IdempotencyKeyChanged => "idempotency_key_changed",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::InProgress => "in_progress",
+            ErrorCode::ReceiptExpired => "receipt_expired",
+            ErrorCode::StoreUnavailable => "store_unavailable",
         }
     }
 
@@ -108,6 +128,8 @@ impl ErrorCode {
                 | ErrorCode::Unavailable
                 | ErrorCode::Timeout
                 | ErrorCode::CircuitOpen
+                | ErrorCode::InProgress
+                | ErrorCode::StoreUnavailable
         )
     }
 
@@ -158,6 +180,21 @@ impl ErrorCode {
                 "calls to this dependency are paused after repeated failures; wait retry_after_ms before calling again"
             }
             ErrorCode::Internal => "the dependency failed unexpectedly; report it",
+            ErrorCode::IdempotencyKeyChanged => {
+                "the idempotency key changed between attempts of one action, which defeats it; do not retry, derive the key from run, step, tool and arguments"
+            }
+            ErrorCode::IdempotencyKeyReused => {
+                "this key was already used for the same step with different arguments; do not retry, this is a different action and needs its own step"
+            }
+            ErrorCode::InProgress => {
+                "the same action is being executed right now by another caller; wait a few seconds and ask for its result, do not start it again"
+            }
+            ErrorCode::ReceiptExpired => {
+                "the record of this action is older than the receipt retention, so whether it ran cannot be checked; do not retry, escalate to a person"
+            }
+            ErrorCode::StoreUnavailable => {
+                "the receipt store could not record the intent, so nothing was executed; retry later"
+            }
         }
     }
 }

@@ -29,6 +29,8 @@ pub(crate) struct OpState {
     pub(crate) closed: Option<ErrorCode>,
     /// When the operation's deadline passes.
     pub(crate) deadline: Option<Instant>,
+    /// A fingerprint of the idempotency key its first attempt carried (0: none yet).
+    pub(crate) key: u64,
 }
 
 impl OpState {
@@ -45,6 +47,7 @@ impl OpState {
             keyed,
             closed: None,
             deadline,
+            key: 0,
         }
     }
 
@@ -61,6 +64,7 @@ pub(crate) type SharedState = Arc<Mutex<OpState>>;
 pub(crate) struct Inline {
     word: u64,
     deadline: Option<Instant>,
+    key: u64,
 }
 
 /// Where an operation's state lives while a future holds it.
@@ -77,15 +81,17 @@ impl Ledger {
         Ledger::Inline(Inline {
             word: pack(&state),
             deadline: state.deadline,
+            key: state.key,
         })
     }
 
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut OpState) -> R) -> R {
         match self {
             Ledger::Inline(inline) => {
-                let mut state = unpack(inline.word, inline.deadline);
+                let mut state = unpack(inline.word, inline.deadline, inline.key);
                 let out = f(&mut state);
                 inline.word = pack(&state);
+                inline.key = state.key;
                 out
             }
             Ledger::Shared(shared) => f(&mut lock(shared)),
@@ -105,13 +111,14 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
 // runs, nothing is allocated, no lock is taken.
 //
 // word: bits 0-15 retries, 16-31 max_attempts, 32-39 class, 40 keyed, 41 has a deadline,
-//       48-55 closed code + 1 (0 = open), 62-63 tag.
+//       42 has a key fingerprint (in `KEY`), 48-55 closed code + 1 (0 = open), 62-63 tag.
 const TAG_SHIFT: u32 = 62;
 const EMPTY: u64 = 0;
 const INLINE: u64 = 1;
 const SHARED_TAG: u64 = 2;
 const KEYED: u64 = 1 << 40;
 const HAS_DEADLINE: u64 = 1 << 41;
+const HAS_KEY: u64 = 1 << 42;
 
 #[inline]
 fn tag(word: u64) -> u64 {
@@ -130,12 +137,13 @@ fn pack(state: &OpState) -> u64 {
         } else {
             0
         }
+        | if state.key != 0 { HAS_KEY } else { 0 }
         | closed << 48
         | INLINE << TAG_SHIFT
 }
 
 #[inline]
-fn unpack(word: u64, deadline: Option<Instant>) -> OpState {
+fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
     let class = ToolClass::ALL
         .get(((word >> 32) & 0xff) as usize)
         .copied()
@@ -160,12 +168,14 @@ fn unpack(word: u64, deadline: Option<Instant>) -> OpState {
         } else {
             None
         },
+        key: if word & HAS_KEY != 0 { key } else { 0 },
     }
 }
 
 thread_local! {
     static CURRENT: Cell<u64> = const { Cell::new(EMPTY) };
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+    static KEY: Cell<u64> = const { Cell::new(0) };
     static SHARED: RefCell<Option<SharedState>> = const { RefCell::new(None) };
 }
 
@@ -174,15 +184,33 @@ thread_local! {
 pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
     let word = CURRENT.get();
     match tag(word) {
-        INLINE => {
-            let mut state = unpack(word, DEADLINE.get());
-            let out = f(&mut state);
-            CURRENT.set(pack(&state));
-            Some(out)
-        }
+        INLINE => Some(with_installed_inline(word, f)),
         SHARED_TAG => SHARED.with_borrow(|shared| shared.as_deref().map(|m| f(&mut lock(m)))),
         _ => None,
     }
+}
+
+fn read_key(word: u64) -> u64 {
+    if word & HAS_KEY != 0 {
+        KEY.get()
+    } else {
+        0
+    }
+}
+
+fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
+    let deadline = if word & HAS_DEADLINE != 0 {
+        DEADLINE.get()
+    } else {
+        None
+    };
+    let mut state = unpack(word, deadline, read_key(word));
+    let out = f(&mut state);
+    if state.key != 0 {
+        KEY.set(state.key);
+    }
+    CURRENT.set(pack(&state));
+    out
 }
 
 /// Joins the operation installed on this thread, if there is one: records the joining layer's
@@ -214,7 +242,7 @@ pub(crate) fn share_current() -> Option<SharedState> {
     match tag(word) {
         SHARED_TAG => SHARED.with_borrow(Clone::clone),
         INLINE => {
-            let shared = Arc::new(Mutex::new(unpack(word, DEADLINE.get())));
+            let shared = Arc::new(Mutex::new(unpack(word, DEADLINE.get(), read_key(word))));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
             CURRENT.set(SHARED_TAG << TAG_SHIFT);
@@ -230,6 +258,7 @@ pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
     previous: u64,
     previous_deadline: Option<Option<Instant>>,
+    previous_key: Option<u64>,
     previous_shared: Option<SharedState>,
 }
 
@@ -237,12 +266,14 @@ impl<'a> Installed<'a> {
     #[inline]
     pub(crate) fn new(slot: &'a mut Option<Ledger>) -> Self {
         let mut previous_deadline = None;
+        let mut own_key = 0;
         let mut shared = None;
         let next = match slot {
             Some(Ledger::Inline(inline)) => {
                 if inline.deadline.is_some() {
                     previous_deadline = Some(DEADLINE.replace(inline.deadline));
                 }
+                own_key = inline.key;
                 inline.word
             }
             Some(Ledger::Shared(_)) => {
@@ -254,6 +285,12 @@ impl<'a> Installed<'a> {
             None => EMPTY,
         };
         let previous = CURRENT.replace(next);
+        // The key slot is read only through a word with HAS_KEY: save it when the previous word
+        // relies on it, write it when ours does.
+        let previous_key = (previous & HAS_KEY != 0).then(|| KEY.get());
+        if own_key != 0 {
+            KEY.set(own_key);
+        }
         let previous_shared = if shared.is_some() || tag(previous) == SHARED_TAG {
             SHARED.replace(shared)
         } else {
@@ -263,6 +300,7 @@ impl<'a> Installed<'a> {
             slot,
             previous,
             previous_deadline,
+            previous_key,
             previous_shared,
         }
     }
@@ -273,12 +311,18 @@ impl Drop for Installed<'_> {
     fn drop(&mut self) {
         let mine = CURRENT.replace(self.previous);
         match (tag(mine), &mut *self.slot) {
-            (INLINE, Some(Ledger::Inline(inline))) => inline.word = mine,
+            (INLINE, Some(Ledger::Inline(inline))) => {
+                inline.word = mine;
+                inline.key = read_key(mine);
+            }
             (SHARED_TAG, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
         }
         if let Some(deadline) = self.previous_deadline.take() {
             DEADLINE.set(deadline);
+        }
+        if let Some(key) = self.previous_key.take() {
+            KEY.set(key);
         }
         if let Some(previous) = self.previous_shared.take() {
             SHARED.set(Some(previous));
@@ -308,12 +352,7 @@ pub(crate) fn with_current_or<R>(
     }
     let word = CURRENT.get();
     match tag(word) {
-        INLINE => {
-            let mut state = unpack(word, DEADLINE.get());
-            let out = f(&mut state);
-            CURRENT.set(pack(&state));
-            out
-        }
+        INLINE => with_installed_inline(word, f),
         SHARED_TAG => match SHARED.with_borrow(Clone::clone) {
             Some(shared) => f(&mut lock(&shared)),
             None => own.insert(Ledger::inline(make())).with(f),
@@ -334,7 +373,7 @@ mod tests {
                     let mut state = OpState::new(7, class, keyed, None);
                     state.retries = 4;
                     state.closed = closed;
-                    let back = unpack(pack(&state), None);
+                    let back = unpack(pack(&state), None, 0);
                     assert_eq!(back.class, class);
                     assert_eq!(back.closed, closed);
                     assert_eq!(back.keyed, keyed);
@@ -359,20 +398,23 @@ mod tests {
             Some(Instant::now()),
         )));
         in_scope(&mut outer, || {
-            with_current(|op| op.retries += 1);
+            with_current(|op| {
+                op.retries += 1;
+                op.key = 42;
+            });
             in_scope(&mut inner, || {
                 assert_eq!(with_current(|op| op.max_attempts), Some(5));
                 let shared = share_current().unwrap();
                 lock(&shared).retries = 2;
             });
             assert_eq!(
-                with_current(|op| (op.max_attempts, op.retries)),
-                Some((3, 1))
+                with_current(|op| (op.max_attempts, op.retries, op.key)),
+                Some((3, 1, 42))
             );
         });
         assert!(with_current(|_| ()).is_none());
         assert!(matches!(inner, Some(Ledger::Shared(_))));
         assert_eq!(inner.as_mut().unwrap().with(|op| op.retries), 2);
-        assert_eq!(outer.as_mut().unwrap().with(|op| op.retries), 1);
+        assert_eq!(outer.as_mut().unwrap().with(|op| (op.retries, op.key)), (1, 42));
     }
 }

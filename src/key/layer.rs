@@ -1,0 +1,237 @@
+use super::{IdempotencyKey, KeyError};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::operation::ledger::with_current;
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// A request that can carry an idempotency key.
+///
+/// Implemented for `http::Request<B>` as the `Idempotency-Key` header, which is also how gRPC
+/// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`.
+pub trait KeyStamp {
+    /// The key the request carries already, if any.
+    fn stamped_key(&self) -> Option<&str>;
+    /// Puts `key` on the request.
+    fn stamp_key(&mut self, key: &IdempotencyKey);
+}
+
+#[cfg(feature = "http")]
+impl<B> KeyStamp for http::Request<B> {
+    fn stamped_key(&self) -> Option<&str> {
+        self.headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+    }
+
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
+            self.headers_mut().insert("idempotency-key", value);
+        }
+    }
+}
+
+/// Stamps every request with the idempotency key of its logical action, the same on every
+/// attempt.
+///
+/// `derive` maps a request to its key (from run, step, tool and arguments: see
+/// [`IdempotencyKey::derive`]). Placed below a [`Retry`](crate::retry::Retry), the layer sees
+/// every attempt; it records the key's fingerprint in the operation's ledger on the first attempt
+/// and refuses (`idempotency_key_changed`) an attempt whose key differs, or a request that
+/// arrives with a different key already stamped. It also tells the operation that it is keyed,
+/// so `Retry` may retry an ambiguous failure of a `KeyedWrite`.
+///
+/// ```
+/// use serde_json::json;
+/// use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+/// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let provider = service_fn(|req: http::Request<String>| async move {
+///     let key = req.headers()["idempotency-key"].to_str().unwrap().to_string();
+///     Ok::<_, std::convert::Infallible>(key)
+/// });
+/// let mut send = ServiceBuilder::new()
+///     .layer(IdempotencyKeyLayer::new(|req: &http::Request<String>| {
+///         IdempotencyKey::derive("run-81f2", "step-2", "send_invoice", &json!({ "invoice": req.body() }))
+///     }))
+///     .service(provider);
+/// let req = http::Request::post("/send").body("4471".to_string()).unwrap();
+/// let key = send.ready().await.unwrap().call(req).await.unwrap();
+/// assert!(key.starts_with("run-81f2:step-2:send_invoice:"));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyKeyLayer<F> {
+    derive: F,
+}
+
+impl<F> IdempotencyKeyLayer<F> {
+    /// A layer that keys requests with `derive`.
+    pub fn new(derive: F) -> Self {
+        IdempotencyKeyLayer { derive }
+    }
+}
+
+impl<F> fmt::Debug for IdempotencyKeyLayer<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyKeyLayer").finish_non_exhaustive()
+    }
+}
+
+impl<S, F: Clone> Layer<S> for IdempotencyKeyLayer<F> {
+    type Service = StampKey<S, F>;
+
+    fn layer(&self, inner: S) -> StampKey<S, F> {
+        StampKey {
+            inner,
+            derive: self.derive.clone(),
+        }
+    }
+}
+
+/// See [`IdempotencyKeyLayer`].
+#[derive(Clone)]
+pub struct StampKey<S, F> {
+    inner: S,
+    derive: F,
+}
+
+impl<S, F> StampKey<S, F> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug, F> fmt::Debug for StampKey<S, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampKey")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
+    ToolError::new(code).with_hint(hint).with_retryable(false)
+}
+
+impl<S, F, Req> Service<Req> for StampKey<S, F>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    F: Fn(&Req) -> Result<IdempotencyKey, KeyError>,
+    Req: KeyStamp,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = StampKeyFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        let key = match (self.derive)(&req) {
+            Ok(key) => key,
+            Err(e) => {
+                let err = ToolError::new(ErrorCode::InvalidArgument)
+                    .with_hint("the idempotency key could not be derived from this request; fix the run, step or tool name")
+                    .with_retryable(false)
+                    .with_source(e);
+                return StampKeyFuture::refused(err);
+            }
+        };
+        if req.stamped_key().is_some_and(|k| k != key.as_str()) {
+            return StampKeyFuture::refused(refuse(
+                ErrorCode::IdempotencyKeyChanged,
+                "the request already carries a different idempotency key than its logical action's; do not mint keys per attempt",
+            ));
+        }
+        let fingerprint = key.fingerprint();
+        let consistent = with_current(|op| {
+            op.keyed = true;
+            if op.key == 0 {
+                op.key = fingerprint;
+            }
+            op.key == fingerprint
+        });
+        if consistent == Some(false) {
+            return StampKeyFuture::refused(refuse(
+                ErrorCode::IdempotencyKeyChanged,
+                "this attempt's idempotency key differs from the first attempt's; every retry of one action must carry the same key",
+            ));
+        }
+        req.stamp_key(&key);
+        StampKeyFuture::called(self.inner.call(req))
+    }
+}
+
+pin_project! {
+    /// The future [`StampKey`] returns.
+    pub struct StampKeyFuture<F> {
+        #[pin]
+        state: KeyState<F>,
+    }
+}
+
+pin_project! {
+    #[project = KeyStateProj]
+    enum KeyState<F> {
+        Called { #[pin] future: F },
+        Refused { error: Option<ToolError> },
+    }
+}
+
+impl<F> StampKeyFuture<F> {
+    fn called(future: F) -> Self {
+        StampKeyFuture {
+            state: KeyState::Called { future },
+        }
+    }
+
+    fn refused(error: ToolError) -> Self {
+        StampKeyFuture {
+            state: KeyState::Refused { error: Some(error) },
+        }
+    }
+}
+
+impl<F, T, E> Future for StampKeyFuture<F>
+where
+    F: Future<Output = Result<T, E>>,
+    E: Into<BoxError>,
+{
+    type Output = Result<T, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            KeyStateProj::Called { future } => future.poll(cx).map_err(Into::into),
+            KeyStateProj::Refused { error } => Poll::Ready(Err(match error.take() {
+                Some(e) => Box::new(e),
+                None => "idempotency key future polled after completion".into(),
+            })),
+        }
+    }
+}
+
+impl<F> fmt::Debug for StampKeyFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StampKeyFuture").finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,245 @@
+//! Idempotency keys derived from an action's logical identity: run, step, tool and arguments.
+//!
+//! Every retry of one logical action must carry the same key, or the key does nothing; a fresh
+//! random key per attempt looks diligent and defeats the point. [`IdempotencyKey::derive`] makes
+//! the key from what identifies the action, so the same action gives the same key in every
+//! process, on every machine, after any crash:
+//!
+//! ```text
+//! run-81f2:step-2:send_invoice:3f1c9a0be2d54c77a1e0f3b2c4d5e6f7
+//! ```
+//!
+//! The arguments are canonicalised (object keys sorted, no insignificant whitespace, integral
+//! numbers in one form) and hashed with SHA-256; only the hash appears in the key, never a raw
+//! argument value (they may be secret). The key is at most 255 bytes (Stripe's limit).
+//!
+//! **Task-shaped tools.** A model that regenerates a free-text field (an email body) on every
+//! attempt would change the hash. Name the fields that identify the action with
+//! [`IdempotencyKey::derive_fields`]: the key covers those, so a reworded body is the same action.
+//!
+//! ```
+//! use serde_json::json;
+//! use stormguard::key::IdempotencyKey;
+//!
+//! let a = IdempotencyKey::derive("run-81f2", "step-2", "send_invoice", &json!({"invoice_id": 4471, "to": "a@b.c"}))?;
+//! let b = IdempotencyKey::derive("run-81f2", "step-2", "send_invoice", &json!({"to": "a@b.c", "invoice_id": 4471}))?;
+//! assert_eq!(a, b); // argument order does not matter
+//! assert!(a.as_str().starts_with("run-81f2:step-2:send_invoice:"));
+//! assert!(!a.as_str().contains("a@b.c")); // no raw values
+//!
+//! let body1 = json!({"invoice_id": 4471, "body": "Dear customer, ..."});
+//! let body2 = json!({"invoice_id": 4471, "body": "Hello! Here is ..."});
+//! assert_eq!(
+//!     IdempotencyKey::derive_fields("run-81f2", "step-2", "send_invoice", &body1, &["invoice_id"])?,
+//!     IdempotencyKey::derive_fields("run-81f2", "step-2", "send_invoice", &body2, &["invoice_id"])?,
+//! );
+//! # Ok::<(), stormguard::key::KeyError>(())
+//! ```
+
+mod layer;
+
+pub use layer::{IdempotencyKeyLayer, KeyStamp, StampKey, StampKeyFuture};
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+/// The longest identifier part (run, step or tool) accepted.
+pub const MAX_PART: usize = 64;
+
+/// An idempotency key: `run:step:tool:hash`, at most 255 bytes, safe to send in a header.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct IdempotencyKey(String);
+
+/// Why a key could not be made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyError {
+    part: &'static str,
+    reason: &'static str,
+}
+
+impl KeyError {
+    /// The part that was rejected (`run`, `step`, `tool`, `args` or `key`).
+    pub fn part(&self) -> &'static str {
+        self.part
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid idempotency key {}: {}", self.part, self.reason)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+fn check_part(part: &'static str, value: &str) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return Err(KeyError {
+            part,
+            reason: "must not be empty",
+        });
+    }
+    if value.len() > MAX_PART {
+        return Err(KeyError {
+            part,
+            reason: "must be at most 64 bytes",
+        });
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(KeyError {
+            part,
+            reason: "may hold only ASCII letters, digits, '-', '_' and '.'",
+        });
+    }
+    Ok(())
+}
+
+impl IdempotencyKey {
+    /// The key of the action `tool(args)` at `step` of `run`, covering all of `args`.
+    pub fn derive(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &impl Serialize,
+    ) -> Result<IdempotencyKey, KeyError> {
+        let value = to_value(args)?;
+        Self::from_value(run, step, tool, &value)
+    }
+
+    /// The key covering only the named top-level fields of `args` (a missing field counts as
+    /// `null`): for task-shaped tools whose other fields (free text) may be reworded.
+    pub fn derive_fields(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &impl Serialize,
+        fields: &[&str],
+    ) -> Result<IdempotencyKey, KeyError> {
+        let value = to_value(args)?;
+        let picked: serde_json::Map<String, Value> = fields
+            .iter()
+            .map(|f| {
+                (
+                    (*f).to_string(),
+                    value.get(*f).cloned().unwrap_or(Value::Null),
+                )
+            })
+            .collect();
+        Self::from_value(run, step, tool, &Value::Object(picked))
+    }
+
+    /// Wraps a key made elsewhere (for example read back from a header): 1 to 255 bytes of
+    /// visible ASCII.
+    pub fn parse(key: &str) -> Result<IdempotencyKey, KeyError> {
+        if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(KeyError {
+                part: "key",
+                reason: "must be 1 to 255 bytes of visible ASCII",
+            });
+        }
+        Ok(IdempotencyKey(key.to_string()))
+    }
+
+    fn from_value(run: &str, step: &str, tool: &str, args: &Value) -> Result<Self, KeyError> {
+        check_part("run", run)?;
+        check_part("step", step)?;
+        check_part("tool", tool)?;
+        let digest = Sha256::digest(canonical_json(args).as_bytes());
+        let hash: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        Ok(IdempotencyKey(format!("{run}:{step}:{tool}:{hash}")))
+    }
+
+    /// The key as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A 64-bit fingerprint (never 0), for cheap comparisons.
+    pub fn fingerprint(&self) -> u64 {
+        let digest = Sha256::digest(self.0.as_bytes());
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&digest[..8]);
+        u64::from_le_bytes(bytes).max(1)
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey({})", self.0)
+    }
+}
+
+impl AsRef<str> for IdempotencyKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
+    serde_json::to_value(args).map_err(|_| KeyError {
+        part: "args",
+        reason: "could not be serialised to JSON",
+    })
+}
+
+/// The canonical JSON text of `value`: object keys sorted, no whitespace, integral numbers
+/// written as integers (`1.0` and `1` are the same argument).
+///
+/// ```
+/// use serde_json::json;
+/// use stormguard::key::canonical_json;
+/// assert_eq!(canonical_json(&json!({"b": 1.0, "a": [true, null]})), r#"{"a":[true,null],"b":1}"#);
+/// ```
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                out.push_str(&(f as i64).to_string())
+            }
+            _ => out.push_str(&n.to_string()),
+        },
+        other => out.push_str(&other.to_string()),
+    }
+}
