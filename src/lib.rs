@@ -77,6 +77,7 @@ pub mod classify;
 pub mod error;
 pub mod key;
 pub mod operation;
+pub mod receipt;
 pub mod retry;
 
 mod telemetry;

@@ -80,7 +80,8 @@ impl<F> IdempotencyKeyLayer<F> {
 
 impl<F> fmt::Debug for IdempotencyKeyLayer<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyKeyLayer").finish_non_exhaustive()
+        f.debug_struct("IdempotencyKeyLayer")
+            .finish_non_exhaustive()
     }
 }
 

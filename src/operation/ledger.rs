@@ -415,6 +415,9 @@ mod tests {
         assert!(with_current(|_| ()).is_none());
         assert!(matches!(inner, Some(Ledger::Shared(_))));
         assert_eq!(inner.as_mut().unwrap().with(|op| op.retries), 2);
-        assert_eq!(outer.as_mut().unwrap().with(|op| (op.retries, op.key)), (1, 42));
+        assert_eq!(
+            outer.as_mut().unwrap().with(|op| (op.retries, op.key)),
+            (1, 42)
+        );
     }
 }

@@ -1,0 +1,241 @@
+//! The SQLite receipt store: one file, WAL, durable across `kill -9` of the process.
+
+use super::store::{Begin, ReceiptStore, StoreError};
+use rusqlite::{params, Connection, TransactionBehavior};
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// What a committed record survives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous = NORMAL` in WAL mode: a commit survives the process being killed
+    /// (`kill -9`, a panic, a deploy); the last commits may be lost if the machine loses power.
+    Process,
+    /// `synchronous = FULL`: every commit is flushed to disk and survives power loss; slower.
+    PowerLoss,
+}
+
+/// A receipt store in one SQLite file (WAL mode). Several processes may share the file; each
+/// operation is one transaction (`BEGIN IMMEDIATE` where it reads then writes).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use stormguard::receipt::{Begin, Durability, ReceiptStore, SqliteStore};
+///
+/// let dir = std::env::temp_dir().join(format!("stormguard-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir)?;
+/// let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
+/// assert_eq!(store.begin("k", "fp", 0, 1_000).await?, Begin::Fresh);
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS stormguard_receipts (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    since_ms INTEGER NOT NULL,
+    lease_until_ms INTEGER NOT NULL,
+    receipt BLOB,
+    done_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS stormguard_receipts_since ON stormguard_receipts (since_ms);
+";
+
+fn err(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
+    move |e| StoreError::from_source(what, e)
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path`, with the table created if missing.
+    pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = Connection::open(&path).map_err(err("open"))?;
+        let sync = match durability {
+            Durability::Process => "NORMAL",
+            Durability::PowerLoss => "FULL",
+        };
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA busy_timeout = 5000;"
+        ))
+        .map_err(err("configure"))?;
+        conn.execute_batch(SCHEMA)
+            .map_err(err("create the table"))?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path,
+        })
+    }
+
+    /// The file the store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send {
+        let conn = self.conn.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut conn)
+            })
+            .await
+            .map_err(|e| StoreError::from_source("the blocking task failed", e))?
+        }
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl ReceiptStore for SqliteStore {
+    fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        let (key, fingerprint) = (key.to_string(), fingerprint.to_string());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(err("begin a transaction"))?;
+            let inserted = tx
+                .execute(
+                    "INSERT INTO stormguard_receipts (key, fingerprint, since_ms, lease_until_ms)
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                    params![key, fingerprint, ms(now_ms), ms(lease_until_ms)],
+                )
+                .map_err(err("record the intent"))?;
+            let begin = if inserted == 1 {
+                Begin::Fresh
+            } else {
+                let row: (String, i64, i64, Option<Vec<u8>>) = tx
+                    .query_row(
+                        "SELECT fingerprint, since_ms, lease_until_ms, receipt
+                         FROM stormguard_receipts WHERE key = ?1",
+                        params![key],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                    )
+                    .map_err(err("read the record"))?;
+                match row {
+                    (fp, ..) if fp != fingerprint => Begin::Mismatch,
+                    (_, since, _, Some(receipt)) => Begin::Done {
+                        since_ms: since as u64,
+                        receipt,
+                    },
+                    (_, since, lease, None) => Begin::Pending {
+                        since_ms: since as u64,
+                        lease_until_ms: lease as u64,
+                    },
+                }
+            };
+            tx.commit().map_err(err("commit"))?;
+            Ok(begin)
+        })
+    }
+
+    fn claim(
+        &self,
+        key: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let key = key.to_string();
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE stormguard_receipts SET lease_until_ms = ?3
+                     WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
+                    params![key, ms(now_ms), ms(lease_until_ms)],
+                )
+                .map_err(err("claim the intent"))?;
+            Ok(n == 1)
+        })
+    }
+
+    fn release(
+        &self,
+        key: &str,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.to_string();
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE stormguard_receipts SET lease_until_ms = ?2
+                 WHERE key = ?1 AND receipt IS NULL",
+                params![key, ms(now_ms)],
+            )
+            .map_err(err("release the intent"))?;
+            Ok(())
+        })
+    }
+
+    fn complete(
+        &self,
+        key: &str,
+        receipt: &[u8],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (key, receipt) = (key.to_string(), receipt.to_vec());
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
+                    params![key, receipt, ms(now_ms)],
+                )
+                .map_err(err("record the receipt"))?;
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(StoreError::new(format!("no intent recorded for {key}")))
+            }
+        })
+    }
+
+    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.to_string();
+        self.with(move |conn| {
+            conn.execute(
+                "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL",
+                params![key],
+            )
+            .map_err(err("remove the intent"))?;
+            Ok(())
+        })
+    }
+
+    fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.with(move |conn| {
+            let n = conn
+                .execute(
+                    "DELETE FROM stormguard_receipts WHERE since_ms < ?1",
+                    params![ms(before_ms)],
+                )
+                .map_err(err("prune"))?;
+            Ok(n as u64)
+        })
+    }
+}

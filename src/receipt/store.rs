@@ -1,0 +1,114 @@
+use std::fmt;
+use std::future::Future;
+
+/// What [`ReceiptStore::begin`] found for a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// No record: the intent is recorded now and this caller executes.
+    Fresh,
+    /// An intent without a receipt: another caller is executing it (its lease is live), or a
+    /// caller crashed (its lease has passed).
+    Pending {
+        /// When the intent was first recorded (ms since the Unix epoch).
+        since_ms: u64,
+        /// Until when its executor holds it (ms since the Unix epoch).
+        lease_until_ms: u64,
+    },
+    /// The action completed; this is its stored receipt.
+    Done {
+        /// When the intent was first recorded (ms since the Unix epoch).
+        since_ms: u64,
+        /// The encoded result.
+        receipt: Vec<u8>,
+    },
+    /// The key was recorded with other arguments (a different fingerprint).
+    Mismatch,
+}
+
+/// A receipt store failed (I/O, a lock, a broken connection).
+#[derive(Debug)]
+pub struct StoreError {
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A store error with a message.
+    pub fn new(message: impl Into<String>) -> Self {
+        StoreError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A store error caused by `source`.
+    pub fn from_source(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "receipt store: {}", self.message)
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Where intents and receipts are recorded. Every method is atomic on its own.
+///
+/// Times are milliseconds since the Unix epoch, given by the caller (so tests can use a manual
+/// clock). Implementations: [`InMemoryStore`](super::InMemoryStore), `SqliteStore` (feature
+/// `sqlite`), `PostgresStore` (feature `postgres`).
+pub trait ReceiptStore: Clone + Send + Sync + 'static {
+    /// Records the intent for `key` unless a record exists; says what was there.
+    fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
+
+    /// Takes over a pending intent whose lease has passed (`lease_until_ms <= now_ms`) and holds
+    /// it until `lease_until_ms`. `false` if another caller took it first or it has a receipt.
+    fn claim(
+        &self,
+        key: &str,
+        now_ms: u64,
+        lease_until_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives up the lease of a pending intent (the outcome is unknown; a later caller decides).
+    fn release(
+        &self,
+        key: &str,
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Records the receipt of `key`.
+    fn complete(
+        &self,
+        key: &str,
+        receipt: &[u8],
+        now_ms: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Removes a pending intent whose call provably did not take effect.
+    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Removes every record whose intent is older than `before_ms`; returns how many.
+    fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
