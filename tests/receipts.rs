@@ -1,0 +1,600 @@
+//! Intent, receipt and every `begin` answer, run against each store: in memory, SQLite (a real
+//! file) and PostgreSQL (when `STORMGUARD_POSTGRES_URL` is set; CI sets it).
+#![cfg(all(feature = "sqlite", feature = "postgres"))]
+
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stormguard::class::ToolClass;
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::key::{IdempotencyKey, KeyStamp};
+use stormguard::receipt::{
+    Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
+    ReadBackResult, ReceiptLayer, ReceiptStore, SqliteStore, StoreError,
+};
+use tower::{Layer, Service, ServiceExt};
+
+#[derive(Clone, Debug)]
+struct Send {
+    invoice: u64,
+    to: &'static str,
+    key: Option<String>,
+}
+
+impl KeyStamp for Send {
+    fn stamped_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        self.key = Some(key.to_string());
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Sent {
+    message_id: String,
+}
+
+/// An email provider that honours idempotency keys and counts deliveries.
+#[derive(Clone, Default)]
+struct Provider {
+    deliveries: Arc<AtomicU32>,
+    seen: Arc<Mutex<std::collections::HashMap<String, Sent>>>,
+    delay: Duration,
+    fail_with: Option<std::io::ErrorKind>,
+}
+
+impl Provider {
+    fn deliveries(&self) -> u32 {
+        self.deliveries.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Send> for Provider {
+    type Response = Sent;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Sent, std::io::Error>> + std::marker::Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Send) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            tokio::time::sleep(this.delay).await;
+            if let Some(kind) = this.fail_with {
+                return Err(kind.into());
+            }
+            let key = req.key.clone().unwrap_or_default();
+            let mut seen = this.seen.lock().unwrap();
+            if let Some(sent) = seen.get(&key).filter(|_| !key.is_empty()) {
+                return Ok(sent.clone());
+            }
+            let n = this.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+            let sent = Sent {
+                message_id: format!("msg-{}-{n}", req.invoice),
+            };
+            seen.insert(key, sent.clone());
+            Ok(sent)
+        })
+    }
+}
+
+fn action(req: &Send) -> Result<Action, stormguard::key::KeyError> {
+    Action::task(
+        "run-81f2",
+        "step-2",
+        "send_invoice",
+        &serde_json::json!({"invoice": req.invoice, "to": req.to}),
+        &["invoice"],
+        &["invoice", "to"],
+    )
+}
+
+fn send(invoice: u64) -> Send {
+    Send {
+        invoice,
+        to: "ap@acme.test",
+        key: None,
+    }
+}
+
+type Action_ = fn(&Send) -> Result<Action, stormguard::key::KeyError>;
+
+fn layer<St: ReceiptStore>(
+    store: &St,
+    class: ToolClass,
+    clock: &ManualClock,
+) -> ReceiptLayer<
+    St,
+    Action_,
+    stormguard::classify::DefaultClassifier,
+    stormguard::receipt::JsonCodec,
+    stormguard::receipt::NoReadBack,
+    ManualClock,
+> {
+    ReceiptLayer::new(store.clone(), class, action as Action_)
+        .timing(Duration::from_secs(30), Duration::from_secs(2))
+        .unwrap()
+        .clock(clock.clone())
+}
+
+async fn call<S: Service<Send, Response = Sent, Error = BoxError>>(
+    svc: &mut S,
+    req: Send,
+) -> Result<Sent, BoxError> {
+    svc.ready().await?.call(req).await
+}
+
+fn code(err: BoxError) -> ErrorCode {
+    err.downcast::<ToolError>()
+        .map(|e| e.code())
+        .unwrap_or(ErrorCode::Internal)
+}
+
+const T0: u64 = 1_700_000_000_000;
+
+async fn begin_answers<St: ReceiptStore>(store: St) {
+    assert_eq!(
+        store.begin("a", "fp", T0, T0 + 100).await.unwrap(),
+        Begin::Fresh
+    );
+    assert_eq!(
+        store.begin("a", "fp", T0 + 1, T0 + 101).await.unwrap(),
+        Begin::Pending {
+            since_ms: T0,
+            lease_until_ms: T0 + 100
+        }
+    );
+    assert_eq!(
+        store.begin("a", "other", T0 + 1, T0 + 101).await.unwrap(),
+        Begin::Mismatch
+    );
+    assert!(
+        !store.claim("a", T0 + 50, T0 + 500).await.unwrap(),
+        "the lease is live"
+    );
+    assert!(
+        store.claim("a", T0 + 100, T0 + 500).await.unwrap(),
+        "the lease has passed"
+    );
+    assert!(
+        !store.claim("a", T0 + 100, T0 + 500).await.unwrap(),
+        "taken already"
+    );
+    store.complete("a", b"receipt", T0 + 200).await.unwrap();
+    assert_eq!(
+        store.begin("a", "fp", T0 + 300, T0 + 400).await.unwrap(),
+        Begin::Done {
+            since_ms: T0,
+            receipt: b"receipt".to_vec()
+        }
+    );
+    // Abandon removes only an intent without a receipt.
+    store.abandon("a").await.unwrap();
+    assert!(matches!(
+        store.begin("a", "fp", T0, T0).await.unwrap(),
+        Begin::Done { .. }
+    ));
+    assert_eq!(
+        store.begin("b", "fp", T0, T0 + 10).await.unwrap(),
+        Begin::Fresh
+    );
+    store.abandon("b").await.unwrap();
+    assert_eq!(
+        store.begin("b", "fp", T0, T0 + 10).await.unwrap(),
+        Begin::Fresh
+    );
+    // Release ends a lease at once.
+    store.release("b", T0 + 1).await.unwrap();
+    assert!(store.claim("b", T0 + 1, T0 + 50).await.unwrap());
+    // Prune removes what is older than the cut.
+    assert_eq!(
+        store.begin("old", "fp", T0 - 10_000, T0).await.unwrap(),
+        Begin::Fresh
+    );
+    assert_eq!(store.prune(T0 - 1).await.unwrap(), 1);
+    assert_eq!(
+        store.begin("old", "fp", T0, T0).await.unwrap(),
+        Begin::Fresh
+    );
+}
+
+async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let first = call(&mut svc, send(4471)).await.unwrap();
+    let again = call(&mut svc, send(4471)).await.unwrap();
+    assert_eq!(first, again);
+    assert_eq!(provider.deliveries(), 1);
+    // Same key, other recipient: not the same action.
+    let mut other = send(4471);
+    other.to = "someone@else.test";
+    assert_eq!(
+        code(call(&mut svc, other).await.unwrap_err()),
+        ErrorCode::IdempotencyKeyReused
+    );
+    assert_eq!(provider.deliveries(), 1);
+}
+
+async fn parallel_duplicates_execute_once<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let provider = Provider {
+        delay: Duration::from_millis(300),
+        ..Provider::default()
+    };
+    let svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let (mut s1, mut s2) = (svc.clone(), svc.clone());
+    let (a, b) = tokio::join!(call(&mut s1, send(7)), call(&mut s2, send(7)));
+    assert_eq!(a.unwrap(), b.unwrap());
+    assert_eq!(provider.deliveries(), 1);
+}
+
+async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let provider = Provider {
+        delay: Duration::from_secs(5),
+        ..Provider::default()
+    };
+    let svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let (mut s1, mut s2) = (svc.clone(), svc.clone());
+    let (a, b) = tokio::join!(call(&mut s1, send(8)), async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        call(&mut s2, send(8)).await
+    });
+    assert!(a.is_ok());
+    assert_eq!(code(b.unwrap_err()), ErrorCode::InProgress);
+    assert_eq!(provider.deliveries(), 1);
+}
+
+async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    // The crashed run: intent recorded, the provider did the work, no receipt.
+    let req = send(9);
+    let act = action(&req).unwrap();
+    assert_eq!(
+        store
+            .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+            .await
+            .unwrap(),
+        Begin::Fresh
+    );
+    let mut sent = req.clone();
+    sent.stamp_key(act.key());
+    call_provider(&provider, sent).await;
+    assert_eq!(provider.deliveries(), 1);
+
+    clock.advance_ms(31_000); // the crashed call's lease has passed
+    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let resumed = call(&mut svc, req).await.unwrap();
+    assert_eq!(
+        resumed.message_id, "msg-9-1",
+        "the provider returned the stored result"
+    );
+    assert_eq!(provider.deliveries(), 1);
+}
+
+async fn call_provider(provider: &Provider, req: Send) {
+    provider.clone().oneshot(req).await.unwrap();
+}
+
+#[derive(Clone)]
+struct SentLog(Provider, bool);
+
+impl ReadBack<Send, Sent> for SentLog {
+    fn read_back(
+        &self,
+        req: &Send,
+    ) -> impl std::future::Future<Output = ReadBackResult<Sent>> + std::marker::Send {
+        let found = self
+            .0
+            .seen
+            .lock()
+            .unwrap()
+            .values()
+            .find(|s| s.message_id.starts_with(&format!("msg-{}-", req.invoice)))
+            .cloned();
+        let consistent = self.1;
+        async move {
+            match (found, consistent) {
+                (Some(sent), _) => ReadBackResult::Found(sent),
+                (None, true) => ReadBackResult::Absent,
+                (None, false) => ReadBackResult::Unknown,
+            }
+        }
+    }
+}
+
+async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let crash = |invoice: u64, store: St| async move {
+        let act = action(&send(invoice)).unwrap();
+        store
+            .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+            .await
+            .unwrap();
+    };
+    // Without a read-back: outcome_unknown, nothing sent.
+    crash(10, store.clone()).await;
+    clock.advance_ms(31_000);
+    let mut plain = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(provider.clone());
+    assert_eq!(
+        code(call(&mut plain, send(10)).await.unwrap_err()),
+        ErrorCode::OutcomeUnknown
+    );
+    assert_eq!(provider.deliveries(), 0);
+
+    // An eventually consistent read-back is never trusted.
+    let eventual = layer(&store, ToolClass::UnkeyedWrite, &clock)
+        .read_back(SentLog(provider.clone(), true), Consistency::Eventual);
+    let mut eventual = eventual.layer(provider.clone());
+    assert_eq!(
+        code(call(&mut eventual, send(10)).await.unwrap_err()),
+        ErrorCode::OutcomeUnknown
+    );
+
+    // A consistent read-back that finds nothing: safe to send, once.
+    let consistent = layer(&store, ToolClass::UnkeyedWrite, &clock)
+        .read_back(SentLog(provider.clone(), true), Consistency::Immediate);
+    let mut consistent = consistent.layer(provider.clone());
+    call(&mut consistent, send(10)).await.unwrap();
+    assert_eq!(provider.deliveries(), 1);
+
+    // A consistent read-back that finds the effect: its result, recorded, nothing sent.
+    crash(11, store.clone()).await;
+    call_provider(&provider, send(11)).await; // the crashed call had been delivered
+    clock.advance_ms(31_000);
+    let found = call(&mut consistent, send(11)).await.unwrap();
+    assert_eq!(found.message_id, "msg-11-2");
+    assert_eq!(provider.deliveries(), 2);
+    // ... and the receipt is now the system of record.
+    assert_eq!(call(&mut plain, send(11)).await.unwrap(), found);
+}
+
+async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let act = action(&send(12)).unwrap();
+    store
+        .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+        .await
+        .unwrap();
+    clock.advance_ms(8 * 24 * 3600 * 1000); // past the 7-day default retention
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    assert_eq!(
+        code(call(&mut svc, send(12)).await.unwrap_err()),
+        ErrorCode::ReceiptExpired
+    );
+    assert_eq!(provider.deliveries(), 0);
+}
+
+async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St) {
+    let clock = ManualClock::new(T0);
+    let refused = Provider {
+        fail_with: Some(std::io::ErrorKind::ConnectionRefused),
+        ..Provider::default()
+    };
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(refused);
+    assert!(call(&mut svc, send(13)).await.is_err());
+    let act = action(&send(13)).unwrap();
+    assert_eq!(
+        store
+            .begin(act.key().as_str(), act.fingerprint(), T0, T0)
+            .await
+            .unwrap(),
+        Begin::Fresh
+    );
+
+    // An ambiguous failure keeps the intent and gives up its lease.
+    let reset = Provider {
+        fail_with: Some(std::io::ErrorKind::ConnectionReset),
+        ..Provider::default()
+    };
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(reset);
+    assert!(call(&mut svc, send(14)).await.is_err());
+    let act = action(&send(14)).unwrap();
+    assert!(matches!(
+        store.begin(act.key().as_str(), act.fingerprint(), T0, T0).await.unwrap(),
+        Begin::Pending { lease_until_ms, .. } if lease_until_ms <= T0
+    ));
+    let mut again = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(Provider::default());
+    assert_eq!(
+        code(call(&mut again, send(14)).await.unwrap_err()),
+        ErrorCode::OutcomeUnknown
+    );
+}
+
+macro_rules! suite {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            use super::*;
+
+            async fn store() -> Option<impl ReceiptStore> {
+                $make.await
+            }
+
+            macro_rules! case {
+                ($name:ident) => {
+                    #[tokio::test]
+                    async fn $name() {
+                        let Some(store) = store().await else { return };
+                        super::$name(store).await;
+                    }
+                };
+            }
+
+            case!(begin_answers);
+            case!(a_receipt_is_returned_without_calling_again);
+            case!(parallel_duplicates_execute_once);
+            case!(a_duplicate_that_waits_too_long_is_told_in_progress);
+            case!(a_crashed_keyed_write_resumes_with_the_same_key);
+            case!(a_crashed_unkeyed_write_reads_back_or_escalates);
+            case!(an_old_intent_is_refused_loudly);
+            case!(a_failure_without_effect_forgets_the_intent);
+        }
+    };
+}
+
+fn temp_db(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "stormguard-test-{}-{}-{}",
+        std::process::id(),
+        name,
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("receipts.db")
+}
+
+static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
+
+/// A PostgreSQL store in a schema of its own (so tests run in parallel), or `None` with a note.
+async fn postgres() -> Option<PostgresStore> {
+    postgres_with_url().await.map(|(store, _)| store)
+}
+
+/// A store in a fresh schema, and the connection string that reaches the same schema.
+async fn postgres_with_url() -> Option<(PostgresStore, String)> {
+    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
+        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
+        return None;
+    };
+    let schema = format!(
+        "sg_test_{}_{}",
+        std::process::id(),
+        PG_SCHEMAS.fetch_add(1, Ordering::SeqCst)
+    );
+    let admin = PostgresStore::connect(&url)
+        .await
+        .expect("connect to PostgreSQL");
+    drop(admin);
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+        ))
+        .await
+        .unwrap();
+    let url = format!("{url} options='-c search_path={schema}'");
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    Some((store, url))
+}
+
+suite!(memory, async { Some(InMemoryStore::new()) });
+suite!(sqlite, async {
+    Some(SqliteStore::open(temp_db("suite"), Durability::Process).unwrap())
+});
+suite!(pg, postgres());
+
+#[tokio::test]
+async fn a_second_sqlite_handle_sees_the_first_ones_receipt() {
+    let path = temp_db("second");
+    let first = SqliteStore::open(&path, Durability::Process).unwrap();
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let mut a = layer(&first, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let sent = call(&mut a, send(20)).await.unwrap();
+    drop(a);
+    drop(first);
+    let second = SqliteStore::open(&path, Durability::PowerLoss).unwrap();
+    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    assert_eq!(call(&mut b, send(20)).await.unwrap(), sent);
+    assert_eq!(provider.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
+    let Some((first, url)) = postgres_with_url().await else {
+        return;
+    };
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let mut a = layer(&first, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let sent = call(&mut a, send(21)).await.unwrap();
+    // Another "machine": a connection of its own to the same database and schema.
+    let second = PostgresStore::connect(&url).await.unwrap();
+    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(Provider::default());
+    assert_eq!(call(&mut b, send(21)).await.unwrap(), sent);
+    assert_eq!(provider.deliveries(), 1);
+}
+
+/// A store that cannot record anything.
+#[derive(Clone)]
+struct Broken;
+
+impl ReceiptStore for Broken {
+    fn begin(
+        &self,
+        _: &str,
+        _: &str,
+        _: u64,
+        _: u64,
+    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+    fn claim(
+        &self,
+        _: &str,
+        _: u64,
+        _: u64,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+    fn release(
+        &self,
+        _: &str,
+        _: u64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+    fn complete(
+        &self,
+        _: &str,
+        _: &[u8],
+        _: u64,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+    fn abandon(
+        &self,
+        _: &str,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+    fn prune(
+        &self,
+        _: u64,
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + std::marker::Send {
+        std::future::ready(Err(StoreError::new("disk full")))
+    }
+}
+
+#[tokio::test]
+async fn nothing_executes_when_the_intent_cannot_be_recorded() {
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let mut svc = layer(&Broken, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    assert_eq!(
+        code(call(&mut svc, send(30)).await.unwrap_err()),
+        ErrorCode::StoreUnavailable
+    );
+    assert_eq!(provider.deliveries(), 0);
+}
