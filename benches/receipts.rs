@@ -1,1 +1,102 @@
-fn main() {}
+//! Keyed writes per second (intent + receipt) through the SQLite and PostgreSQL stores, with one
+//! writer and with 16 concurrent writers.
+//!
+//! `cargo bench --all-features --bench receipts`. PostgreSQL is measured when
+//! `STORMGUARD_POSTGRES_URL` is set (`.ci/run` sets it), else skipped with a note.
+//! SQLite runs in WAL mode with `synchronous = NORMAL` (`Durability::Process`: survives kill -9)
+//! and `FULL` (`Durability::PowerLoss`).
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use stormguard::receipt::{Begin, Durability, PostgresStore, ReceiptStore, SqliteStore};
+
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+async fn keyed_write<St: ReceiptStore>(store: &St) {
+    let key = format!(
+        "bench-{}-{}",
+        std::process::id(),
+        KEYS.fetch_add(1, Ordering::Relaxed)
+    );
+    let begin = store.begin(&key, "fp", 1, 2).await.expect("begin");
+    assert_eq!(begin, Begin::Fresh);
+    store
+        .complete(&key, b"{\"message_id\":\"msg-1\"}", 3)
+        .await
+        .expect("complete");
+}
+
+async fn writes<St: ReceiptStore>(store: &St, total: u64, writers: u64) -> Duration {
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..writers {
+        let store = store.clone();
+        let n = total / writers + u64::from(w < total % writers);
+        tasks.spawn(async move {
+            for _ in 0..n {
+                keyed_write(&store).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("writer");
+    }
+    start.elapsed()
+}
+
+fn bench_store<St: ReceiptStore>(
+    c: &mut Criterion,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    store: St,
+) {
+    let mut group = c.benchmark_group("receipts");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(5));
+    for writers in [1u64, 16] {
+        group.bench_function(
+            format!(
+                "{name}_{writers}_writer{}",
+                if writers > 1 { "s" } else { "" }
+            ),
+            |b| {
+                b.iter_custom(|iters| rt.block_on(writes(&store, iters, writers)));
+            },
+        );
+    }
+    group.finish();
+}
+
+fn receipts(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = std::env::temp_dir().join(format!("stormguard-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    for (name, durability) in [
+        ("sqlite_process", Durability::Process),
+        ("sqlite_power_loss", Durability::PowerLoss),
+    ] {
+        let store = SqliteStore::open(dir.join(format!("{name}.db")), durability).expect("sqlite");
+        bench_store(c, &rt, name, store);
+    }
+    match std::env::var("STORMGUARD_POSTGRES_URL") {
+        Ok(url) => {
+            let store = rt.block_on(async {
+                let store = PostgresStore::connect(&url).await.expect("connect");
+                store.migrate().await.expect("migrate");
+                store
+            });
+            bench_store(c, &rt, "postgres", store);
+        }
+        Err(_) => eprintln!("postgres: skipped, STORMGUARD_POSTGRES_URL is not set"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, receipts);
+criterion_main!(benches);

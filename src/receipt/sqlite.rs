@@ -1,7 +1,7 @@
 //! The SQLite receipt store: one file, WAL, durable across `kill -9` of the process.
 
 use super::store::{Begin, ReceiptStore, StoreError};
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -18,7 +18,7 @@ pub enum Durability {
 }
 
 /// A receipt store in one SQLite file (WAL mode). Several processes may share the file; each
-/// operation is one transaction (`BEGIN IMMEDIATE` where it reads then writes).
+/// operation is one atomic statement (statements are prepared once and cached).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -119,28 +119,36 @@ impl ReceiptStore for SqliteStore {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         let (key, fingerprint) = (key.to_string(), fingerprint.to_string());
         self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(err("begin a transaction"))?;
-            let inserted = tx
-                .execute(
-                    "INSERT INTO stormguard_receipts (key, fingerprint, since_ms, lease_until_ms)
-                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
-                    params![key, fingerprint, ms(now_ms), ms(lease_until_ms)],
-                )
-                .map_err(err("record the intent"))?;
-            let begin = if inserted == 1 {
-                Begin::Fresh
-            } else {
-                let row: (String, i64, i64, Option<Vec<u8>>) = tx
-                    .query_row(
+            loop {
+                // One statement, atomic on its own: the intent is recorded or the key exists.
+                let inserted = conn
+                    .prepare_cached(
+                        "INSERT INTO stormguard_receipts (key, fingerprint, since_ms, lease_until_ms)
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![key, fingerprint, ms(now_ms), ms(lease_until_ms)])
+                    })
+                    .map_err(err("record the intent"))?;
+                if inserted == 1 {
+                    return Ok(Begin::Fresh);
+                }
+                let row: Option<(String, i64, i64, Option<Vec<u8>>)> = conn
+                    .prepare_cached(
                         "SELECT fingerprint, since_ms, lease_until_ms, receipt
                          FROM stormguard_receipts WHERE key = ?1",
-                        params![key],
-                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                     )
+                    .and_then(|mut st| {
+                        st.query_row(params![key], |r| {
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                        })
+                        .optional()
+                    })
                     .map_err(err("read the record"))?;
-                match row {
+                let Some(row) = row else {
+                    continue; // removed in between (an abandoned intent): try again
+                };
+                return Ok(match row {
                     (fp, ..) if fp != fingerprint => Begin::Mismatch,
                     (_, since, _, Some(receipt)) => Begin::Done {
                         since_ms: since as u64,
@@ -150,10 +158,8 @@ impl ReceiptStore for SqliteStore {
                         since_ms: since as u64,
                         lease_until_ms: lease as u64,
                     },
-                }
-            };
-            tx.commit().map_err(err("commit"))?;
-            Ok(begin)
+                });
+            }
         })
     }
 
@@ -166,11 +172,11 @@ impl ReceiptStore for SqliteStore {
         let key = key.to_string();
         self.with(move |conn| {
             let n = conn
-                .execute(
+                .prepare_cached(
                     "UPDATE stormguard_receipts SET lease_until_ms = ?3
                      WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
-                    params![key, ms(now_ms), ms(lease_until_ms)],
                 )
+                .and_then(|mut st| st.execute(params![key, ms(now_ms), ms(lease_until_ms)]))
                 .map_err(err("claim the intent"))?;
             Ok(n == 1)
         })
@@ -183,11 +189,11 @@ impl ReceiptStore for SqliteStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.to_string();
         self.with(move |conn| {
-            conn.execute(
+            conn.prepare_cached(
                 "UPDATE stormguard_receipts SET lease_until_ms = ?2
                  WHERE key = ?1 AND receipt IS NULL",
-                params![key, ms(now_ms)],
             )
+            .and_then(|mut st| st.execute(params![key, ms(now_ms)]))
             .map_err(err("release the intent"))?;
             Ok(())
         })
@@ -202,10 +208,10 @@ impl ReceiptStore for SqliteStore {
         let (key, receipt) = (key.to_string(), receipt.to_vec());
         self.with(move |conn| {
             let n = conn
-                .execute(
+                .prepare_cached(
                     "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
-                    params![key, receipt, ms(now_ms)],
                 )
+                .and_then(|mut st| st.execute(params![key, receipt, ms(now_ms)]))
                 .map_err(err("record the receipt"))?;
             if n == 1 {
                 Ok(())
@@ -218,10 +224,10 @@ impl ReceiptStore for SqliteStore {
     fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.to_string();
         self.with(move |conn| {
-            conn.execute(
+            conn.prepare_cached(
                 "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL",
-                params![key],
             )
+            .and_then(|mut st| st.execute(params![key]))
             .map_err(err("remove the intent"))?;
             Ok(())
         })
@@ -230,10 +236,8 @@ impl ReceiptStore for SqliteStore {
     fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
         self.with(move |conn| {
             let n = conn
-                .execute(
-                    "DELETE FROM stormguard_receipts WHERE since_ms < ?1",
-                    params![ms(before_ms)],
-                )
+                .prepare_cached("DELETE FROM stormguard_receipts WHERE since_ms < ?1")
+                .and_then(|mut st| st.execute(params![ms(before_ms)]))
                 .map_err(err("prune"))?;
             Ok(n as u64)
         })
