@@ -16,8 +16,20 @@
 //!   breaker and metrics share; "no such record" is an answer, not a failure;
 //! - [`backoff`]: full, equal or decorrelated jitter, a fresh seed per operation, and the
 //!   server's `Retry-After` honoured up to a cap;
+//! - [`key`]: idempotency keys derived from the action's logical identity (run, step, tool,
+//!   canonical arguments), stamped once per operation;
+//! - [`receipt`]: intent before the call, receipt after (in memory, SQLite or PostgreSQL), so a
+//!   retry or a resume after a crash never repeats a side effect, and an unknown outcome is
+//!   escalated instead of guessed;
 //! - [`error`]: every failure leaves as a [`ToolError`](error::ToolError) with a stable code, a
 //!   retryable flag and a hint a model can act on.
+//!
+//! # Where each layer goes
+//!
+//! ```text
+//! agent loop ─► Retry(class) ─► CircuitBreaker ─► ReceiptLayer ─► IdempotencyKeyLayer ─► client
+//!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
+//! ```
 //!
 //! # The decision table
 //!
@@ -58,7 +70,10 @@
 //! # Features
 //!
 //! - `http` (default): the `http::Response` classifier, `Retry-After` HTTP-date parsing,
-//!   `HttpReplay`, and [`Carrier`](operation::Carrier) for `http::Request`.
+//!   `HttpReplay`, and [`Carrier`](operation::Carrier) and [`KeyStamp`](key::KeyStamp) for
+//!   `http::Request`.
+//! - `sqlite`: `receipt::SqliteStore` (rusqlite with SQLite compiled in).
+//! - `postgres`: `receipt::PostgresStore` (tokio-postgres).
 
 #![forbid(unsafe_code)]
 #![warn(

@@ -507,17 +507,9 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
         Ck: Clock,
     {
         let key = self.action.key.clone();
-        let lease_until = now + self.settings.lease.as_millis() as u64;
         match self.settings.class {
             ToolClass::Read | ToolClass::IdempotentWrite | ToolClass::KeyedWrite => {
-                if !self
-                    .store
-                    .claim(key.as_str(), now, lease_until)
-                    .await
-                    .map_err(store_down)?
-                {
-                    return Err(refusal(ErrorCode::InProgress, &key));
-                }
+                claim(&self.store, &self.action.key, self.settings.lease, now).await?;
                 counted("resumed_with_key");
                 tracing::info!(key = %key, "pending intent without receipt; executing again with the same key");
                 self.execute(req, true).await
@@ -532,14 +524,7 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
                         Ok(res)
                     }
                     ReadBackResult::Absent => {
-                        if !self
-                            .store
-                            .claim(key.as_str(), now, lease_until)
-                            .await
-                            .map_err(store_down)?
-                        {
-                            return Err(refusal(ErrorCode::InProgress, &key));
-                        }
+                        claim(&self.store, &self.action.key, self.settings.lease, now).await?;
                         counted("read_back_absent");
                         tracing::info!(key = %key, "read-back found no effect; executing");
                         self.execute(req, true).await
@@ -612,5 +597,24 @@ async fn record<St: ReceiptStore, Ck: Clock>(
             }
         }
         Err(e) => tracing::error!(key, error = %e, "the result could not be encoded as a receipt"),
+    }
+}
+
+/// Takes over a stale intent; another caller that took it first makes this `in_progress`.
+async fn claim<St: ReceiptStore>(
+    store: &St,
+    key: &IdempotencyKey,
+    lease: Duration,
+    now: u64,
+) -> Result<(), BoxError> {
+    let lease_until = now + lease.as_millis() as u64;
+    if store
+        .claim(key.as_str(), now, lease_until)
+        .await
+        .map_err(store_down)?
+    {
+        Ok(())
+    } else {
+        Err(refusal(ErrorCode::InProgress, key))
     }
 }
