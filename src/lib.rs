@@ -8,7 +8,7 @@
 //! - [`retry`]: a [`Retry`](retry::Retry) layer that decides each retry from the tool's
 //!   [class](class::ToolClass) and the failure's [class](classify::FailureClass), draws from a
 //!   [budget](budget::RetryBudget) shared by every layer, and joins the
-//!   [operation](operation) of any stormguard layer above it, so nesting never multiplies
+//!   [operation] of any stormguard layer above it, so nesting never multiplies
 //!   attempts;
 //! - [`breaker`]: a [`CircuitBreaker`](breaker::CircuitBreaker) that counts failures of the
 //!   dependency but not empty results or caller mistakes, with an exact half-open trial count;
@@ -21,7 +21,7 @@
 //! - [`receipt`]: intent before the call, receipt after (in memory, SQLite or PostgreSQL), so a
 //!   retry or a resume after a crash never repeats a side effect, and an unknown outcome is
 //!   escalated instead of guessed;
-//! - [`error`]: every failure leaves as a [`ToolError`](error::ToolError) with a stable code, a
+//! - [`error`]: every failure leaves as a [`error::ToolError`] with a stable code, a
 //!   retryable flag and a hint a model can act on.
 //!
 //! # Where each layer goes

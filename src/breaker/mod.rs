@@ -16,7 +16,7 @@
 //! breaker trips as soon as the last N cross the threshold (a window that accumulates since the
 //! last state change can need hundreds of failures).
 //!
-//! A rejection is a [`ToolError`](crate::error::ToolError) with code `circuit_open`,
+//! A rejection is a [`ToolError`] with code `circuit_open`,
 //! `retry_after` = the time left, and a hint that names the dependency and why it opened, e.g.
 //! `"12 calls in a row to billing-api failed; open for 5000 ms; calls are paused, retry after 5 s"`.
 //! stormguard's [`Retry`](crate::retry::Retry) never retries it and spends no budget on it.

@@ -12,7 +12,7 @@
 //!
 //! - **A spawned task.** Wrap the future you spawn with [`carry`]: it takes the current operation
 //!   along and lends it to the spawned future's polls.
-//! - **A [`tower::buffer::Buffer`]** (or any layer that hands requests to a worker task). Put an
+//! - **A `tower::buffer::Buffer`** (or any layer that hands requests to a worker task). Put an
 //!   [`AttachLayer`] above it and an [`AdoptLayer`] below it: the operation travels in the
 //!   request (for `http::Request`, in its extensions; implement [`Carrier`] for your own types).
 //!

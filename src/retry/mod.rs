@@ -3,11 +3,11 @@
 //! [`Retry`] decides each retry from four things: the tool class × the failure class
 //! ([`ToolClass::decide`](crate::class::ToolClass::decide)), the operation's ledger (attempts
 //! across all nested layers, see [`operation`](crate::operation)), the shared
-//! [`RetryBudget`](crate::budget::RetryBudget), and the operation's deadline. The delay is the
+//! [`RetryBudget`], and the operation's deadline. The delay is the
 //! class's backoff, or the server's `Retry-After` / `grpc-retry-pushback-ms` clamped to the
 //! policy's maximum.
 //!
-//! Every failure that leaves it is a [`ToolError`](crate::error::ToolError):
+//! Every failure that leaves it is a [`ToolError`]:
 //!
 //! - a failure it gave up on (attempts, budget, deadline) is marked `retryable: false`, with the
 //!   code of the last failure (`unavailable`, `rate_limited`, ...) or of the refusal
