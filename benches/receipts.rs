@@ -19,10 +19,10 @@ async fn keyed_write<St: ReceiptStore>(store: &St) {
         std::process::id(),
         KEYS.fetch_add(1, Ordering::Relaxed)
     );
-    let begin = store.begin(&key, "fp", 1, 2).await.expect("begin");
+    let begin = store.begin(&key, "fp", "bench", 1, 2).await.expect("begin");
     assert_eq!(begin, Begin::Fresh);
     store
-        .complete(&key, b"{\"message_id\":\"msg-1\"}", 3)
+        .complete(&key, "bench", b"{\"message_id\":\"msg-1\"}", 3)
         .await
         .expect("complete");
 }

@@ -265,8 +265,13 @@ impl ClassPolicyBuilder {
                 "must be at most one hour",
             ));
         }
-        if p.deadline == Some(Duration::ZERO) {
-            return Err(ConfigError::new("deadline", "must be greater than zero"));
+        if let Some(d) = p.deadline {
+            if d.is_zero() || d > Duration::from_secs(24 * 3600) {
+                return Err(ConfigError::new(
+                    "deadline",
+                    "must be greater than zero and at most one day",
+                ));
+            }
         }
         Ok(p)
     }

@@ -27,9 +27,15 @@
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► CircuitBreaker ─► ReceiptLayer ─► IdempotencyKeyLayer ─► client
+//! agent loop ─► Retry(class) ─► ReceiptLayer ─► IdempotencyKeyLayer ─► CircuitBreaker ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
+//!
+//! The breaker sits below the receipt layer (DESIGN.md draws it above): a receipt answered from
+//! the store is not evidence about the dependency, and must not close a half-open breaker; and a
+//! receipt layer's own refusals (`in_progress`, `store_unavailable`) must not count as failures
+//! of the dependency. An open circuit's rejection reaches the receipt layer as a failure that did
+//! not take effect, so the intent is removed.
 //!
 //! # The decision table
 //!

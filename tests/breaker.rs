@@ -600,3 +600,49 @@ mod model {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn outcomes_from_an_earlier_generation_do_not_count() {
+    use tokio::sync::Notify;
+    let breaker = Breaker::new("dep", config().consecutive_failures(2).build().unwrap());
+    let release = Arc::new(Notify::new());
+    let r = release.clone();
+    // 0: a slow call that fails once released; 1: a fast failure; 2: a success.
+    let dep = tower::service_fn(move |kind: u8| {
+        let r = r.clone();
+        async move {
+            match kind {
+                0 => {
+                    r.notified().await;
+                    Err::<u32, std::io::Error>(std::io::ErrorKind::ConnectionRefused.into())
+                }
+                1 => Err(std::io::ErrorKind::ConnectionRefused.into()),
+                _ => Ok(1),
+            }
+        }
+    });
+    let svc = CircuitBreakerLayer::new(breaker.clone()).layer(dep);
+    // Two slow calls admitted while closed, in the first generation.
+    let mut slow = Vec::new();
+    for _ in 0..2 {
+        let mut s = svc.clone();
+        slow.push(tokio::spawn(async move { call(&mut s, 0).await }));
+    }
+    tokio::task::yield_now().await;
+    let mut s = svc.clone();
+    let _ = call(&mut s, 1).await;
+    let _ = call(&mut s, 1).await;
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    call(&mut s, 2).await.unwrap(); // the trial succeeds: closed, a new generation
+    assert_eq!(breaker.state(), State::Closed);
+    // The old calls now fail; they were admitted before the trip and must not count.
+    release.notify_waiters();
+    for h in slow {
+        assert!(h.await.unwrap().is_err());
+    }
+    // So one real failure is one failure in a row, not three.
+    let _ = call(&mut s, 1).await;
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(breaker.opens(), 1);
+}

@@ -3,6 +3,7 @@
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
 
 use serde::{Deserialize, Serialize};
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,13 +17,13 @@ use stormguard::receipt::{
 use tower::{Layer, Service, ServiceExt};
 
 #[derive(Clone, Debug)]
-struct Send {
+struct SendEmail {
     invoice: u64,
     to: &'static str,
     key: Option<String>,
 }
 
-impl KeyStamp for Send {
+impl KeyStamp for SendEmail {
     fn stamped_key(&self) -> Option<&str> {
         self.key.as_deref()
     }
@@ -51,7 +52,7 @@ impl Provider {
     }
 }
 
-impl Service<Send> for Provider {
+impl Service<SendEmail> for Provider {
     type Response = Sent;
     type Error = std::io::Error;
     type Future = std::pin::Pin<
@@ -65,7 +66,7 @@ impl Service<Send> for Provider {
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Send) -> Self::Future {
+    fn call(&mut self, req: SendEmail) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
             tokio::time::sleep(this.delay).await;
@@ -87,7 +88,7 @@ impl Service<Send> for Provider {
     }
 }
 
-fn action(req: &Send) -> Result<Action, stormguard::key::KeyError> {
+fn action(req: &SendEmail) -> Result<Action, stormguard::key::KeyError> {
     Action::task(
         "run-81f2",
         "step-2",
@@ -98,15 +99,15 @@ fn action(req: &Send) -> Result<Action, stormguard::key::KeyError> {
     )
 }
 
-fn send(invoice: u64) -> Send {
-    Send {
+fn send(invoice: u64) -> SendEmail {
+    SendEmail {
         invoice,
         to: "ap@acme.test",
         key: None,
     }
 }
 
-type Action_ = fn(&Send) -> Result<Action, stormguard::key::KeyError>;
+type Action_ = fn(&SendEmail) -> Result<Action, stormguard::key::KeyError>;
 
 fn layer<St: ReceiptStore>(
     store: &St,
@@ -126,9 +127,9 @@ fn layer<St: ReceiptStore>(
         .clock(clock.clone())
 }
 
-async fn call<S: Service<Send, Response = Sent, Error = BoxError>>(
+async fn call<S: Service<SendEmail, Response = Sent, Error = BoxError>>(
     svc: &mut S,
-    req: Send,
+    req: SendEmail,
 ) -> Result<Sent, BoxError> {
     svc.ready().await?.call(req).await
 }
@@ -143,66 +144,99 @@ const T0: u64 = 1_700_000_000_000;
 
 async fn begin_answers<St: ReceiptStore>(store: St) {
     assert_eq!(
-        store.begin("a", "fp", T0, T0 + 100).await.unwrap(),
+        store.begin("a", "fp", "one", T0, T0 + 100).await.unwrap(),
         Begin::Fresh
     );
     assert_eq!(
-        store.begin("a", "fp", T0 + 1, T0 + 101).await.unwrap(),
+        store
+            .begin("a", "fp", "two", T0 + 1, T0 + 101)
+            .await
+            .unwrap(),
         Begin::Pending {
             since_ms: T0,
             lease_until_ms: T0 + 100
         }
     );
     assert_eq!(
-        store.begin("a", "other", T0 + 1, T0 + 101).await.unwrap(),
+        store
+            .begin("a", "other", "two", T0 + 1, T0 + 101)
+            .await
+            .unwrap(),
         Begin::Mismatch
     );
     assert!(
-        !store.claim("a", T0 + 50, T0 + 500).await.unwrap(),
+        !store.claim("a", "two", T0 + 50, T0 + 500).await.unwrap(),
         "the lease is live"
     );
     assert!(
-        store.claim("a", T0 + 100, T0 + 500).await.unwrap(),
+        store.claim("a", "two", T0 + 100, T0 + 500).await.unwrap(),
         "the lease has passed"
     );
     assert!(
-        !store.claim("a", T0 + 100, T0 + 500).await.unwrap(),
+        !store.claim("a", "three", T0 + 100, T0 + 500).await.unwrap(),
         "taken already"
     );
-    store.complete("a", b"receipt", T0 + 200).await.unwrap();
+    // The caller that lost the lease can neither release, abandon nor complete it.
+    store.release("a", "one", T0 + 150).await.unwrap();
+    store.abandon("a", "one").await.unwrap();
+    assert!(store.complete("a", "one", b"late", T0 + 150).await.is_err());
     assert_eq!(
-        store.begin("a", "fp", T0 + 300, T0 + 400).await.unwrap(),
+        store
+            .begin("a", "fp", "four", T0 + 150, T0 + 250)
+            .await
+            .unwrap(),
+        Begin::Pending {
+            since_ms: T0,
+            lease_until_ms: T0 + 500
+        }
+    );
+    store
+        .complete("a", "two", b"receipt", T0 + 200)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .begin("a", "fp", "four", T0 + 300, T0 + 400)
+            .await
+            .unwrap(),
         Begin::Done {
             since_ms: T0,
             receipt: b"receipt".to_vec()
         }
     );
-    // Abandon removes only an intent without a receipt.
-    store.abandon("a").await.unwrap();
+    // A receipt is final: not overwritten, not abandoned.
+    assert!(store
+        .complete("a", "two", b"again", T0 + 300)
+        .await
+        .is_err());
+    store.abandon("a", "two").await.unwrap();
     assert!(matches!(
-        store.begin("a", "fp", T0, T0).await.unwrap(),
-        Begin::Done { .. }
+        store.begin("a", "fp", "four", T0, T0).await.unwrap(),
+        Begin::Done { receipt, .. } if receipt == b"receipt"
     ));
     assert_eq!(
-        store.begin("b", "fp", T0, T0 + 10).await.unwrap(),
+        store.begin("b", "fp", "one", T0, T0 + 10).await.unwrap(),
         Begin::Fresh
     );
-    store.abandon("b").await.unwrap();
+    store.abandon("b", "one").await.unwrap();
     assert_eq!(
-        store.begin("b", "fp", T0, T0 + 10).await.unwrap(),
+        store.begin("b", "fp", "one", T0, T0 + 10).await.unwrap(),
         Begin::Fresh
     );
     // Release ends a lease at once.
-    store.release("b", T0 + 1).await.unwrap();
-    assert!(store.claim("b", T0 + 1, T0 + 50).await.unwrap());
+    store.release("b", "one", T0 + 1).await.unwrap();
+    assert!(store.claim("b", "two", T0 + 1, T0 + 50).await.unwrap());
     // Prune removes what is older than the cut.
     assert_eq!(
-        store.begin("old", "fp", T0 - 10_000, T0).await.unwrap(),
+        store
+            .begin("old", "fp", "one", T0 - 10_000, T0)
+            .await
+            .unwrap(),
         Begin::Fresh
     );
     assert_eq!(store.prune(T0 - 1).await.unwrap(), 1);
     assert_eq!(
-        store.begin("old", "fp", T0, T0).await.unwrap(),
+        store.begin("old", "fp", "one", T0, T0).await.unwrap(),
         Begin::Fresh
     );
 }
@@ -263,7 +297,13 @@ async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store
     let act = action(&req).unwrap();
     assert_eq!(
         store
-            .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+            .begin(
+                act.key().as_str(),
+                act.fingerprint(),
+                "crashed-run",
+                T0,
+                T0 + 30_000
+            )
             .await
             .unwrap(),
         Begin::Fresh
@@ -283,17 +323,17 @@ async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn call_provider(provider: &Provider, req: Send) {
+async fn call_provider(provider: &Provider, req: SendEmail) {
     provider.clone().oneshot(req).await.unwrap();
 }
 
 #[derive(Clone)]
 struct SentLog(Provider, bool);
 
-impl ReadBack<Send, Sent> for SentLog {
+impl ReadBack<SendEmail, Sent> for SentLog {
     fn read_back(
         &self,
-        req: &Send,
+        req: &SendEmail,
     ) -> impl std::future::Future<Output = ReadBackResult<Sent>> + std::marker::Send {
         let found = self
             .0
@@ -320,7 +360,13 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
     let crash = |invoice: u64, store: St| async move {
         let act = action(&send(invoice)).unwrap();
         store
-            .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+            .begin(
+                act.key().as_str(),
+                act.fingerprint(),
+                "crashed-run",
+                T0,
+                T0 + 30_000,
+            )
             .await
             .unwrap();
     };
@@ -365,7 +411,13 @@ async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St) {
     let clock = ManualClock::new(T0);
     let act = action(&send(12)).unwrap();
     store
-        .begin(act.key().as_str(), act.fingerprint(), T0, T0 + 30_000)
+        .begin(
+            act.key().as_str(),
+            act.fingerprint(),
+            "crashed-run",
+            T0,
+            T0 + 30_000,
+        )
         .await
         .unwrap();
     clock.advance_ms(8 * 24 * 3600 * 1000); // past the 7-day default retention
@@ -389,7 +441,7 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St
     let act = action(&send(13)).unwrap();
     assert_eq!(
         store
-            .begin(act.key().as_str(), act.fingerprint(), T0, T0)
+            .begin(act.key().as_str(), act.fingerprint(), "crashed-run", T0, T0)
             .await
             .unwrap(),
         Begin::Fresh
@@ -404,7 +456,7 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St
     assert!(call(&mut svc, send(14)).await.is_err());
     let act = action(&send(14)).unwrap();
     assert!(matches!(
-        store.begin(act.key().as_str(), act.fingerprint(), T0, T0).await.unwrap(),
+        store.begin(act.key().as_str(), act.fingerprint(), "crashed-run", T0, T0).await.unwrap(),
         Begin::Pending { lease_until_ms, .. } if lease_until_ms <= T0
     ));
     let mut again = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(Provider::default());
@@ -545,46 +597,48 @@ impl ReceiptStore for Broken {
         &self,
         _: &str,
         _: &str,
+        _: &str,
         _: u64,
         _: u64,
-    ) -> impl std::future::Future<Output = Result<Begin, StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        down()
     }
     fn claim(
         &self,
         _: &str,
+        _: &str,
         _: u64,
         _: u64,
-    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        down()
     }
     fn release(
         &self,
         _: &str,
+        _: &str,
         _: u64,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        down()
     }
     fn complete(
         &self,
         _: &str,
+        _: &str,
         _: &[u8],
         _: u64,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        down()
     }
-    fn abandon(
-        &self,
-        _: &str,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    fn abandon(&self, _: &str, _: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        down()
     }
-    fn prune(
-        &self,
-        _: u64,
-    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + std::marker::Send {
-        std::future::ready(Err(StoreError::new("disk full")))
+    fn prune(&self, _: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        down()
     }
+}
+
+fn down<T>() -> std::future::Ready<Result<T, StoreError>> {
+    std::future::ready(Err(StoreError::new("disk full")))
 }
 
 #[tokio::test]
@@ -597,4 +651,101 @@ async fn nothing_executes_when_the_intent_cannot_be_recorded() {
         ErrorCode::StoreUnavailable
     );
     assert_eq!(provider.deliveries(), 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_call_gives_up_its_lease_at_once() {
+    let store = InMemoryStore::new();
+    let clock = ManualClock::new(T0);
+    let slow = Provider {
+        delay: Duration::from_millis(500),
+        ..Provider::default()
+    };
+    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(slow.clone());
+    // The caller gives up after 50 ms: the call was sent, its outcome is unknown.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), call(&mut svc, send(40)))
+            .await
+            .is_err()
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // Without the lease given back this would wait for the 30 s lease and answer in_progress.
+    let started = std::time::Instant::now();
+    call(&mut svc, send(40)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(slow.deliveries(), 1);
+}
+
+/// The provider behind a service whose first `poll_ready` fails (a closed connection pool).
+#[derive(Clone)]
+struct FlakyReady(Provider, Arc<AtomicU32>);
+
+impl Service<SendEmail> for FlakyReady {
+    type Response = Sent;
+    type Error = std::io::Error;
+    type Future = <Provider as Service<SendEmail>>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        if self.1.fetch_add(1, Ordering::SeqCst) == 0 {
+            return std::task::Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()));
+        }
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: SendEmail) -> Self::Future {
+        self.0.call(req)
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_was_never_sent_leaves_no_intent() {
+    let store = InMemoryStore::new();
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let flaky = FlakyReady(provider.clone(), Arc::default());
+    // The layer's own readiness passes; the clone it calls with fails once.
+    let layer = layer(&store, ToolClass::UnkeyedWrite, &clock);
+    let mut svc = layer.layer(flaky);
+    let first = svc.call(send(41)).await;
+    assert!(first.is_err());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // An unkeyed write whose intent lingered would now be outcome_unknown; it was removed.
+    call(&mut svc, send(41)).await.unwrap();
+    assert_eq!(provider.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn retry_above_receipts_retries_an_ambiguous_keyed_write() {
+    use stormguard::budget::RetryBudget;
+    use stormguard::retry::RetryLayer;
+    let store = InMemoryStore::new();
+    let clock = ManualClock::new(T0);
+    let provider = Provider::default();
+    let resets = Arc::new(AtomicU32::new(0));
+    let (p, r) = (provider.clone(), resets.clone());
+    // The first attempt is reset before the provider processes it.
+    let flaky = tower::service_fn(move |req: SendEmail| {
+        let (mut p, first) = (p.clone(), r.fetch_add(1, Ordering::SeqCst) == 0);
+        async move {
+            if first {
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+            }
+            p.call(req).await
+        }
+    });
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            ToolClass::KeyedWrite,
+            RetryBudget::default(),
+        ))
+        .layer(layer(&store, ToolClass::KeyedWrite, &clock))
+        .service(flaky);
+    // The receipt layer stamped the key and told the operation, so Retry may retry.
+    let sent = svc.ready().await.unwrap().call(send(42)).await.unwrap();
+    assert_eq!(sent.message_id, "msg-42-1");
+    assert_eq!(resets.load(Ordering::SeqCst), 2);
+    assert_eq!(provider.deliveries(), 1);
 }

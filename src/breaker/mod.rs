@@ -58,8 +58,10 @@
 //! # Where it belongs
 //!
 //! Below the outermost [`Retry`](crate::retry::Retry), so that each attempt is counted and a
-//! rejection is seen and not retried; one [`Breaker`] per dependency (a [`BreakerRegistry`] hands
-//! them out by name).
+//! rejection is seen and not retried, and below a [`ReceiptLayer`](crate::receipt::ReceiptLayer),
+//! so that a result answered from a stored receipt (the dependency was not called) is not taken
+//! as evidence of its health. One [`Breaker`] per dependency (a [`BreakerRegistry`] hands them
+//! out by name).
 //!
 //! # Observability
 //!

@@ -147,7 +147,10 @@ impl Ring {
             if failed && old != FAILURE_SLOT {
                 self.failures.fetch_add(1, Ordering::AcqRel);
             } else if !failed && old == FAILURE_SLOT {
-                self.failures.fetch_sub(1, Ordering::AcqRel);
+                // Saturating: a reset racing with this record must not wrap the count.
+                let _ = self
+                    .failures
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
             }
         }
         let calls = (i + 1).min(len) as u32;
@@ -424,6 +427,11 @@ impl Breaker {
 
     fn record_closed(&self, generation: u32, count: Count) {
         let s = &*self.shared;
+        let word = self.word();
+        if word.state() != CLOSED || word.generation() != generation {
+            // Admitted before the breaker last changed state: no evidence about this generation.
+            return;
+        }
         let failed = match count {
             Count::Ignore => return,
             Count::Success => {

@@ -1,7 +1,7 @@
 //! The ratio budget: milli-retries in one atomic, deposited by successes, plus a windowed floor.
 
 use crate::backoff::rng::mix;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -16,9 +16,9 @@ pub(super) struct Ratio {
     max: i64,
     floor: u32,
     floor_window: Duration,
-    /// The index of the floor window `floor_used` counts in.
-    floor_epoch: AtomicU64,
-    floor_used: AtomicU32,
+    /// The floor window's index (high 32 bits) and the retries it has let through (low 32 bits),
+    /// in one word so a window change and a use cannot interleave.
+    floor_state: AtomicU64,
     started: Instant,
     seed: u64,
     operations: AtomicU64,
@@ -38,8 +38,7 @@ impl Ratio {
             max: i64::from(max_balance) * RETRY,
             floor,
             floor_window,
-            floor_epoch: AtomicU64::new(0),
-            floor_used: AtomicU32::new(0),
+            floor_state: AtomicU64::new(0),
             started: Instant::now(),
             seed,
             operations: AtomicU64::new(0),
@@ -73,19 +72,18 @@ impl Ratio {
             return false;
         }
         let window = self.floor_window.as_nanos().max(1);
-        let epoch = (self.started.elapsed().as_nanos() / window) as u64 + 1;
-        let seen = self.floor_epoch.load(Ordering::Acquire);
-        if seen != epoch
-            && self
-                .floor_epoch
-                .compare_exchange(seen, epoch, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.floor_used.store(0, Ordering::Release);
-        }
-        self.floor_used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                (used < self.floor).then_some(used + 1)
+        let epoch = ((self.started.elapsed().as_nanos() / window) as u64 + 1) & 0xffff_ffff;
+        self.floor_state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                let (seen, used) = (state >> 32, state & 0xffff_ffff);
+                if seen < epoch {
+                    // A new window: only ever move forward.
+                    Some(epoch << 32 | 1)
+                } else if used < u64::from(self.floor) {
+                    Some(state + 1)
+                } else {
+                    None
+                }
             })
             .is_ok()
     }

@@ -128,6 +128,20 @@ impl<S: fmt::Debug, F> fmt::Debug for StampKey<S, F> {
     }
 }
 
+/// Tells the current operation (if any) that its requests carry `key`: marks it keyed and records
+/// the key's fingerprint on the first attempt. `false` when an earlier attempt carried another key.
+pub(crate) fn note_key(key: &IdempotencyKey) -> bool {
+    let fingerprint = key.fingerprint();
+    let consistent = with_current(|op| {
+        op.keyed = true;
+        if op.key == 0 {
+            op.key = fingerprint;
+        }
+        op.key == fingerprint
+    });
+    consistent != Some(false)
+}
+
 fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
     ToolError::new(code).with_hint(hint).with_retryable(false)
 }
@@ -164,15 +178,7 @@ where
                 "the request already carries a different idempotency key than its logical action's; do not mint keys per attempt",
             ));
         }
-        let fingerprint = key.fingerprint();
-        let consistent = with_current(|op| {
-            op.keyed = true;
-            if op.key == 0 {
-                op.key = fingerprint;
-            }
-            op.key == fingerprint
-        });
-        if consistent == Some(false) {
+        if !note_key(&key) {
             return StampKeyFuture::refused(refuse(
                 ErrorCode::IdempotencyKeyChanged,
                 "this attempt's idempotency key differs from the first attempt's; every retry of one action must carry the same key",

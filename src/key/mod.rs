@@ -38,6 +38,7 @@
 
 mod layer;
 
+pub(crate) use layer::note_key;
 pub use layer::{IdempotencyKeyLayer, KeyStamp, StampKey, StampKeyFuture};
 
 use serde::Serialize;
@@ -187,7 +188,7 @@ impl AsRef<str> for IdempotencyKey {
     }
 }
 
-fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
+pub(crate) fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
     serde_json::to_value(args).map_err(|_| KeyError {
         part: "args",
         reason: "could not be serialised to JSON",

@@ -50,7 +50,7 @@ impl Action {
         tool: &str,
         args: &impl Serialize,
     ) -> Result<Action, KeyError> {
-        let value = serde_json::to_value(args).unwrap_or(serde_json::Value::Null);
+        let value = crate::key::to_value(args)?;
         Ok(Action {
             key: IdempotencyKey::derive(run, step, tool, &value)?,
             fingerprint: fingerprint_of(&value),
@@ -82,7 +82,7 @@ impl Action {
         identity: &[&str],
         material: &[&str],
     ) -> Result<Action, KeyError> {
-        let value = serde_json::to_value(args).unwrap_or(serde_json::Value::Null);
+        let value = crate::key::to_value(args)?;
         Ok(Action {
             key: IdempotencyKey::derive_fields(run, step, tool, &value, identity)?,
             fingerprint: fingerprint_of(&pick(&value, material)),
@@ -199,8 +199,11 @@ impl<St, F, C, Cd, RB, Ck> ReceiptLayer<St, F, C, Cd, RB, Ck> {
     /// long to wait for a parallel duplicate's receipt before answering `in_progress`. The lease
     /// must be at least 1 ms, the wait at most one hour.
     pub fn timing(mut self, lease: Duration, wait: Duration) -> Result<Self, ConfigError> {
-        if lease.is_zero() {
-            return Err(ConfigError::new("lease", "must be greater than zero"));
+        if lease.is_zero() || lease > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError::new(
+                "lease",
+                "must be greater than zero and at most one day",
+            ));
         }
         if wait > Duration::from_secs(3600) {
             return Err(ConfigError::new("wait", "must be at most one hour"));
@@ -213,6 +216,9 @@ impl<St, F, C, Cd, RB, Ck> ReceiptLayer<St, F, C, Cd, RB, Ck> {
     /// How long records are kept (at least one hour; longer than your longest resume). A resume
     /// that finds an older intent is refused with `receipt_expired`.
     pub fn retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
+        if retention > Duration::from_secs(10 * 365 * 24 * 3600) {
+            return Err(ConfigError::new("retention", "must be at most ten years"));
+        }
         if retention < Duration::from_secs(3600) {
             return Err(ConfigError::new(
                 "retention",
@@ -388,6 +394,10 @@ where
                 return Box::pin(std::future::ready(Err(Box::new(err) as BoxError)));
             }
         };
+        if !crate::key::note_key(action.key()) {
+            let err = ToolError::new(ErrorCode::IdempotencyKeyChanged).with_retryable(false);
+            return Box::pin(std::future::ready(Err(Box::new(err) as BoxError)));
+        }
         req.stamp_key(action.key());
         // The inner service was polled ready for this call: take it, leave a clone.
         let clone = self.inner.clone();
@@ -401,6 +411,7 @@ where
             clock: self.layer.clock.clone(),
             settings: self.layer.settings,
             action,
+            owner: owner_token(),
         };
         Box::pin(run.go(req))
     }
@@ -415,6 +426,54 @@ struct Run<S, St, C, Cd, RB, Ck> {
     clock: Ck,
     settings: Settings,
     action: Action,
+    /// This call's token: only the holder of an intent releases, abandons or completes it.
+    owner: String,
+}
+
+/// A token unique to one call of the layer (process, time and a counter, hashed).
+fn owner_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    format!("{:016x}", h.finish())
+}
+
+/// Settles an intent this call holds if the call's future is dropped first (cancelled, timed
+/// out): an intent whose request was never sent is removed, one that may have been sent gives up
+/// its lease so the next attempt decides at once.
+struct Hold<St: ReceiptStore> {
+    store: St,
+    key: String,
+    owner: String,
+    sent: bool,
+    settled: bool,
+}
+
+impl<St: ReceiptStore> Drop for Hold<St> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // the lease will pass on its own
+        };
+        let (store, key, owner, sent) = (
+            self.store.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.owner),
+            self.sent,
+        );
+        runtime.spawn(async move {
+            let _ = if sent {
+                store.release(&key, &owner, 0).await
+            } else {
+                store.abandon(&key, &owner).await
+            };
+        });
+    }
 }
 
 fn store_down(e: super::store::StoreError) -> BoxError {
@@ -441,7 +500,13 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
             let now = self.clock.now_ms();
             let begin = self
                 .store
-                .begin(key.as_str(), &self.action.fingerprint, now, now + lease_ms)
+                .begin(
+                    key.as_str(),
+                    &self.action.fingerprint,
+                    &self.owner,
+                    now,
+                    now.saturating_add(lease_ms),
+                )
                 .await
                 .map_err(store_down)?;
             match begin {
@@ -509,7 +574,14 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
         let key = self.action.key.clone();
         match self.settings.class {
             ToolClass::Read | ToolClass::IdempotentWrite | ToolClass::KeyedWrite => {
-                claim(&self.store, &self.action.key, self.settings.lease, now).await?;
+                claim(
+                    &self.store,
+                    &self.action.key,
+                    &self.owner,
+                    self.settings.lease,
+                    now,
+                )
+                .await?;
                 counted("resumed_with_key");
                 tracing::info!(key = %key, "pending intent without receipt; executing again with the same key");
                 self.execute(req, true).await
@@ -517,14 +589,29 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
             ToolClass::UnkeyedWrite if self.settings.consistency == Consistency::Immediate => {
                 match self.read_back.read_back(&req).await {
                     ReadBackResult::Found(res) => {
+                        claim(
+                            &self.store,
+                            &self.action.key,
+                            &self.owner,
+                            self.settings.lease,
+                            now,
+                        )
+                        .await?;
                         counted("read_back_found");
                         tracing::info!(key = %key, "read-back found the effect; recording its receipt");
                         let encoded = self.codec.encode(&res);
-                        record(&self.store, &self.clock, key.as_str(), encoded).await;
+                        record(&self.store, &self.clock, key.as_str(), &self.owner, encoded).await;
                         Ok(res)
                     }
                     ReadBackResult::Absent => {
-                        claim(&self.store, &self.action.key, self.settings.lease, now).await?;
+                        claim(
+                            &self.store,
+                            &self.action.key,
+                            &self.owner,
+                            self.settings.lease,
+                            now,
+                        )
+                        .await?;
                         counted("read_back_absent");
                         tracing::info!(key = %key, "read-back found no effect; executing");
                         self.execute(req, true).await
@@ -546,10 +633,20 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
         Ck: Clock,
     {
         let key = self.action.key.as_str().to_string();
-        std::future::poll_fn(|cx| self.inner.poll_ready(cx))
-            .await
-            .map_err(Into::into)?;
-        let result = self.inner.call(req).await;
+        let mut hold = Hold {
+            store: self.store.clone(),
+            key: key.clone(),
+            owner: self.owner.clone(),
+            sent: false,
+            settled: false,
+        };
+        if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
+            // Never sent: forget the intent (the hold does it when dropped).
+            return Err(e.into());
+        }
+        let future = self.inner.call(req);
+        hold.sent = true;
+        let result = future.await;
         let verdict = match self.classifier.classify(&result) {
             ClassifiedResponse::Ready(c) => c.verdict(),
             ClassifiedResponse::RequiresEos(_) => Verdict::Success,
@@ -559,9 +656,10 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
             _ => None,
         };
         let result = result.map_err(Into::into);
+        let owner = self.owner.as_str();
         match (encoded, verdict) {
             (Some(encoded), _) => {
-                record(&self.store, &self.clock, &key, encoded).await;
+                record(&self.store, &self.clock, &key, owner, encoded).await;
                 tracing::debug!(key, resumed, "receipt recorded");
             }
             (
@@ -569,15 +667,16 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
                 Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty,
             ) => {
                 // It may have taken effect: keep the intent, give up the lease.
-                let _ = self.store.release(&key, self.clock.now_ms()).await;
+                let _ = self.store.release(&key, owner, self.clock.now_ms()).await;
                 tracing::info!(key, "ambiguous failure; the intent stays pending");
             }
             (None, _) => {
                 // It did not take effect: forget the intent, so a later call starts fresh.
-                let _ = self.store.abandon(&key).await;
+                let _ = self.store.abandon(&key, owner).await;
                 tracing::debug!(key, "failure without effect; intent removed");
             }
         }
+        hold.settled = true;
         result
     }
 }
@@ -588,11 +687,12 @@ async fn record<St: ReceiptStore, Ck: Clock>(
     store: &St,
     clock: &Ck,
     key: &str,
+    owner: &str,
     encoded: Result<Vec<u8>, BoxError>,
 ) {
     match encoded {
         Ok(bytes) => {
-            if let Err(e) = store.complete(key, &bytes, clock.now_ms()).await {
+            if let Err(e) = store.complete(key, owner, &bytes, clock.now_ms()).await {
                 tracing::error!(key, error = %e, "the receipt could not be stored; a resume will decide again");
             }
         }
@@ -604,12 +704,13 @@ async fn record<St: ReceiptStore, Ck: Clock>(
 async fn claim<St: ReceiptStore>(
     store: &St,
     key: &IdempotencyKey,
+    owner: &str,
     lease: Duration,
     now: u64,
 ) -> Result<(), BoxError> {
-    let lease_until = now + lease.as_millis() as u64;
+    let lease_until = now.saturating_add(lease.as_millis() as u64);
     if store
-        .claim(key.as_str(), now, lease_until)
+        .claim(key.as_str(), owner, now, lease_until)
         .await
         .map_err(store_down)?
     {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 #[derive(Clone)]
 struct Row {
     fingerprint: String,
+    owner: String,
     since_ms: u64,
     lease_until_ms: u64,
     receipt: Option<Vec<u8>>,
@@ -20,10 +21,10 @@ struct Row {
 /// use stormguard::receipt::{Begin, InMemoryStore, ReceiptStore};
 ///
 /// let store = InMemoryStore::new();
-/// assert_eq!(store.begin("k", "fp", 0, 1_000).await.unwrap(), Begin::Fresh);
-/// store.complete("k", b"sent", 10).await.unwrap();
-/// assert!(matches!(store.begin("k", "fp", 20, 1_020).await.unwrap(), Begin::Done { .. }));
-/// assert_eq!(store.begin("k", "other", 20, 1_020).await.unwrap(), Begin::Mismatch);
+/// assert_eq!(store.begin("k", "fp", "me", 0, 1_000).await.unwrap(), Begin::Fresh);
+/// store.complete("k", "me", b"sent", 10).await.unwrap();
+/// assert!(matches!(store.begin("k", "fp", "you", 20, 1_020).await.unwrap(), Begin::Done { .. }));
+/// assert_eq!(store.begin("k", "other", "you", 20, 1_020).await.unwrap(), Begin::Mismatch);
 /// # }
 /// ```
 #[derive(Clone, Default)]
@@ -65,6 +66,7 @@ impl ReceiptStore for InMemoryStore {
         &self,
         key: &str,
         fingerprint: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
@@ -75,6 +77,7 @@ impl ReceiptStore for InMemoryStore {
                     key.to_string(),
                     Row {
                         fingerprint: fingerprint.to_string(),
+                        owner: owner.to_string(),
                         since_ms: now_ms,
                         lease_until_ms,
                         receipt: None,
@@ -100,12 +103,14 @@ impl ReceiptStore for InMemoryStore {
     fn claim(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let mut rows = self.rows();
         let claimed = match rows.get_mut(key) {
             Some(row) if row.receipt.is_none() && row.lease_until_ms <= now_ms => {
+                row.owner = owner.to_string();
                 row.lease_until_ms = lease_until_ms;
                 true
             }
@@ -117,10 +122,11 @@ impl ReceiptStore for InMemoryStore {
     fn release(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         if let Some(row) = self.rows().get_mut(key) {
-            if row.receipt.is_none() {
+            if row.receipt.is_none() && row.owner == owner {
                 row.lease_until_ms = now_ms;
             }
         }
@@ -130,22 +136,32 @@ impl ReceiptStore for InMemoryStore {
     fn complete(
         &self,
         key: &str,
+        owner: &str,
         receipt: &[u8],
         _now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let result = match self.rows().get_mut(key) {
-            Some(row) => {
+            Some(row) if row.receipt.is_none() && row.owner == owner => {
                 row.receipt = Some(receipt.to_vec());
                 Ok(())
             }
-            None => Err(StoreError::new(format!("no intent recorded for {key}"))),
+            _ => Err(StoreError::new(format!(
+                "{key}: this caller no longer holds the intent"
+            ))),
         };
         ready(result)
     }
 
-    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let mut rows = self.rows();
-        if rows.get(key).is_some_and(|row| row.receipt.is_none()) {
+        if rows
+            .get(key)
+            .is_some_and(|row| row.receipt.is_none() && row.owner == owner)
+        {
             rows.remove(key);
         }
         ready(Ok(()))

@@ -20,6 +20,12 @@
 //! | an intent whose lease has passed (a crash) | `Read`, `IdempotentWrite`, `KeyedWrite`: execute again with the same key (the provider deduplicates); `UnkeyedWrite`: a read-back if one is declared consistent, else `outcome_unknown`; `MultiStep`: `outcome_unknown` |
 //! | an intent older than the retention | `receipt_expired`: refused loudly, never silently repeated |
 //!
+//! **Retention and pruning.** [`ReceiptStore::prune`] deletes records, and a deleted record
+//! cannot be told from one that never existed: a resume that arrives after its record was pruned
+//! starts fresh. Prune only what is older than your longest possible resume, with a margin (for
+//! example `prune(now - 2 × retention)`), so that records between one and two retentions old are
+//! still there to be refused loudly.
+//!
 //! After the call: a success (or an empty answer) stores the receipt; a failure that provably did
 //! not take effect (transient, a rejected argument) removes the intent; an ambiguous failure keeps
 //! it and gives up its lease, so the next attempt decides as after a crash.

@@ -47,18 +47,22 @@ impl PostgresStore {
         })
     }
 
-    /// Creates the table and index if they are missing. Safe to run at every start.
+    /// Creates the table and index if they are missing (and adds columns a newer version needs).
+    /// Safe to run at every start.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         self.client
             .batch_execute(
                 "CREATE TABLE IF NOT EXISTS stormguard_receipts (
                     key TEXT PRIMARY KEY,
                     fingerprint TEXT NOT NULL,
+                    owner TEXT NOT NULL,
                     since_ms BIGINT NOT NULL,
                     lease_until_ms BIGINT NOT NULL,
                     receipt BYTEA,
                     done_ms BIGINT
                 );
+                ALTER TABLE stormguard_receipts
+                    ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
                 CREATE INDEX IF NOT EXISTS stormguard_receipts_since
                     ON stormguard_receipts (since_ms);",
             )
@@ -78,18 +82,20 @@ impl ReceiptStore for PostgresStore {
         &self,
         key: &str,
         fingerprint: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         let client = self.client.clone();
-        let (key, fingerprint) = (key.to_string(), fingerprint.to_string());
+        let (key, fingerprint, owner) =
+            (key.to_string(), fingerprint.to_string(), owner.to_string());
         async move {
             loop {
                 let inserted = client
                     .query_opt(
-                        "INSERT INTO stormguard_receipts (key, fingerprint, since_ms, lease_until_ms)
-                         VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING key",
-                        &[&key, &fingerprint, &ms(now_ms), &ms(lease_until_ms)],
+                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+                         VALUES ($1, $2, $5, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING key",
+                        &[&key, &fingerprint, &ms(now_ms), &ms(lease_until_ms), &owner],
                     )
                     .await
                     .map_err(err("record the intent"))?;
@@ -128,17 +134,18 @@ impl ReceiptStore for PostgresStore {
     fn claim(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let client = self.client.clone();
-        let key = key.to_string();
+        let (key, owner) = (key.to_string(), owner.to_string());
         async move {
             let n = client
                 .execute(
-                    "UPDATE stormguard_receipts SET lease_until_ms = $3
+                    "UPDATE stormguard_receipts SET lease_until_ms = $3, owner = $4
                      WHERE key = $1 AND receipt IS NULL AND lease_until_ms <= $2",
-                    &[&key, &ms(now_ms), &ms(lease_until_ms)],
+                    &[&key, &ms(now_ms), &ms(lease_until_ms), &owner],
                 )
                 .await
                 .map_err(err("claim the intent"))?;
@@ -149,16 +156,17 @@ impl ReceiptStore for PostgresStore {
     fn release(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let client = self.client.clone();
-        let key = key.to_string();
+        let (key, owner) = (key.to_string(), owner.to_string());
         async move {
             client
                 .execute(
                     "UPDATE stormguard_receipts SET lease_until_ms = $2
-                     WHERE key = $1 AND receipt IS NULL",
-                    &[&key, &ms(now_ms)],
+                     WHERE key = $1 AND receipt IS NULL AND owner = $3",
+                    &[&key, &ms(now_ms), &owner],
                 )
                 .await
                 .map_err(err("release the intent"))?;
@@ -169,35 +177,43 @@ impl ReceiptStore for PostgresStore {
     fn complete(
         &self,
         key: &str,
+        owner: &str,
         receipt: &[u8],
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let client = self.client.clone();
-        let (key, receipt) = (key.to_string(), receipt.to_vec());
+        let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
         async move {
             let n = client
                 .execute(
-                    "UPDATE stormguard_receipts SET receipt = $2, done_ms = $3 WHERE key = $1",
-                    &[&key, &receipt, &ms(now_ms)],
+                    "UPDATE stormguard_receipts SET receipt = $2, done_ms = $3
+                     WHERE key = $1 AND owner = $4 AND receipt IS NULL",
+                    &[&key, &receipt, &ms(now_ms), &owner],
                 )
                 .await
                 .map_err(err("record the receipt"))?;
             if n == 1 {
                 Ok(())
             } else {
-                Err(StoreError::new(format!("no intent recorded for {key}")))
+                Err(StoreError::new(format!(
+                    "{key}: this caller no longer holds the intent"
+                )))
             }
         }
     }
 
-    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let client = self.client.clone();
-        let key = key.to_string();
+        let (key, owner) = (key.to_string(), owner.to_string());
         async move {
             client
                 .execute(
-                    "DELETE FROM stormguard_receipts WHERE key = $1 AND receipt IS NULL",
-                    &[&key],
+                    "DELETE FROM stormguard_receipts WHERE key = $1 AND receipt IS NULL AND owner = $2",
+                    &[&key, &owner],
                 )
                 .await
                 .map_err(err("remove the intent"))?;

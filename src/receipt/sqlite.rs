@@ -28,7 +28,7 @@ pub enum Durability {
 /// let dir = std::env::temp_dir().join(format!("stormguard-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir)?;
 /// let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
-/// assert_eq!(store.begin("k", "fp", 0, 1_000).await?, Begin::Fresh);
+/// assert_eq!(store.begin("k", "fp", "me", 0, 1_000).await?, Begin::Fresh);
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok(())
 /// # }
@@ -43,6 +43,7 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS stormguard_receipts (
     key TEXT PRIMARY KEY,
     fingerprint TEXT NOT NULL,
+    owner TEXT NOT NULL,
     since_ms INTEGER NOT NULL,
     lease_until_ms INTEGER NOT NULL,
     receipt BLOB,
@@ -114,20 +115,22 @@ impl ReceiptStore for SqliteStore {
         &self,
         key: &str,
         fingerprint: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let (key, fingerprint) = (key.to_string(), fingerprint.to_string());
+        let (key, fingerprint, owner) =
+            (key.to_string(), fingerprint.to_string(), owner.to_string());
         self.with(move |conn| {
             loop {
                 // One statement, atomic on its own: the intent is recorded or the key exists.
                 let inserted = conn
                     .prepare_cached(
-                        "INSERT INTO stormguard_receipts (key, fingerprint, since_ms, lease_until_ms)
-                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+                         VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
                     )
                     .and_then(|mut st| {
-                        st.execute(params![key, fingerprint, ms(now_ms), ms(lease_until_ms)])
+                        st.execute(params![key, fingerprint, ms(now_ms), ms(lease_until_ms), owner])
                     })
                     .map_err(err("record the intent"))?;
                 if inserted == 1 {
@@ -166,17 +169,18 @@ impl ReceiptStore for SqliteStore {
     fn claim(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let key = key.to_string();
+        let (key, owner) = (key.to_string(), owner.to_string());
         self.with(move |conn| {
             let n = conn
                 .prepare_cached(
-                    "UPDATE stormguard_receipts SET lease_until_ms = ?3
+                    "UPDATE stormguard_receipts SET lease_until_ms = ?3, owner = ?4
                      WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
                 )
-                .and_then(|mut st| st.execute(params![key, ms(now_ms), ms(lease_until_ms)]))
+                .and_then(|mut st| st.execute(params![key, ms(now_ms), ms(lease_until_ms), owner]))
                 .map_err(err("claim the intent"))?;
             Ok(n == 1)
         })
@@ -185,15 +189,16 @@ impl ReceiptStore for SqliteStore {
     fn release(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.to_string();
+        let (key, owner) = (key.to_string(), owner.to_string());
         self.with(move |conn| {
             conn.prepare_cached(
                 "UPDATE stormguard_receipts SET lease_until_ms = ?2
-                 WHERE key = ?1 AND receipt IS NULL",
+                 WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
             )
-            .and_then(|mut st| st.execute(params![key, ms(now_ms)]))
+            .and_then(|mut st| st.execute(params![key, ms(now_ms), owner]))
             .map_err(err("release the intent"))?;
             Ok(())
         })
@@ -202,32 +207,40 @@ impl ReceiptStore for SqliteStore {
     fn complete(
         &self,
         key: &str,
+        owner: &str,
         receipt: &[u8],
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (key, receipt) = (key.to_string(), receipt.to_vec());
+        let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
         self.with(move |conn| {
             let n = conn
                 .prepare_cached(
-                    "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
+                    "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3
+                     WHERE key = ?1 AND owner = ?4 AND receipt IS NULL",
                 )
-                .and_then(|mut st| st.execute(params![key, receipt, ms(now_ms)]))
+                .and_then(|mut st| st.execute(params![key, receipt, ms(now_ms), owner]))
                 .map_err(err("record the receipt"))?;
             if n == 1 {
                 Ok(())
             } else {
-                Err(StoreError::new(format!("no intent recorded for {key}")))
+                Err(StoreError::new(format!(
+                    "{key}: this caller no longer holds the intent"
+                )))
             }
         })
     }
 
-    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.to_string();
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let (key, owner) = (key.to_string(), owner.to_string());
         self.with(move |conn| {
             conn.prepare_cached(
-                "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL",
+                "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL AND owner = ?2",
             )
-            .and_then(|mut st| st.execute(params![key]))
+            .and_then(|mut st| st.execute(params![key, owner]))
             .map_err(err("remove the intent"))?;
             Ok(())
         })

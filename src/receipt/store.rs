@@ -70,7 +70,9 @@ impl std::error::Error for StoreError {
 /// Where intents and receipts are recorded. Every method is atomic on its own.
 ///
 /// Times are milliseconds since the Unix epoch, given by the caller (so tests can use a manual
-/// clock). Implementations: [`InMemoryStore`](super::InMemoryStore), `SqliteStore` (feature
+/// clock). `owner` is the token of the caller executing the action: only the owner of an intent
+/// may release, abandon or complete it, so a caller whose lease passed cannot undo the claim of
+/// the caller that took over. Implementations: [`InMemoryStore`](super::InMemoryStore), `SqliteStore` (feature
 /// `sqlite`), `PostgresStore` (feature `postgres`).
 pub trait ReceiptStore: Clone + Send + Sync + 'static {
     /// Records the intent for `key` unless a record exists; says what was there.
@@ -78,15 +80,17 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
         &self,
         key: &str,
         fingerprint: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Takes over a pending intent whose lease has passed (`lease_until_ms <= now_ms`) and holds
-    /// it until `lease_until_ms`. `false` if another caller took it first or it has a receipt.
+    /// Takes over a pending intent whose lease has passed (`lease_until_ms <= now_ms`) for
+    /// `owner` until `lease_until_ms`. `false` if another caller took it first or it has a receipt.
     fn claim(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
         lease_until_ms: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -95,19 +99,25 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
     fn release(
         &self,
         key: &str,
+        owner: &str,
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Records the receipt of `key`.
+    /// Records the receipt of `key`, if `owner` still holds its intent and it has no receipt.
     fn complete(
         &self,
         key: &str,
+        owner: &str,
         receipt: &[u8],
         now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Removes a pending intent whose call provably did not take effect.
-    fn abandon(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Removes every record whose intent is older than `before_ms`; returns how many.
     fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send;
