@@ -77,6 +77,7 @@ pub(crate) enum Ledger {
 }
 
 impl Ledger {
+    #[inline]
     pub(crate) fn inline(state: OpState) -> Ledger {
         Ledger::Inline(Inline {
             word: pack(&state),
@@ -190,6 +191,7 @@ pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
     }
 }
 
+#[inline]
 fn read_key(word: u64) -> u64 {
     if word & HAS_KEY != 0 {
         KEY.get()
@@ -198,6 +200,7 @@ fn read_key(word: u64) -> u64 {
     }
 }
 
+#[inline]
 fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
     let deadline = if word & HAS_DEADLINE != 0 {
         DEADLINE.get()
