@@ -4,7 +4,8 @@
 //! `cargo bench --all-features --bench receipts`. PostgreSQL is measured when
 //! `STORMGUARD_POSTGRES_URL` is set (`.ci/run` sets it), else skipped with a note.
 //! SQLite runs in WAL mode with `synchronous = NORMAL` (`Durability::Process`: survives kill -9)
-//! and `FULL` (`Durability::PowerLoss`).
+//! and `FULL` (`Durability::PowerLoss`); PostgreSQL with `synchronous_commit = off`
+//! (`Durability::Process`) and `on` (`Durability::PowerLoss`, the server default).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,12 +87,19 @@ fn receipts(c: &mut Criterion) {
     }
     match std::env::var("STORMGUARD_POSTGRES_URL") {
         Ok(url) => {
-            let store = rt.block_on(async {
-                let store = PostgresStore::connect(&url).await.expect("connect");
-                store.migrate().await.expect("migrate");
-                store
-            });
-            bench_store(c, &rt, "postgres", store);
+            for (name, durability) in [
+                ("postgres_process", Durability::Process),
+                ("postgres_power_loss", Durability::PowerLoss),
+            ] {
+                let store = rt.block_on(async {
+                    let store = PostgresStore::connect_with(&url, durability)
+                        .await
+                        .expect("connect");
+                    store.migrate().await.expect("migrate");
+                    store
+                });
+                bench_store(c, &rt, name, store);
+            }
         }
         Err(_) => eprintln!("postgres: skipped, STORMGUARD_POSTGRES_URL is not set"),
     }

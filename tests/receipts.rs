@@ -520,6 +520,15 @@ async fn postgres() -> Option<PostgresStore> {
 
 /// A store in a fresh schema, and the connection string that reaches the same schema.
 async fn postgres_with_url() -> Option<(PostgresStore, String)> {
+    let url = fresh_schema().await?;
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap(); // idempotent
+    Some((store, url))
+}
+
+/// A connection string whose `search_path` is a new, empty schema.
+async fn fresh_schema() -> Option<String> {
     let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
         eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
         return None;
@@ -529,13 +538,9 @@ async fn postgres_with_url() -> Option<(PostgresStore, String)> {
         std::process::id(),
         PG_SCHEMAS.fetch_add(1, Ordering::SeqCst)
     );
-    let admin = PostgresStore::connect(&url)
-        .await
-        .expect("connect to PostgreSQL");
-    drop(admin);
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
-        .unwrap();
+        .expect("connect to PostgreSQL");
     tokio::spawn(conn);
     client
         .batch_execute(&format!(
@@ -543,11 +548,7 @@ async fn postgres_with_url() -> Option<(PostgresStore, String)> {
         ))
         .await
         .unwrap();
-    let url = format!("{url} options='-c search_path={schema}'");
-    let store = PostgresStore::connect(&url).await.unwrap();
-    store.migrate().await.unwrap();
-    store.migrate().await.unwrap(); // idempotent
-    Some((store, url))
+    Some(format!("{url} options='-c search_path={schema}'"))
 }
 
 suite!(memory, async { Some(InMemoryStore::new()) });
@@ -582,10 +583,39 @@ async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
     let mut a = layer(&first, ToolClass::KeyedWrite, &clock).layer(provider.clone());
     let sent = call(&mut a, send(21)).await.unwrap();
     // Another "machine": a connection of its own to the same database and schema.
-    let second = PostgresStore::connect(&url).await.unwrap();
-    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(Provider::default());
+    // It also records with the other durability setting (`synchronous_commit = off`).
+    let second = PostgresStore::connect_with(&url, Durability::Process)
+        .await
+        .unwrap();
+    let elsewhere = Provider::default();
+    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(elsewhere.clone());
     assert_eq!(call(&mut b, send(21)).await.unwrap(), sent);
     assert_eq!(provider.deliveries(), 1);
+    assert_eq!(elsewhere.deliveries(), 0);
+}
+
+#[tokio::test]
+async fn a_postgres_store_used_before_migrate_fails_then_works_after_it() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let store = PostgresStore::connect_with(&url, Durability::Process)
+        .await
+        .unwrap();
+    // No table yet: the call fails before anything is recorded, and the failed preparation is
+    // not cached.
+    let e = store.begin("k", "fp", "me", 1, 2).await.unwrap_err();
+    assert!(e.to_string().contains("prepare"), "{e}");
+    store.migrate().await.unwrap();
+    assert_eq!(
+        store.begin("k", "fp", "me", 1, 2).await.unwrap(),
+        Begin::Fresh
+    );
+    store.complete("k", "me", b"r", 3).await.unwrap();
+    assert!(matches!(
+        store.begin("k", "fp", "me", 4, 5).await.unwrap(),
+        Begin::Done { .. }
+    ));
 }
 
 /// A store that cannot record anything.

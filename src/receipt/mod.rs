@@ -88,5 +88,5 @@ pub use memory::InMemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
-pub use sqlite::{Durability, SqliteStore};
-pub use store::{Begin, ReceiptStore, StoreError};
+pub use sqlite::SqliteStore;
+pub use store::{Begin, Durability, ReceiptStore, StoreError};

@@ -1,21 +1,11 @@
 //! The SQLite receipt store: one file, WAL, durable across `kill -9` of the process.
 
-use super::store::{Begin, ReceiptStore, StoreError};
+use super::store::{Begin, Durability, ReceiptStore, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-/// What a committed record survives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// `synchronous = NORMAL` in WAL mode: a commit survives the process being killed
-    /// (`kill -9`, a panic, a deploy); the last commits may be lost if the machine loses power.
-    Process,
-    /// `synchronous = FULL`: every commit is flushed to disk and survives power loss; slower.
-    PowerLoss,
-}
 
 /// A receipt store in one SQLite file (WAL mode). Several processes may share the file; each
 /// operation is one atomic statement (statements are prepared once and cached).

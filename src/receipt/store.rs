@@ -25,6 +25,29 @@ pub enum Begin {
     Mismatch,
 }
 
+/// What a committed intent or receipt survives, for the stores that let you choose.
+///
+/// Both settings survive the process that recorded it being killed (`kill -9`, a panic, a
+/// deploy), which is the crash a resumed agent run has to handle. They differ on power loss.
+///
+/// ```
+/// use stormguard::receipt::Durability;
+///
+/// // Durability::Process is what the demos and benchmarks use; PowerLoss flushes every commit.
+/// assert_ne!(Durability::Process, Durability::PowerLoss);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// Survives the process being killed; the last commits (well under a second's worth) may be
+    /// lost if the machine loses power or the database server itself crashes. SQLite:
+    /// `synchronous = NORMAL` in WAL mode. PostgreSQL: `synchronous_commit = off` for this
+    /// store's connection (the server writes the commit out within `3 × wal_writer_delay`).
+    Process,
+    /// Every commit is flushed to disk before it returns and survives power loss; slower.
+    /// SQLite: `synchronous = FULL`. PostgreSQL: `synchronous_commit = on` (the server default).
+    PowerLoss,
+}
+
 /// A receipt store failed (I/O, a lock, a broken connection).
 #[derive(Debug)]
 pub struct StoreError {
