@@ -80,6 +80,8 @@
 //!   `http::Request`.
 //! - `sqlite`: `receipt::SqliteStore` (rusqlite with SQLite compiled in).
 //! - `postgres`: `receipt::PostgresStore` (tokio-postgres).
+//! - `tonic`: `tonic::Status` classified by gRPC code, `idempotency-key` metadata on
+//!   `tonic::Request`, and `retry::GrpcReplay`.
 
 #![forbid(unsafe_code)]
 #![warn(

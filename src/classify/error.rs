@@ -6,7 +6,8 @@ use std::io;
 /// Gives a classifier the real error, so it can walk `source()` and downcast.
 ///
 /// Implemented for tower's [`BoxError`], [`std::io::Error`], [`ToolError`], tower's and tokio's
-/// `Elapsed`, and [`std::convert::Infallible`]. Implement it for your own error type in one line:
+/// `Elapsed`, `tonic::Status` (feature `tonic`), and [`std::convert::Infallible`]. Implement it
+/// for your own error type in one line:
 ///
 /// ```
 /// use stormguard::classify::AsDynError;
@@ -53,6 +54,9 @@ as_dyn_error!(
 #[cfg(feature = "http")]
 as_dyn_error!(::http::Error);
 
+#[cfg(feature = "tonic")]
+as_dyn_error!(tonic::Status);
+
 impl AsDynError for std::convert::Infallible {
     fn as_dyn_error(&self) -> &(dyn Error + 'static) {
         match *self {}
@@ -71,6 +75,7 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `Interrupted`, `WouldBlock` | `Transient` | `unavailable` |
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
+/// | a `tonic::Status` (feature `tonic`) | by its code: [`classify_grpc_code`](super::classify_grpc_code); `grpc-retry-pushback-ms` metadata is the hint | |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
 ///
 /// ```
@@ -109,6 +114,10 @@ pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
 fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     if let Some(tool) = e.downcast_ref::<ToolError>() {
         return Some(classify_tool_error(tool));
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(status) = e.downcast_ref::<tonic::Status>() {
+        return Some(super::grpc::classify_status(status));
     }
     if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
         return Some(Classification::failure(

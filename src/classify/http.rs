@@ -1,6 +1,6 @@
 use super::{
-    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
-    NeverClassifyEos, ServerHint,
+    classify_error, classify_grpc_code, AsDynError, Classification, ClassifiedResponse, Classify,
+    FailureClass, NeverClassifyEos, ServerHint,
 };
 use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
 use crate::error::ErrorCode;
@@ -28,6 +28,13 @@ use std::time::SystemTime;
 /// Any status may carry `Retry-After` (seconds or HTTP-date) or `grpc-retry-pushback-ms`; both
 /// become a [`ServerHint`]. Malformed values are ignored.
 ///
+/// A gRPC call that fails before sending a message answers "trailers-only": HTTP 200 with
+/// `grpc-status` in the head. A 2xx head carrying `grpc-status` is classified by that code
+/// ([`classify_grpc_code`]), so the classifier works on a tonic `Channel`. A status that arrives
+/// in the trailers of a streamed body is not seen from the head: the response counts as a
+/// success there (the room for a verdict at the end of the stream is
+/// [`ClassifiedResponse::RequiresEos`]).
+///
 /// ```
 /// use stormguard::classify::{Classify, ClassifiedResponse, HttpClassifier, ServerHint, Verdict, FailureClass};
 /// use std::time::Duration;
@@ -37,6 +44,16 @@ use std::time::SystemTime;
 /// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&result) else { unreachable!() };
 /// assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Transient));
 /// assert_eq!(c.hint(), ServerHint::RetryAfter(Duration::from_secs(2)));
+///
+/// // A trailers-only gRPC answer: UNAVAILABLE, with a pushback.
+/// let resp = http::Response::builder()
+///     .header("grpc-status", "14")
+///     .header("grpc-retry-pushback-ms", "250")
+///     .body(())
+///     .unwrap();
+/// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&Ok::<_, std::io::Error>(resp)) else { unreachable!() };
+/// assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Transient));
+/// assert_eq!(c.hint(), ServerHint::RetryAfter(Duration::from_millis(250)));
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpClassifier;
@@ -53,7 +70,15 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
 }
 
 fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {
-    let c = classify_status(status);
+    let grpc = status
+        .is_success()
+        .then(|| headers.get("grpc-status"))
+        .flatten()
+        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
+    let c = match grpc {
+        Some(code) => classify_grpc_code(code),
+        None => classify_status(status),
+    };
     if c.failure_class().is_none() {
         return c;
     }

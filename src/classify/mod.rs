@@ -34,11 +34,13 @@
 //! ```
 
 mod error;
+mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]
 mod http;
 
 pub use error::{classify_error, AsDynError};
+pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier};

@@ -12,7 +12,8 @@ use tower_service::Service;
 /// A request that can carry an idempotency key.
 ///
 /// Implemented for `http::Request<B>` as the `Idempotency-Key` header, which is also how gRPC
-/// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`.
+/// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`, and for
+/// `tonic::Request<T>` (feature `tonic`) as `idempotency-key` metadata.
 pub trait KeyStamp {
     /// The key the request carries already, if any.
     fn stamped_key(&self) -> Option<&str>;
@@ -31,6 +32,21 @@ impl<B> KeyStamp for http::Request<B> {
     fn stamp_key(&mut self, key: &IdempotencyKey) {
         if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
             self.headers_mut().insert("idempotency-key", value);
+        }
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl<T> KeyStamp for tonic::Request<T> {
+    fn stamped_key(&self) -> Option<&str> {
+        self.metadata()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+    }
+
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        if let Ok(value) = key.as_str().parse() {
+            self.metadata_mut().insert("idempotency-key", value);
         }
     }
 }

@@ -85,6 +85,8 @@ mod replay;
 
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
+#[cfg(feature = "tonic")]
+pub use replay::GrpcReplay;
 #[cfg(feature = "http")]
 pub use replay::HttpReplay;
 pub use replay::{CloneReplay, Replay};

@@ -65,3 +65,35 @@ impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
         req.headers().contains_key("idempotency-key")
     }
 }
+
+/// Replays `tonic::Request<T>` with a `Clone` message (metadata and extensions copied) and
+/// reports a key when the request carries `idempotency-key` metadata. A streaming request
+/// (`T` a stream) is not `Clone` and cannot be replayed.
+///
+/// ```
+/// use stormguard::retry::{GrpcReplay, Replay};
+///
+/// let mut req = tonic::Request::new("send invoice 4471".to_string());
+/// req.metadata_mut().insert("idempotency-key", "run-1:step-2".parse().unwrap());
+/// let again = GrpcReplay.replay(&req).unwrap();
+/// assert_eq!(again.get_ref(), req.get_ref());
+/// assert!(GrpcReplay.carries_key(&again));
+/// ```
+#[cfg(feature = "tonic")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GrpcReplay;
+
+#[cfg(feature = "tonic")]
+impl<T: Clone> Replay<tonic::Request<T>> for GrpcReplay {
+    fn replay(&self, req: &tonic::Request<T>) -> Option<tonic::Request<T>> {
+        Some(tonic::Request::from_parts(
+            req.metadata().clone(),
+            req.extensions().clone(),
+            req.get_ref().clone(),
+        ))
+    }
+
+    fn carries_key(&self, req: &tonic::Request<T>) -> bool {
+        req.metadata().contains_key("idempotency-key")
+    }
+}

@@ -1,0 +1,349 @@
+//! stormguard over real gRPC: a tonic server on 127.0.0.1, a tonic client, HTTP/2 sockets.
+//!
+//! The retry and key layers sit on the tool's call (`tonic::Request<SendInvoice>`), where the
+//! message can be replayed; the server records the `idempotency-key` metadata of every call it
+//! receives and delivers each key once, as an idempotent provider does.
+#![cfg(feature = "tonic")]
+
+mod support;
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use stormguard::backoff::Backoff;
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::error::ErrorCode;
+use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+use stormguard::retry::{GrpcReplay, RetryLayer};
+use stormguard::ToolError;
+use support::call;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::Status;
+use tonic_prost::ProstCodec;
+use tower::{Service, ServiceBuilder};
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct SendInvoice {
+    #[prost(uint64, tag = "1")]
+    invoice_id: u64,
+    #[prost(string, tag = "2")]
+    body: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Sent {
+    #[prost(string, tag = "1")]
+    message_id: String,
+}
+
+const PATH: &str = "/billing.Billing/SendInvoice";
+
+/// What the server answers to its n-th call (0-based).
+type Script = Arc<dyn Fn(usize) -> Result<(), Status> + Send + Sync>;
+
+/// The email provider: records every call's key, delivers each key once.
+#[derive(Clone)]
+struct Billing {
+    script: Script,
+    keys: Arc<Mutex<Vec<String>>>,
+    delivered: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Billing {
+    fn calls(&self) -> usize {
+        self.keys.lock().unwrap().len()
+    }
+    fn keys(&self) -> Vec<String> {
+        self.keys.lock().unwrap().clone()
+    }
+    fn deliveries(&self) -> usize {
+        self.delivered.lock().unwrap().len()
+    }
+}
+
+struct Unary(Billing);
+
+impl tonic::server::UnaryService<SendInvoice> for Unary {
+    type Response = Sent;
+    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<Sent>, Status>> + Send>>;
+
+    fn call(&mut self, req: tonic::Request<SendInvoice>) -> Self::Future {
+        let billing = self.0.clone();
+        Box::pin(async move {
+            let key = req
+                .metadata()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let n = {
+                let mut keys = billing.keys.lock().unwrap();
+                keys.push(key.clone());
+                keys.len() - 1
+            };
+            (billing.script)(n)?;
+            billing.delivered.lock().unwrap().insert(key.clone());
+            Ok(tonic::Response::new(Sent {
+                message_id: format!("msg-{}", req.get_ref().invoice_id),
+            }))
+        })
+    }
+}
+
+impl Service<http::Request<Body>> for Billing {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let billing = self.clone();
+        Box::pin(async move {
+            if req.uri().path() != PATH {
+                return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(ProstCodec::<Sent, SendInvoice>::default());
+            Ok(grpc.unary(Unary(billing), req).await)
+        })
+    }
+}
+
+impl NamedService for Billing {
+    const NAME: &'static str = "billing.Billing";
+}
+
+/// Starts the server on 127.0.0.1 and returns it with a client channel to it.
+async fn serve(
+    script: impl Fn(usize) -> Result<(), Status> + Send + Sync + 'static,
+) -> (Billing, tonic::transport::Channel) {
+    let billing = Billing {
+        script: Arc::new(script),
+        keys: Arc::default(),
+        delivered: Arc::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tonic::transport::Server::builder().add_service(billing.clone());
+    tokio::spawn(server.serve_with_incoming(TcpIncoming::from(listener)));
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (billing, channel)
+}
+
+/// The tool's call: one unary gRPC call through a tonic client.
+fn client(
+    channel: tonic::transport::Channel,
+) -> impl Service<tonic::Request<SendInvoice>, Response = tonic::Response<Sent>, Error = Status> + Clone
+{
+    tower::service_fn(move |req: tonic::Request<SendInvoice>| {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        async move {
+            grpc.ready()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let path = http::uri::PathAndQuery::from_static(PATH);
+            grpc.unary(req, path, ProstCodec::<SendInvoice, Sent>::default())
+                .await
+        }
+    })
+}
+
+fn fast(class: ToolClass) -> stormguard::class::ClassPolicy {
+    class
+        .policy()
+        .into_builder()
+        .backoff(
+            Backoff::exponential(Duration::from_millis(5))
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap()
+}
+
+fn key_of(req: &tonic::Request<SendInvoice>) -> Result<IdempotencyKey, stormguard::key::KeyError> {
+    // The key covers the invoice, not the (model-written) body.
+    IdempotencyKey::derive(
+        "run-81f2",
+        "step-2",
+        "send_invoice",
+        &serde_json::json!({ "invoice_id": req.get_ref().invoice_id }),
+    )
+}
+
+fn invoice(id: u64, body: &str) -> tonic::Request<SendInvoice> {
+    tonic::Request::new(SendInvoice {
+        invoice_id: id,
+        body: body.to_string(),
+    })
+}
+
+#[tokio::test]
+async fn unavailable_is_retried_with_the_same_key_on_every_attempt() {
+    let (billing, channel) = serve(|n| {
+        if n < 2 {
+            Err(Status::unavailable("warming up"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .policy(fast(ToolClass::KeyedWrite))
+                .replay(GrpcReplay),
+        )
+        .layer(IdempotencyKeyLayer::new(key_of))
+        .service(client(channel));
+    let sent = call(&mut svc, invoice(4471, "Dear customer"))
+        .await
+        .unwrap();
+    assert_eq!(sent.get_ref().message_id, "msg-4471");
+    let keys = billing.keys();
+    assert_eq!(keys.len(), 3, "two UNAVAILABLE answers, then a success");
+    assert!(
+        keys[0].starts_with("run-81f2:step-2:send_invoice:"),
+        "{keys:?}"
+    );
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
+    assert_eq!(billing.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn a_deadline_on_a_keyed_write_is_retried_and_delivered_once() {
+    // The server delivers and then reports DEADLINE_EXCEEDED: ambiguous. With a key the retry is
+    // safe, and the provider's deduplication keeps it to one delivery.
+    let (billing, channel) = serve(|n| {
+        if n == 0 {
+            Err(Status::deadline_exceeded("slow"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .policy(fast(ToolClass::KeyedWrite))
+                .replay(GrpcReplay),
+        )
+        .layer(IdempotencyKeyLayer::new(key_of))
+        .service(client(channel));
+    call(&mut svc, invoice(7, "first wording")).await.unwrap();
+    assert_eq!(billing.calls(), 2);
+    assert_eq!(billing.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn a_deadline_on_an_unkeyed_write_is_escalated_not_repeated() {
+    let (billing, channel) = serve(|_| Err(Status::deadline_exceeded("slow"))).await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
+                .policy(fast(ToolClass::UnkeyedWrite))
+                .replay(GrpcReplay),
+        )
+        .service(client(channel));
+    let err: ToolError = call(&mut svc, invoice(8, "hello")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert!(!err.retryable());
+    assert_eq!(billing.calls(), 1);
+}
+
+#[tokio::test]
+async fn invalid_argument_goes_back_to_the_model_after_one_call() {
+    let (billing, channel) =
+        serve(|_| Err(Status::invalid_argument("invoice_id must be positive"))).await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .policy(fast(ToolClass::Read))
+                .replay(GrpcReplay),
+        )
+        .service(client(channel));
+    let err: ToolError = call(&mut svc, invoice(0, "")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(!err.retryable());
+    assert_eq!(billing.calls(), 1);
+    let json = err.to_json();
+    assert_eq!(json["code"], "invalid_argument");
+}
+
+#[tokio::test]
+async fn three_nested_layers_in_an_outage_make_at_most_three_grpc_calls_per_operation() {
+    let (billing, channel) = serve(|_| Err(Status::unavailable("down"))).await;
+    let budget = RetryBudget::default();
+    let layer = |name| {
+        RetryLayer::new(ToolClass::Read, budget.clone())
+            .name(name)
+            .policy(fast(ToolClass::Read))
+            .replay(GrpcReplay)
+    };
+    let mut svc = ServiceBuilder::new()
+        .layer(layer("agent-loop"))
+        .layer(layer("tool-wrapper"))
+        .layer(layer("client"))
+        .service(client(channel));
+    for op in 1..=4 {
+        let err: ToolError = call(&mut svc, invoice(op, "")).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        assert!(
+            !err.retryable(),
+            "no outer layer or model should retry it again"
+        );
+        assert!(
+            billing.calls() <= 3 * op as usize,
+            "{} calls after {op} operations",
+            billing.calls()
+        );
+    }
+    assert!(
+        billing.calls() >= 4,
+        "each operation reached the server at least once"
+    );
+}
+
+#[tokio::test]
+async fn grpc_retry_pushback_is_honoured() {
+    let (billing, channel) = serve(|n| {
+        if n == 0 {
+            let mut status = Status::resource_exhausted("slow down");
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", "300".parse().unwrap());
+            Err(status)
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .policy(fast(ToolClass::Read))
+                .replay(GrpcReplay),
+        )
+        .service(client(channel));
+    let start = std::time::Instant::now();
+    call(&mut svc, invoice(9, "")).await.unwrap();
+    assert_eq!(billing.calls(), 2);
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "the pushback (300 ms), not the 5 ms backoff, set the delay: {:?}",
+        start.elapsed()
+    );
+}
