@@ -18,27 +18,20 @@ pub(super) struct Ticket {
     pub(super) admission: Admission,
     /// When the call started (for the slow-call rule), as `Breaker::now_tick`; 0 when untimed.
     started: u64,
-    settled: bool,
 }
 
 impl Ticket {
     pub(super) fn new(breaker: Breaker, admission: Admission) -> Ticket {
-        let started = match admission {
-            Admission::Rejected(_) => 0,
-            _ if breaker.shared.config.slow_call.is_some() => breaker.now_tick(),
-            _ => 0,
+        let started = if !admission.is_rejected() && breaker.shared.config.slow_call.is_some() {
+            breaker.now_tick()
+        } else {
+            0
         };
         Ticket {
             breaker,
             admission,
             started,
-            settled: false,
         }
-    }
-
-    /// A rejected call holds no permit and records nothing.
-    pub(super) fn settled_rejected(&mut self) {
-        self.settled = true;
     }
 
     fn settle(&mut self, count: Count) {
@@ -51,16 +44,16 @@ impl Ticket {
             }
             (count, _) => count,
         };
-        self.settled = true;
-        self.breaker.record(self.admission, count);
+        // Settled: what is left to drop holds no permit (a rejection gives nothing back).
+        let admission = std::mem::replace(&mut self.admission, Admission::rejected(0));
+        self.breaker.record(admission, count);
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if !self.settled {
-            self.breaker.release(self.admission);
-        }
+        // Only an unsettled trial holds anything to give back.
+        self.breaker.release(self.admission);
     }
 }
 

@@ -95,7 +95,7 @@ pub use state::{Breaker, State, Transition};
 use crate::classify::{Classify, DefaultClassifier, FailureClass};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use future::{retry_after_hint, Ticket};
-use state::Admission;
+use state::{Admission, Admit};
 use std::fmt;
 use std::task::{Context, Poll};
 use tower_service::Service;
@@ -111,8 +111,11 @@ pub struct CircuitBreaker<S, C = DefaultClassifier, P = CountDependencyFailures>
     breaker: Breaker,
     classifier: C,
     policy: P,
-    /// The admission decided in `poll_ready`, spent in `call`.
-    ticket: Option<Ticket>,
+    /// A closed-state or rejecting admission decided in `poll_ready`, spent in `call`: it holds
+    /// nothing, so the fast path moves no reference count around.
+    admitted: Option<Admission>,
+    /// A half-open trial admitted in `poll_ready`: it holds a permit, given back if dropped.
+    trial: Option<Ticket>,
 }
 
 impl<S, C, P> CircuitBreaker<S, C, P> {
@@ -123,7 +126,8 @@ impl<S, C, P> CircuitBreaker<S, C, P> {
             breaker,
             classifier,
             policy,
-            ticket: None,
+            admitted: None,
+            trial: None,
         }
     }
 
@@ -181,16 +185,20 @@ where
     type Future = ResponseFuture<S::Future, C, P>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        let breaker = &self.breaker;
-        let ticket = self
-            .ticket
-            .get_or_insert_with(|| Ticket::new(breaker.clone(), breaker.admit()));
-        if let Admission::Rejected(_) = ticket.admission {
+        if self.admitted.is_none() && self.trial.is_none() {
+            let admission = self.breaker.admit();
+            match admission.view() {
+                Admit::Trial(_) => self.trial = Some(Ticket::new(self.breaker.clone(), admission)),
+                _ => self.admitted = Some(admission),
+            }
+        }
+        if self.admitted.is_some_and(Admission::is_rejected) {
             return Poll::Ready(Ok(()));
         }
         match self.inner.poll_ready(cx) {
             Poll::Ready(Err(e)) => {
-                self.ticket = None;
+                self.admitted = None;
+                self.trial = None;
                 Poll::Ready(Err(e.into()))
             }
             other => other.map_err(Into::into),
@@ -199,20 +207,26 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let breaker = &self.breaker;
-        let mut ticket = self
-            .ticket
-            .take()
-            .unwrap_or_else(|| Ticket::new(breaker.clone(), breaker.admit()));
-        if let Admission::Rejected(after_ms) = ticket.admission {
-            let after = std::time::Duration::from_millis(u64::from(after_ms));
-            ticket.settled_rejected();
-            breaker.rejected();
-            let err = ToolError::new(ErrorCode::CircuitOpen)
-                .with_class(FailureClass::Transient)
-                .with_retry_after(after)
-                .with_hint(retry_after_hint(breaker, after));
-            return ResponseFuture::rejected(err, self.classifier.clone(), self.policy.clone());
-        }
+        let ticket = match self.trial.take() {
+            Some(ticket) => ticket,
+            None => {
+                let admission = self.admitted.take().unwrap_or_else(|| breaker.admit());
+                if let Admit::Rejected(after_ms) = admission.view() {
+                    let after = std::time::Duration::from_millis(u64::from(after_ms));
+                    breaker.rejected();
+                    let err = ToolError::new(ErrorCode::CircuitOpen)
+                        .with_class(FailureClass::Transient)
+                        .with_retry_after(after)
+                        .with_hint(retry_after_hint(breaker, after));
+                    return ResponseFuture::rejected(
+                        err,
+                        self.classifier.clone(),
+                        self.policy.clone(),
+                    );
+                }
+                Ticket::new(breaker.clone(), admission)
+            }
+        };
         let future = self.inner.call(req);
         ResponseFuture::called(future, ticket, self.classifier.clone(), self.policy.clone())
     }

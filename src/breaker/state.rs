@@ -9,7 +9,7 @@ use super::config::{BreakerConfig, Window};
 use super::policy::Count;
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -97,15 +97,49 @@ impl Word {
     }
 }
 
-/// How a call was let through.
+/// How a call was let through, as seen by a `match`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Admission {
+pub(super) enum Admit {
     /// While closed, in this generation.
     Closed(u32),
     /// As a half-open trial, in this generation.
     Trial(u32),
     /// Rejected: the breaker is open for about this many milliseconds yet.
     Rejected(u32),
+}
+
+/// An [`Admit`] packed in one word (kind in the high half, value in the low half), so that
+/// moving it through the service and into the call's future is one 8-byte store and load, never
+/// two 4-byte stores read back as one (a store-forwarding stall on the closed fast path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Admission(u64);
+
+impl Admission {
+    const TRIAL: u64 = 1 << 32;
+    const REJECTED: u64 = 2 << 32;
+
+    pub(super) fn closed(generation: u32) -> Admission {
+        Admission(u64::from(generation))
+    }
+    pub(super) fn trial(generation: u32) -> Admission {
+        Admission(Self::TRIAL | u64::from(generation))
+    }
+    pub(super) fn rejected(ms: u32) -> Admission {
+        Admission(Self::REJECTED | u64::from(ms))
+    }
+    #[inline]
+    pub(super) fn view(self) -> Admit {
+        let value = self.0 as u32;
+        match self.0 >> 32 {
+            0 => Admit::Closed(value),
+            1 => Admit::Trial(value),
+            _ => Admit::Rejected(value),
+        }
+    }
+    #[inline]
+    pub(super) fn is_rejected(self) -> bool {
+        self.0 >> 32 == 2
+    }
 }
 
 fn millis(d: Duration) -> u32 {
@@ -119,7 +153,10 @@ const FAILURE_SLOT: u8 = 2;
 /// The last `n` counted outcomes.
 struct Ring {
     slots: Box<[AtomicU8]>,
-    cursor: AtomicU64,
+    /// The next slot to write, in `0..n` (wrapped by comparison: no division per call).
+    cursor: AtomicU32,
+    /// Whether every slot has been written since the last reset.
+    full: AtomicBool,
     failures: AtomicU32,
 }
 
@@ -127,19 +164,29 @@ impl Ring {
     fn new(n: u32) -> Ring {
         Ring {
             slots: (0..n).map(|_| AtomicU8::new(EMPTY_SLOT)).collect(),
-            cursor: AtomicU64::new(0),
+            cursor: AtomicU32::new(0),
+            full: AtomicBool::new(false),
             failures: AtomicU32::new(0),
         }
     }
 
     /// Records one outcome; returns (calls in the window, failures in the window).
     fn record(&self, failed: bool) -> (u32, u32) {
-        let len = self.slots.len() as u64;
+        let len = self.slots.len() as u32;
         // Not a read-modify-write: under contention two outcomes may share a slot, which only
         // ages the window a little more slowly; the failure count stays exact for the slots.
         let i = self.cursor.load(Ordering::Relaxed);
-        self.cursor.store(i + 1, Ordering::Relaxed);
-        let slot = &self.slots[(i % len) as usize];
+        let i = if i < len { i } else { 0 };
+        let next = if i + 1 < len {
+            i + 1
+        } else {
+            if !self.full.load(Ordering::Relaxed) {
+                self.full.store(true, Ordering::Relaxed);
+            }
+            0
+        };
+        self.cursor.store(next, Ordering::Relaxed);
+        let slot = &self.slots[i as usize];
         let new = if failed { FAILURE_SLOT } else { SUCCESS_SLOT };
         // A healthy dependency overwrites successes with successes: read, don't write.
         if slot.load(Ordering::Acquire) != new {
@@ -153,7 +200,11 @@ impl Ring {
                     .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
             }
         }
-        let calls = (i + 1).min(len) as u32;
+        let calls = if self.full.load(Ordering::Relaxed) {
+            len
+        } else {
+            i + 1
+        };
         (calls, self.failures.load(Ordering::Acquire))
     }
 
@@ -162,6 +213,7 @@ impl Ring {
             slot.store(EMPTY_SLOT, Ordering::Release);
         }
         self.failures.store(0, Ordering::Release);
+        self.full.store(false, Ordering::Release);
         self.cursor.store(0, Ordering::Release);
     }
 }
@@ -340,18 +392,18 @@ impl Breaker {
         let mut word = self.word();
         loop {
             match word.state() {
-                CLOSED => return Admission::Closed(word.generation()),
+                CLOSED => return Admission::closed(word.generation()),
                 OPEN => {
                     let until = s.open_until.load(Ordering::Acquire);
                     let first = s.config.open_duration;
                     if until >> GEN_SHIFT != u64::from(word.generation()) {
                         // Opened a moment ago; its end is being written.
-                        return Admission::Rejected(millis(first));
+                        return Admission::rejected(millis(first));
                     }
                     let until_ms = until & ((1 << GEN_SHIFT) - 1);
                     let now = self.now_ms();
                     if now < until_ms {
-                        return Admission::Rejected(
+                        return Admission::rejected(
                             u32::try_from(until_ms - now).unwrap_or(u32::MAX),
                         );
                     }
@@ -375,7 +427,7 @@ impl Breaker {
                 }
                 _ => {
                     if word.admitted() >= u64::from(s.config.trials) {
-                        return Admission::Rejected(millis(s.config.open_duration));
+                        return Admission::rejected(millis(s.config.open_duration));
                     }
                     match s.word.compare_exchange(
                         word.0,
@@ -383,7 +435,7 @@ impl Breaker {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return Admission::Trial(word.generation()),
+                        Ok(_) => return Admission::trial(word.generation()),
                         Err(actual) => word = Word(actual),
                     }
                 }
@@ -399,16 +451,16 @@ impl Breaker {
             Count::Failure => s.counters.failure.increment(1),
             Count::Ignore => s.counters.ignored.increment(1),
         }
-        match admission {
-            Admission::Closed(generation) => self.record_closed(generation, count),
-            Admission::Trial(generation) => self.record_trial(generation, count),
-            Admission::Rejected(_) => {}
+        match admission.view() {
+            Admit::Closed(generation) => self.record_closed(generation, count),
+            Admit::Trial(generation) => self.record_trial(generation, count),
+            Admit::Rejected(_) => {}
         }
     }
 
     /// Gives back a trial permit whose call was cancelled or answered without evidence.
     pub(super) fn release(&self, admission: Admission) {
-        let Admission::Trial(generation) = admission else {
+        let Admit::Trial(generation) = admission.view() else {
             return;
         };
         let s = &*self.shared;
@@ -484,7 +536,7 @@ impl Breaker {
     fn record_trial(&self, generation: u32, count: Count) {
         let s = &*self.shared;
         match count {
-            Count::Ignore => self.release(Admission::Trial(generation)),
+            Count::Ignore => self.release(Admission::trial(generation)),
             Count::Failure => {
                 let word = self.word();
                 if word.state() == HALF_OPEN && word.generation() == generation {
@@ -588,5 +640,46 @@ impl fmt::Debug for Breaker {
             .field("state", &self.state())
             .field("opens", &self.opens())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_counts_the_last_n_outcomes_across_wraps() {
+        let ring = Ring::new(4);
+        assert_eq!(ring.record(true), (1, 1));
+        assert_eq!(ring.record(false), (2, 1));
+        assert_eq!(ring.record(true), (3, 2));
+        assert_eq!(ring.record(true), (4, 3));
+        // Wrapped: the first failure is overwritten by a success.
+        assert_eq!(ring.record(false), (4, 2));
+        assert_eq!(ring.record(true), (4, 3));
+        for _ in 0..8 {
+            ring.record(false);
+        }
+        assert_eq!(ring.record(false), (4, 0));
+        ring.reset();
+        assert_eq!(ring.record(true), (1, 1));
+    }
+
+    #[test]
+    fn an_admission_round_trips_through_its_packed_word() {
+        for view in [
+            Admit::Closed(0),
+            Admit::Closed(u32::MAX),
+            Admit::Trial(7),
+            Admit::Rejected(5_000),
+        ] {
+            let packed = match view {
+                Admit::Closed(g) => Admission::closed(g),
+                Admit::Trial(g) => Admission::trial(g),
+                Admit::Rejected(ms) => Admission::rejected(ms),
+            };
+            assert_eq!(packed.view(), view);
+            assert_eq!(packed.is_rejected(), matches!(view, Admit::Rejected(_)));
+        }
     }
 }
