@@ -17,6 +17,7 @@ use std::time::Duration;
 use stormguard::backoff::Backoff;
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
+use stormguard::classify::DefaultClassifier;
 use stormguard::error::ErrorCode;
 use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
 use stormguard::retry::{GrpcReplay, RetryLayer};
@@ -25,6 +26,7 @@ use support::call;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::Channel;
 use tonic::Status;
 use tonic_prost::ProstCodec;
 use tower::{Service, ServiceBuilder};
@@ -125,7 +127,7 @@ impl NamedService for Billing {
 /// Starts the server on 127.0.0.1 and returns it with a client channel to it.
 async fn serve(
     script: impl Fn(usize) -> Result<(), Status> + Send + Sync + 'static,
-) -> (Billing, tonic::transport::Channel) {
+) -> (Billing, Channel) {
     let billing = Billing {
         script: Arc::new(script),
         keys: Arc::default(),
@@ -135,7 +137,7 @@ async fn serve(
     let addr = listener.local_addr().unwrap();
     let server = tonic::transport::Server::builder().add_service(billing.clone());
     tokio::spawn(server.serve_with_incoming(TcpIncoming::from(listener)));
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+    let channel = Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
@@ -145,7 +147,7 @@ async fn serve(
 
 /// The tool's call: one unary gRPC call through a tonic client.
 fn client(
-    channel: tonic::transport::Channel,
+    channel: Channel,
 ) -> impl Service<tonic::Request<SendInvoice>, Response = tonic::Response<Sent>, Error = Status> + Clone
 {
     tower::service_fn(move |req: tonic::Request<SendInvoice>| {
@@ -172,6 +174,34 @@ fn fast(class: ToolClass) -> stormguard::class::ClassPolicy {
         )
         .build()
         .unwrap()
+}
+
+/// A retry layer for `class` with a 5 ms backoff, replaying gRPC requests.
+fn retry(class: ToolClass, budget: &RetryBudget) -> RetryLayer<DefaultClassifier, GrpcReplay> {
+    RetryLayer::new(class, budget.clone())
+        .policy(fast(class))
+        .replay(GrpcReplay)
+}
+
+type Call = tonic::Request<SendInvoice>;
+type Answer = tonic::Response<Sent>;
+
+/// One retrying layer over the client.
+fn retrying(
+    class: ToolClass,
+    channel: Channel,
+) -> impl Service<Call, Response = Answer, Error = ToolError> {
+    ServiceBuilder::new()
+        .layer(retry(class, &RetryBudget::default()))
+        .service(client(channel))
+}
+
+/// A keyed write: one retrying layer, then the key layer, over the client.
+fn keyed(channel: Channel) -> impl Service<Call, Response = Answer, Error = ToolError> {
+    ServiceBuilder::new()
+        .layer(retry(ToolClass::KeyedWrite, &RetryBudget::default()))
+        .layer(IdempotencyKeyLayer::new(key_of))
+        .service(client(channel))
 }
 
 fn key_of(req: &tonic::Request<SendInvoice>) -> Result<IdempotencyKey, stormguard::key::KeyError> {
@@ -201,14 +231,7 @@ async fn unavailable_is_retried_with_the_same_key_on_every_attempt() {
         }
     })
     .await;
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .policy(fast(ToolClass::KeyedWrite))
-                .replay(GrpcReplay),
-        )
-        .layer(IdempotencyKeyLayer::new(key_of))
-        .service(client(channel));
+    let mut svc = keyed(channel);
     let sent = call(&mut svc, invoice(4471, "Dear customer"))
         .await
         .unwrap();
@@ -235,14 +258,7 @@ async fn a_deadline_on_a_keyed_write_is_retried_and_delivered_once() {
         }
     })
     .await;
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .policy(fast(ToolClass::KeyedWrite))
-                .replay(GrpcReplay),
-        )
-        .layer(IdempotencyKeyLayer::new(key_of))
-        .service(client(channel));
+    let mut svc = keyed(channel);
     call(&mut svc, invoice(7, "first wording")).await.unwrap();
     assert_eq!(billing.calls(), 2);
     assert_eq!(billing.deliveries(), 1);
@@ -251,13 +267,7 @@ async fn a_deadline_on_a_keyed_write_is_retried_and_delivered_once() {
 #[tokio::test]
 async fn a_deadline_on_an_unkeyed_write_is_escalated_not_repeated() {
     let (billing, channel) = serve(|_| Err(Status::deadline_exceeded("slow"))).await;
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
-                .policy(fast(ToolClass::UnkeyedWrite))
-                .replay(GrpcReplay),
-        )
-        .service(client(channel));
+    let mut svc = retrying(ToolClass::UnkeyedWrite, channel);
     let err: ToolError = call(&mut svc, invoice(8, "hello")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert!(!err.retryable());
@@ -268,13 +278,7 @@ async fn a_deadline_on_an_unkeyed_write_is_escalated_not_repeated() {
 async fn invalid_argument_goes_back_to_the_model_after_one_call() {
     let (billing, channel) =
         serve(|_| Err(Status::invalid_argument("invoice_id must be positive"))).await;
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
-                .replay(GrpcReplay),
-        )
-        .service(client(channel));
+    let mut svc = retrying(ToolClass::Read, channel);
     let err: ToolError = call(&mut svc, invoice(0, "")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert!(!err.retryable());
@@ -287,12 +291,7 @@ async fn invalid_argument_goes_back_to_the_model_after_one_call() {
 async fn three_nested_layers_in_an_outage_make_at_most_three_grpc_calls_per_operation() {
     let (billing, channel) = serve(|_| Err(Status::unavailable("down"))).await;
     let budget = RetryBudget::default();
-    let layer = |name| {
-        RetryLayer::new(ToolClass::Read, budget.clone())
-            .name(name)
-            .policy(fast(ToolClass::Read))
-            .replay(GrpcReplay)
-    };
+    let layer = |name| retry(ToolClass::Read, &budget).name(name);
     let mut svc = ServiceBuilder::new()
         .layer(layer("agent-loop"))
         .layer(layer("tool-wrapper"))
@@ -331,13 +330,7 @@ async fn grpc_retry_pushback_is_honoured() {
         }
     })
     .await;
-    let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
-                .replay(GrpcReplay),
-        )
-        .service(client(channel));
+    let mut svc = retrying(ToolClass::Read, channel);
     let start = std::time::Instant::now();
     call(&mut svc, invoice(9, "")).await.unwrap();
     assert_eq!(billing.calls(), 2);
