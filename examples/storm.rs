@@ -22,7 +22,7 @@
 //! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s.
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::collections::HashMap;
@@ -464,7 +464,14 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
 type HttpReq = http::Request<Full<Bytes>>;
 type HttpRes = http::Response<hyper::body::Incoming>;
 
-async fn start_503_server(calls: Arc<AtomicU64>) -> std::net::SocketAddr {
+/// Calls the 503 server received, in total and per logical operation (the request body).
+#[derive(Default)]
+struct Received {
+    calls: AtomicU64,
+    per_op: Mutex<HashMap<u64, u32>>,
+}
+
+async fn start_503_server(received: Arc<Received>) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind 127.0.0.1");
@@ -474,19 +481,28 @@ async fn start_503_server(calls: Arc<AtomicU64>) -> std::net::SocketAddr {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let calls = calls.clone();
+            let received = received.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |_req| {
-                    calls.fetch_add(1, Ordering::Relaxed);
-                    async {
-                        Ok::<_, Infallible>(
-                            http::Response::builder()
-                                .status(503)
-                                .body(Full::new(Bytes::from_static(b"unavailable")))
-                                .expect("response"),
-                        )
-                    }
-                });
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let received = received.clone();
+                        async move {
+                            received.calls.fetch_add(1, Ordering::Relaxed);
+                            let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                            if let Some(op) = body
+                                .ok()
+                                .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<u64>().ok())
+                            {
+                                *received.per_op.lock().unwrap().entry(op).or_default() += 1;
+                            }
+                            Ok::<_, Infallible>(
+                                http::Response::builder()
+                                    .status(503)
+                                    .body(Full::new(Bytes::from_static(b"unavailable")))
+                                    .expect("response"),
+                            )
+                        }
+                    });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(io, svc)
@@ -526,9 +542,9 @@ fn outage_http(stack: Stack) -> Row {
         .build()
         .expect("runtime");
     let (rate, count) = (50.0, 200);
-    let calls = Arc::new(AtomicU64::new(0));
+    let received = Arc::new(Received::default());
     let (successes, breaker) = rt.block_on(async {
-        let addr = start_503_server(calls.clone()).await;
+        let addr = start_503_server(received.clone()).await;
         let client = HttpClient {
             client: Client::builder(TokioExecutor::new()).build_http(),
         };
@@ -547,14 +563,22 @@ fn outage_http(stack: Stack) -> Row {
         .await;
         (successes, breaker)
     });
+    let max_per_op = received
+        .per_op
+        .lock()
+        .unwrap()
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
     Row {
         scenario: "outage-http",
         stack: stack.name(),
         rate,
         logical: count,
-        calls: calls.load(Ordering::Relaxed),
+        calls: received.calls.load(Ordering::Relaxed),
         successes,
-        max_per_op: 0,
+        max_per_op,
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: None,
         elapsed: wall.elapsed(),
