@@ -163,6 +163,74 @@ async fn slow_successes_count_as_failures() {
     assert_eq!(breaker.state(), State::Open);
 }
 
+/// Fails its first call; then, each time, is not ready for `wait` before answering at once.
+#[derive(Clone)]
+struct SlowToBeReady {
+    wait: Duration,
+    calls: Arc<Mutex<u32>>,
+    until: Option<tokio::time::Instant>,
+}
+
+impl tower::Service<u32> for SlowToBeReady {
+    type Response = u32;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<u32, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        let until = *self
+            .until
+            .get_or_insert_with(|| tokio::time::Instant::now() + self.wait);
+        if tokio::time::Instant::now() >= until {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        let waker = cx.waker().clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(until).await;
+            waker.wake();
+        });
+        std::task::Poll::Pending
+    }
+
+    fn call(&mut self, _: u32) -> Self::Future {
+        self.until = None;
+        let mut calls = self.calls.lock().unwrap();
+        *calls += 1;
+        std::future::ready(if *calls == 1 {
+            Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into())
+        } else {
+            Ok(1)
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trial_waiting_for_readiness_is_not_a_slow_call() {
+    let breaker = Breaker::new(
+        "pool",
+        config()
+            .consecutive_failures(1)
+            .slow_call(Duration::from_millis(100))
+            .build()
+            .unwrap(),
+    );
+    let dep = SlowToBeReady {
+        wait: Duration::from_millis(500),
+        calls: Arc::default(),
+        until: None,
+    };
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(dep);
+    assert!(call(&mut svc, 1).await.is_err());
+    assert_eq!(breaker.state(), State::Open);
+    tokio::time::advance(Duration::from_secs(6)).await;
+    // The trial is admitted in poll_ready, waits 500 ms there for the pool, then answers at
+    // once: the dependency was fast, so the breaker closes.
+    call(&mut svc, 1).await.unwrap();
+    assert_eq!(breaker.state(), State::Closed, "{}", breaker.reason());
+}
+
 #[tokio::test(start_paused = true)]
 async fn empty_answers_and_caller_errors_never_trip_it() {
     let breaker = Breaker::new("lookup", BreakerConfig::default());

@@ -47,23 +47,38 @@ struct Sent {
 
 const PATH: &str = "/billing.Billing/SendInvoice";
 
-/// What the server answers to its n-th call (0-based).
-type Script = Arc<dyn Fn(usize) -> Result<(), Status> + Send + Sync>;
+/// What the server does with a call.
+enum Answer {
+    /// Delivers the email (once per key) and answers OK.
+    Deliver,
+    /// Answers with this status without delivering.
+    Refuse(Status),
+    /// Delivers, then answers with this status (the client cannot tell it went out).
+    DeliverThenFail(Status),
+}
 
-/// The email provider: records every call's key, delivers each key once.
+/// What the server does with its n-th call (0-based).
+type Script = Arc<dyn Fn(usize) -> Answer + Send + Sync>;
+
+/// The email provider: records every call's key and invoice, delivers each key once.
 #[derive(Clone)]
 struct Billing {
     script: Script,
-    keys: Arc<Mutex<Vec<String>>>,
+    calls: Arc<Mutex<Vec<(String, u64)>>>,
     delivered: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Billing {
     fn calls(&self) -> usize {
-        self.keys.lock().unwrap().len()
+        self.calls.lock().unwrap().len()
+    }
+    fn calls_for(&self, invoice_id: u64) -> usize {
+        let calls = self.calls.lock().unwrap();
+        calls.iter().filter(|(_, id)| *id == invoice_id).count()
     }
     fn keys(&self) -> Vec<String> {
-        self.keys.lock().unwrap().clone()
+        let calls = self.calls.lock().unwrap();
+        calls.iter().map(|(key, _)| key.clone()).collect()
     }
     fn deliveries(&self) -> usize {
         self.delivered.lock().unwrap().len()
@@ -85,13 +100,23 @@ impl tonic::server::UnaryService<SendInvoice> for Unary {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
+            let invoice_id = req.get_ref().invoice_id;
             let n = {
-                let mut keys = billing.keys.lock().unwrap();
-                keys.push(key.clone());
-                keys.len() - 1
+                let mut calls = billing.calls.lock().unwrap();
+                calls.push((key.clone(), invoice_id));
+                calls.len() - 1
             };
-            (billing.script)(n)?;
-            billing.delivered.lock().unwrap().insert(key.clone());
+            let deliver = || billing.delivered.lock().unwrap().insert(key.clone());
+            match (billing.script)(n) {
+                Answer::Refuse(status) => return Err(status),
+                Answer::DeliverThenFail(status) => {
+                    deliver();
+                    return Err(status);
+                }
+                Answer::Deliver => {
+                    deliver();
+                }
+            }
             Ok(tonic::Response::new(Sent {
                 message_id: format!("msg-{}", req.get_ref().invoice_id),
             }))
@@ -125,12 +150,10 @@ impl NamedService for Billing {
 }
 
 /// Starts the server on 127.0.0.1 and returns it with a client channel to it.
-async fn serve(
-    script: impl Fn(usize) -> Result<(), Status> + Send + Sync + 'static,
-) -> (Billing, Channel) {
+async fn serve(script: impl Fn(usize) -> Answer + Send + Sync + 'static) -> (Billing, Channel) {
     let billing = Billing {
         script: Arc::new(script),
-        keys: Arc::default(),
+        calls: Arc::default(),
         delivered: Arc::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -155,7 +178,7 @@ fn client(
         async move {
             grpc.ready()
                 .await
-                .map_err(|e| Status::unavailable(e.to_string()))?;
+                .map_err(|e| Status::from_error(e.into()))?;
             let path = http::uri::PathAndQuery::from_static(PATH);
             grpc.unary(req, path, ProstCodec::<SendInvoice, Sent>::default())
                 .await
@@ -184,20 +207,20 @@ fn retry(class: ToolClass, budget: &RetryBudget) -> RetryLayer<DefaultClassifier
 }
 
 type Call = tonic::Request<SendInvoice>;
-type Answer = tonic::Response<Sent>;
+type Reply = tonic::Response<Sent>;
 
 /// One retrying layer over the client.
 fn retrying(
     class: ToolClass,
     channel: Channel,
-) -> impl Service<Call, Response = Answer, Error = ToolError> {
+) -> impl Service<Call, Response = Reply, Error = ToolError> {
     ServiceBuilder::new()
         .layer(retry(class, &RetryBudget::default()))
         .service(client(channel))
 }
 
 /// A keyed write: one retrying layer, then the key layer, over the client.
-fn keyed(channel: Channel) -> impl Service<Call, Response = Answer, Error = ToolError> {
+fn keyed(channel: Channel) -> impl Service<Call, Response = Reply, Error = ToolError> {
     ServiceBuilder::new()
         .layer(retry(ToolClass::KeyedWrite, &RetryBudget::default()))
         .layer(IdempotencyKeyLayer::new(key_of))
@@ -225,9 +248,9 @@ fn invoice(id: u64, body: &str) -> tonic::Request<SendInvoice> {
 async fn unavailable_is_retried_with_the_same_key_on_every_attempt() {
     let (billing, channel) = serve(|n| {
         if n < 2 {
-            Err(Status::unavailable("warming up"))
+            Answer::Refuse(Status::unavailable("warming up"))
         } else {
-            Ok(())
+            Answer::Deliver
         }
     })
     .await;
@@ -252,32 +275,36 @@ async fn a_deadline_on_a_keyed_write_is_retried_and_delivered_once() {
     // safe, and the provider's deduplication keeps it to one delivery.
     let (billing, channel) = serve(|n| {
         if n == 0 {
-            Err(Status::deadline_exceeded("slow"))
+            Answer::DeliverThenFail(Status::deadline_exceeded("slow"))
         } else {
-            Ok(())
+            Answer::Deliver
         }
     })
     .await;
     let mut svc = keyed(channel);
     call(&mut svc, invoice(7, "first wording")).await.unwrap();
-    assert_eq!(billing.calls(), 2);
+    let keys = billing.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(!keys[0].is_empty() && keys[0] == keys[1], "{keys:?}");
     assert_eq!(billing.deliveries(), 1);
 }
 
 #[tokio::test]
 async fn a_deadline_on_an_unkeyed_write_is_escalated_not_repeated() {
-    let (billing, channel) = serve(|_| Err(Status::deadline_exceeded("slow"))).await;
+    let (billing, channel) =
+        serve(|_| Answer::DeliverThenFail(Status::deadline_exceeded("slow"))).await;
     let mut svc = retrying(ToolClass::UnkeyedWrite, channel);
     let err: ToolError = call(&mut svc, invoice(8, "hello")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert!(!err.retryable());
     assert_eq!(billing.calls(), 1);
+    assert_eq!(billing.deliveries(), 1);
 }
 
 #[tokio::test]
 async fn invalid_argument_goes_back_to_the_model_after_one_call() {
     let (billing, channel) =
-        serve(|_| Err(Status::invalid_argument("invoice_id must be positive"))).await;
+        serve(|_| Answer::Refuse(Status::invalid_argument("invoice_id must be positive"))).await;
     let mut svc = retrying(ToolClass::Read, channel);
     let err: ToolError = call(&mut svc, invoice(0, "")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
@@ -289,7 +316,7 @@ async fn invalid_argument_goes_back_to_the_model_after_one_call() {
 
 #[tokio::test]
 async fn three_nested_layers_in_an_outage_make_at_most_three_grpc_calls_per_operation() {
-    let (billing, channel) = serve(|_| Err(Status::unavailable("down"))).await;
+    let (billing, channel) = serve(|_| Answer::Refuse(Status::unavailable("down"))).await;
     let budget = RetryBudget::default();
     let layer = |name| retry(ToolClass::Read, &budget).name(name);
     let mut svc = ServiceBuilder::new()
@@ -304,16 +331,9 @@ async fn three_nested_layers_in_an_outage_make_at_most_three_grpc_calls_per_oper
             !err.retryable(),
             "no outer layer or model should retry it again"
         );
-        assert!(
-            billing.calls() <= 3 * op as usize,
-            "{} calls after {op} operations",
-            billing.calls()
-        );
+        let calls = billing.calls_for(op);
+        assert!((1..=3).contains(&calls), "operation {op}: {calls} calls");
     }
-    assert!(
-        billing.calls() >= 4,
-        "each operation reached the server at least once"
-    );
 }
 
 #[tokio::test]
@@ -324,9 +344,9 @@ async fn grpc_retry_pushback_is_honoured() {
             status
                 .metadata_mut()
                 .insert("grpc-retry-pushback-ms", "300".parse().unwrap());
-            Err(status)
+            Answer::Refuse(status)
         } else {
-            Ok(())
+            Answer::Deliver
         }
     })
     .await;
@@ -339,4 +359,19 @@ async fn grpc_retry_pushback_is_honoured() {
         "the pushback (300 ms), not the 5 ms backoff, set the delay: {:?}",
         start.elapsed()
     );
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_even_for_an_unkeyed_write() {
+    // Nothing listens on this port: no call is sent, so even an unkeyed write may be retried.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let mut svc = retrying(ToolClass::UnkeyedWrite, channel);
+    let err: ToolError = call(&mut svc, invoice(10, "")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.attempts(), 3, "{err}");
 }

@@ -595,6 +595,26 @@ async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
 }
 
 #[tokio::test]
+async fn postgres_durability_sets_synchronous_commit_and_never_weakens_a_stronger_one() {
+    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
+        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set");
+        return;
+    };
+    let with = |setting: &str| format!("{url} options='-c synchronous_commit={setting}'");
+    let sync = |url: String, durability| async move {
+        let store = PostgresStore::connect_with(&url, durability).await.unwrap();
+        store.synchronous_commit().await.unwrap()
+    };
+    assert_eq!(sync(url.clone(), Durability::Process).await, "off");
+    assert_eq!(sync(with("off"), Durability::PowerLoss).await, "on");
+    assert_eq!(
+        sync(with("remote_apply"), Durability::PowerLoss).await,
+        "remote_apply"
+    );
+    assert_eq!(sync(with("local"), Durability::PowerLoss).await, "local");
+}
+
+#[tokio::test]
 async fn a_postgres_store_used_before_migrate_fails_then_works_after_it() {
     let Some(url) = fresh_schema().await else {
         return;

@@ -22,15 +22,18 @@ pub(super) struct Ticket {
 
 impl Ticket {
     pub(super) fn new(breaker: Breaker, admission: Admission) -> Ticket {
-        let started = if !admission.is_rejected() && breaker.shared.config.slow_call.is_some() {
-            breaker.now_tick()
-        } else {
-            0
-        };
         Ticket {
             breaker,
             admission,
-            started,
+            started: 0,
+        }
+    }
+
+    /// Starts the slow-call clock as the call is made (not when it was admitted: a trial
+    /// admitted in `poll_ready` may wait there for the inner service).
+    pub(super) fn start(&mut self) {
+        if self.breaker.shared.config.slow_call.is_some() {
+            self.started = self.breaker.now_tick();
         }
     }
 

@@ -207,7 +207,7 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let breaker = &self.breaker;
-        let ticket = match self.trial.take() {
+        let mut ticket = match self.trial.take() {
             Some(ticket) => ticket,
             None => {
                 let admission = self.admitted.take().unwrap_or_else(|| breaker.admit());
@@ -227,6 +227,7 @@ where
                 Ticket::new(breaker.clone(), admission)
             }
         };
+        ticket.start();
         let future = self.inner.call(req);
         ResponseFuture::called(future, ticket, self.classifier.clone(), self.policy.clone())
     }

@@ -75,8 +75,17 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `Interrupted`, `WouldBlock` | `Transient` | `unavailable` |
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
-/// | a `tonic::Status` (feature `tonic`) | by its code: [`classify_grpc_code`](super::classify_grpc_code); `grpc-retry-pushback-ms` metadata is the hint | |
+/// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
+///
+/// A `tonic::Status` the server sent (a trailers-only answer, whose metadata carries the
+/// `application/grpc` content type) is classified by
+/// [`classify_grpc_code`](super::classify_grpc_code). One the client made up is not the server's
+/// word: with a `source()` (a transport error) the source chain decides (a refused connection is
+/// `Transient`); "mapped from HTTP status code N" (a proxy's answer without `grpc-status`) goes
+/// through the HTTP status table, so a 502 or 504 stays `Ambiguous`; anything else keeps its
+/// code's row, except that `Transient` and `ModelRecoverable` become `Ambiguous` (a response
+/// over the decode limit reads as `OUT_OF_RANGE` after the server did the work).
 ///
 /// ```
 /// use stormguard::classify::{classify_error, FailureClass};
@@ -97,10 +106,18 @@ impl AsDynError for std::convert::Infallible {
 /// assert_eq!(c.code(), Some(ErrorCode::Unavailable));
 /// ```
 pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
+    classify_chain(err).unwrap_or(Classification::failure(
+        FailureClass::Ambiguous,
+        ErrorCode::Internal,
+    ))
+}
+
+/// The first error in the chain that the table recognises, if any.
+pub(super) fn classify_chain(err: &(dyn Error + 'static)) -> Option<Classification> {
     let mut next = Some(err);
     while let Some(e) = next {
         if let Some(c) = classify_one(e) {
-            return c;
+            return Some(c);
         }
         // `io::Error::source` skips the error it wraps; `get_ref` does not.
         next = match e.downcast_ref::<io::Error>().and_then(|io| io.get_ref()) {
@@ -108,7 +125,7 @@ pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
             None => e.source(),
         };
     }
-    Classification::failure(FailureClass::Ambiguous, ErrorCode::Internal)
+    None
 }
 
 fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {

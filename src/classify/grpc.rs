@@ -11,20 +11,21 @@ use crate::error::ErrorCode;
 /// | 5 `NOT_FOUND` | `Empty` (a normal "no such record") | `not_found` |
 /// | 14 `UNAVAILABLE` | `Failure(Transient)` (gRPC's retryable code: not processed) | `unavailable` |
 /// | 8 `RESOURCE_EXHAUSTED` | `Failure(Transient)` | `rate_limited` |
-/// | 10 `ABORTED` | `Failure(Transient)` (the transaction was rolled back) | `conflict` |
 /// | 4 `DEADLINE_EXCEEDED` | `Failure(Ambiguous)` (it may have applied) | `timeout` |
 /// | 1 `CANCELLED`, 2 `UNKNOWN`, 13 `INTERNAL` | `Failure(Ambiguous)` | `internal` |
 /// | 3 `INVALID_ARGUMENT`, 9 `FAILED_PRECONDITION`, 11 `OUT_OF_RANGE` | `Failure(ModelRecoverable)` | `invalid_argument` |
-/// | 6 `ALREADY_EXISTS` | `Failure(Permanent)` | `conflict` |
+/// | 6 `ALREADY_EXISTS`, 10 `ABORTED` | `Failure(Permanent)` (as HTTP 409; AIP-194: retry the whole read-modify-write, not the call) | `conflict` |
 /// | 7 `PERMISSION_DENIED` | `Failure(Permanent)` | `permission_denied` |
 /// | 16 `UNAUTHENTICATED` | `Failure(Permanent)` | `unauthenticated` |
 /// | 12 `UNIMPLEMENTED`, 15 `DATA_LOSS` | `Failure(Permanent)` | `internal` |
 /// | any other number | `Failure(Ambiguous)` | `internal` |
 ///
-/// `UNAVAILABLE` as `Transient` follows gRPC's own guidance (AIP-194: the one code that is
-/// safe to retry for any method); a server that returns it after applying a write breaks that
-/// contract. `DEADLINE_EXCEEDED` is `Ambiguous`: the client's deadline passed, the server may have
-/// finished.
+/// This is the table for a code the *server* sent. `UNAVAILABLE` from the server means it did not
+/// process the call (gRPC: "most likely a transient condition"; AIP-194 retries it), as HTTP 503
+/// does; a server that says so after applying a write breaks that contract. A status the client
+/// made up is classified with more care (see the `tonic` feature's `tonic::Status` rules in
+/// [`classify_error`](super::classify_error)). `DEADLINE_EXCEEDED` is `Ambiguous`: the client's
+/// deadline passed, the server may have finished.
 ///
 /// ```
 /// use stormguard::classify::{classify_grpc_code, FailureClass, Verdict};
@@ -41,10 +42,9 @@ pub fn classify_grpc_code(code: i32) -> Classification {
         5 => return Classification::empty(),
         14 => (Transient, ErrorCode::Unavailable),
         8 => (Transient, ErrorCode::RateLimited),
-        10 => (Transient, ErrorCode::Conflict),
         4 => (Ambiguous, ErrorCode::Timeout),
         3 | 9 | 11 => (ModelRecoverable, ErrorCode::InvalidArgument),
-        6 => (Permanent, ErrorCode::Conflict),
+        6 | 10 => (Permanent, ErrorCode::Conflict),
         7 => (Permanent, ErrorCode::PermissionDenied),
         16 => (Permanent, ErrorCode::Unauthenticated),
         12 | 15 => (Permanent, ErrorCode::Internal),
@@ -53,9 +53,43 @@ pub fn classify_grpc_code(code: i32) -> Classification {
     Classification::failure(class, code)
 }
 
+/// Classifies a `tonic::Status` by where it came from, then by its code.
+///
+/// A status the client made up is not the server's word: tonic reports a connection error, a
+/// keep-alive timeout mid-call, a proxy's 502 without `grpc-status`, or a response too large to
+/// decode with the same codes a server uses. So:
+///
+/// - a status with a [`source`](std::error::Error::source) (made from a transport error) is
+///   classified by that error chain (a refused connection is `Transient`); if nothing in it is
+///   recognised, by its code without the benefit of the doubt;
+/// - "grpc-status header missing, mapped from HTTP status code N" (an answer that was not gRPC,
+///   e.g. a proxy's) is classified by the HTTP status table, so a 502 or 504 stays `Ambiguous`;
+/// - a status from the server's trailers-only answer (its metadata carries the
+///   `application/grpc` content type) is classified by [`classify_grpc_code`];
+/// - any other status is classified by its code without the benefit of the doubt: `Transient`
+///   and `ModelRecoverable` become `Ambiguous` (a decode limit hit on the response reads as
+///   `OUT_OF_RANGE` or `RESOURCE_EXHAUSTED` after the server did the work).
 #[cfg(feature = "tonic")]
 pub(super) fn classify_status(status: &tonic::Status) -> Classification {
-    let c = classify_grpc_code(status.code() as i32);
+    use std::error::Error;
+    const MAPPED: &str = "grpc-status header missing, mapped from HTTP status code ";
+    let table = classify_grpc_code(status.code() as i32);
+    let c = if let Some(source) = status.source() {
+        super::error::classify_chain(source).unwrap_or_else(|| doubtful(table))
+    } else if let Some(code) = status.message().strip_prefix(MAPPED) {
+        match code
+            .parse()
+            .ok()
+            .and_then(|c| http::StatusCode::from_u16(c).ok())
+        {
+            Some(code) => super::classify_status(code),
+            None => doubtful(table),
+        }
+    } else if sent_by_server(status) {
+        table
+    } else {
+        doubtful(table)
+    };
     if c.failure_class().is_none() {
         return c;
     }
@@ -67,6 +101,29 @@ pub(super) fn classify_status(status: &tonic::Status) -> Classification {
     match hint {
         Some(hint) => c.with_hint(hint),
         None => c,
+    }
+}
+
+/// Whether the status came from a gRPC server's own answer: a trailers-only response keeps its
+/// headers, `content-type: application/grpc` among them, as the status's metadata.
+#[cfg(feature = "tonic")]
+fn sent_by_server(status: &tonic::Status) -> bool {
+    status
+        .metadata()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
+}
+
+/// A verdict we cannot prove the server gave: a failure that claims "not applied" (`Transient`)
+/// or "your argument" (`ModelRecoverable`) becomes `Ambiguous`.
+#[cfg(feature = "tonic")]
+fn doubtful(c: Classification) -> Classification {
+    match (c.failure_class(), c.code()) {
+        (Some(FailureClass::Transient | FailureClass::ModelRecoverable), Some(code)) => {
+            Classification::failure(FailureClass::Ambiguous, code)
+        }
+        _ => c,
     }
 }
 
@@ -101,7 +158,7 @@ mod tests {
                 Verdict::Failure(ModelRecoverable),
                 Some(ErrorCode::InvalidArgument),
             ),
-            (10, Verdict::Failure(Transient), Some(ErrorCode::Conflict)),
+            (10, Verdict::Failure(Permanent), Some(ErrorCode::Conflict)),
             (
                 11,
                 Verdict::Failure(ModelRecoverable),
@@ -152,5 +209,82 @@ mod tests {
         assert_eq!(classify(200, Some("fourteen")), Verdict::Success);
         // Only a 2xx head is read as gRPC: a proxy's 503 stays a 503.
         assert_eq!(classify(503, Some("0")), Verdict::Failure(Transient));
+    }
+
+    #[cfg(feature = "tonic")]
+    mod tonic_status {
+        use super::*;
+        use crate::classify::{classify_error, ServerHint};
+        use std::time::Duration;
+
+        fn from_server(mut status: tonic::Status) -> tonic::Status {
+            status
+                .metadata_mut()
+                .insert("content-type", "application/grpc".parse().unwrap());
+            status
+        }
+
+        #[test]
+        fn a_server_sent_unavailable_is_transient_with_its_pushback() {
+            let mut status = from_server(tonic::Status::unavailable("draining"));
+            status
+                .metadata_mut()
+                .insert("grpc-retry-pushback-ms", "250".parse().unwrap());
+            let c = classify_error(&status);
+            assert_eq!(c.verdict(), Verdict::Failure(Transient));
+            assert_eq!(c.code(), Some(ErrorCode::Unavailable));
+            assert_eq!(c.hint(), ServerHint::RetryAfter(Duration::from_millis(250)));
+            let bad = from_server(tonic::Status::invalid_argument("invoice_id"));
+            assert_eq!(
+                classify_error(&bad).verdict(),
+                Verdict::Failure(ModelRecoverable)
+            );
+        }
+
+        #[test]
+        fn a_status_the_client_made_up_gets_no_benefit_of_the_doubt() {
+            // No source, no server metadata: e.g. a keep-alive timeout mid-call.
+            let c = classify_error(&tonic::Status::unavailable("keep-alive timed out"));
+            assert_eq!(c.verdict(), Verdict::Failure(Ambiguous));
+            assert_eq!(c.code(), Some(ErrorCode::Unavailable));
+            // A response over the decode limit: the server did the work.
+            let too_large = tonic::Status::out_of_range(
+                "Error, decoded message length too large: found 5000000 bytes, the limit is: 4194304 bytes",
+            );
+            assert_eq!(
+                classify_error(&too_large).verdict(),
+                Verdict::Failure(Ambiguous)
+            );
+            // Permanent rows stay what they are.
+            let denied = tonic::Status::permission_denied("no");
+            assert_eq!(
+                classify_error(&denied).verdict(),
+                Verdict::Failure(Permanent)
+            );
+        }
+
+        #[test]
+        fn a_proxy_answer_without_grpc_status_goes_through_the_http_table() {
+            let mapped = |code: u16| {
+                classify_error(&tonic::Status::unavailable(format!(
+                    "grpc-status header missing, mapped from HTTP status code {code}"
+                )))
+            };
+            assert_eq!(mapped(502).verdict(), Verdict::Failure(Ambiguous));
+            assert_eq!(mapped(504).verdict(), Verdict::Failure(Ambiguous));
+            assert_eq!(mapped(503).verdict(), Verdict::Failure(Transient));
+            assert_eq!(mapped(429).code(), Some(ErrorCode::RateLimited));
+        }
+
+        #[test]
+        fn a_status_made_from_a_transport_error_is_classified_by_that_error() {
+            let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+            let status = tonic::Status::from_error(Box::new(refused));
+            let c = classify_error(&status);
+            assert_eq!(c.verdict(), Verdict::Failure(Transient), "{status}");
+            let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+            let c = classify_error(&tonic::Status::from_error(Box::new(reset)));
+            assert_eq!(c.verdict(), Verdict::Failure(Ambiguous));
+        }
     }
 }

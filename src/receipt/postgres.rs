@@ -86,8 +86,7 @@ impl Inner {
 }
 
 impl PostgresStore {
-    /// Connects with [`Durability::PowerLoss`] (`synchronous_commit = on`, PostgreSQL's
-    /// default): see [`connect_with`](Self::connect_with).
+    /// Connects with [`Durability::PowerLoss`]: see [`connect_with`](Self::connect_with).
     pub async fn connect(config: &str) -> Result<Self, StoreError> {
         Self::connect_with(config, Durability::PowerLoss).await
     }
@@ -96,10 +95,14 @@ impl PostgresStore {
     /// connection's `synchronous_commit` from `durability`, and spawns the connection task on
     /// the current tokio runtime.
     ///
-    /// [`Durability::Process`] (`synchronous_commit = off`) still survives the death of every
-    /// process that uses the store: a commit is in the server's WAL when it returns. What it
-    /// gives up is a server crash or power loss in the next `3 × wal_writer_delay` (600 ms by
-    /// default), in exchange for not waiting for a disk flush on every intent and receipt.
+    /// [`Durability::Process`] sets `synchronous_commit = off`: a commit returns before its WAL
+    /// is flushed. Every client process may die without losing anything, but a crash or an
+    /// immediate restart of the PostgreSQL server loses the commits of the last
+    /// `3 × wal_writer_delay` (600 ms by default), and a lost intent is a repeated side effect.
+    /// Use it where the database is as likely to outlive the run as the run's own disk is.
+    /// [`Durability::PowerLoss`] keeps the server's setting (`on` by default, or a stronger
+    /// `remote_write` / `remote_apply` from the role, database or connection string) and raises
+    /// it to `on` only if it is `off`.
     pub async fn connect_with(config: &str, durability: Durability) -> Result<Self, StoreError> {
         let (client, connection) = tokio_postgres::connect(config, NoTls)
             .await
@@ -109,20 +112,52 @@ impl PostgresStore {
                 tracing::warn!(error = %e, "receipt store connection closed");
             }
         });
-        let setting = match durability {
-            Durability::Process => "SET synchronous_commit = off",
-            Durability::PowerLoss => "SET synchronous_commit = on",
-        };
-        client
-            .batch_execute(setting)
-            .await
-            .map_err(err("set synchronous_commit"))?;
+        if durability == Durability::Process {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .await
+                .map_err(err("set synchronous_commit"))?;
+        } else {
+            let row = client
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .map_err(err("read synchronous_commit"))?;
+            let current: String = row.get(0);
+            if current == "off" {
+                client
+                    .batch_execute("SET synchronous_commit = on")
+                    .await
+                    .map_err(err("set synchronous_commit"))?;
+            }
+        }
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 client,
                 statements: OnceLock::new(),
             }),
         })
+    }
+
+    /// This connection's `synchronous_commit`, as PostgreSQL reports it: what a commit of this
+    /// store waits for (see [`Durability`]).
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), stormguard::receipt::StoreError> {
+    /// use stormguard::receipt::{Durability, PostgresStore};
+    /// let url = "host=127.0.0.1 user=postgres dbname=test";
+    /// let store = PostgresStore::connect_with(url, Durability::Process).await?;
+    /// assert_eq!(store.synchronous_commit().await?, "off");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn synchronous_commit(&self) -> Result<String, StoreError> {
+        let row = self
+            .inner
+            .client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .map_err(err("read synchronous_commit"))?;
+        Ok(row.get(0))
     }
 
     /// Creates the table and index if they are missing (and adds columns a newer version needs).

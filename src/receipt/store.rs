@@ -27,8 +27,10 @@ pub enum Begin {
 
 /// What a committed intent or receipt survives, for the stores that let you choose.
 ///
-/// Both settings survive the process that recorded it being killed (`kill -9`, a panic, a
-/// deploy), which is the crash a resumed agent run has to handle. They differ on power loss.
+/// Both settings survive the death of the processes that use the store (`kill -9` of the agent,
+/// a panic, a deploy), which is the crash a resumed agent run has to handle. They differ on a
+/// crash of the machine or of the database server: a record lost there makes the next run see
+/// no intent and execute again.
 ///
 /// ```
 /// use stormguard::receipt::Durability;
@@ -38,13 +40,17 @@ pub enum Begin {
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Durability {
-    /// Survives the process being killed; the last commits (well under a second's worth) may be
-    /// lost if the machine loses power or the database server itself crashes. SQLite:
-    /// `synchronous = NORMAL` in WAL mode. PostgreSQL: `synchronous_commit = off` for this
-    /// store's connection (the server writes the commit out within `3 × wal_writer_delay`).
+    /// Survives the death of the client processes. SQLite: `synchronous = NORMAL` in WAL mode;
+    /// the last commits may be lost on power loss or an OS crash. PostgreSQL:
+    /// `synchronous_commit = off` on this store's connection; a commit returns before its WAL
+    /// is flushed, so the commits of the last `3 × wal_writer_delay` (600 ms by default) are lost
+    /// on any crash or immediate restart of the PostgreSQL server (a backend killed by the OOM
+    /// killer restarts them all), not only on power loss.
     Process,
     /// Every commit is flushed to disk before it returns and survives power loss; slower.
-    /// SQLite: `synchronous = FULL`. PostgreSQL: `synchronous_commit = on` (the server default).
+    /// SQLite: `synchronous = FULL`. PostgreSQL: the connection keeps the server's
+    /// `synchronous_commit` (`on` by default, or a stronger `remote_write` / `remote_apply`),
+    /// and is raised to `on` only if it is configured `off`.
     PowerLoss,
 }
 
