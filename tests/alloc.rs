@@ -1,10 +1,11 @@
-//! The hot path allocates nothing: a first-try success through three nested layers, counted by
-//! a global allocator.
+//! The hot path allocates nothing: a first-try success through three nested retry layers and a
+//! closed circuit breaker, counted by a global allocator.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
+use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::retry::RetryLayer;
@@ -42,6 +43,10 @@ fn a_first_try_success_allocates_nothing() {
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .layer(RetryLayer::new(ToolClass::IdempotentWrite, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(CircuitBreakerLayer::new(Breaker::new(
+            "leaf",
+            BreakerConfig::default(),
+        )))
         .service(leaf);
 
     let mut run = |n: u64| {
