@@ -659,8 +659,9 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
         let owner = self.owner.as_str();
         match (encoded, verdict) {
             (Some(encoded), _) => {
-                record(&self.store, &self.clock, &key, owner, encoded).await;
-                tracing::debug!(key, resumed, "receipt recorded");
+                if record(&self.store, &self.clock, &key, owner, encoded).await {
+                    tracing::debug!(key, resumed, "receipt recorded");
+                }
             }
             (
                 None,
@@ -668,11 +669,13 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
             ) => {
                 // It may have taken effect: keep the intent, give up the lease.
                 let _ = self.store.release(&key, owner, self.clock.now_ms()).await;
+                counted("left_pending");
                 tracing::info!(key, "ambiguous failure; the intent stays pending");
             }
             (None, _) => {
                 // It did not take effect: forget the intent, so a later call starts fresh.
                 let _ = self.store.abandon(&key, owner).await;
+                counted("abandoned");
                 tracing::debug!(key, "failure without effect; intent removed");
             }
         }
@@ -681,22 +684,33 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
     }
 }
 
-/// Stores `res` as the receipt of `key`. A failure here is logged, not returned: the effect
-/// happened, the intent stays pending, and a resume decides again (with the same key).
+/// Stores `res` as the receipt of `key`; `true` if it was stored. A failure here is logged, not
+/// returned: the effect happened, the intent stays pending, and a resume decides again (with the
+/// same key).
 async fn record<St: ReceiptStore, Ck: Clock>(
     store: &St,
     clock: &Ck,
     key: &str,
     owner: &str,
     encoded: Result<Vec<u8>, BoxError>,
-) {
+) -> bool {
     match encoded {
-        Ok(bytes) => {
-            if let Err(e) = store.complete(key, owner, &bytes, clock.now_ms()).await {
-                tracing::error!(key, error = %e, "the receipt could not be stored; a resume will decide again");
+        Ok(bytes) => match store.complete(key, owner, &bytes, clock.now_ms()).await {
+            Ok(()) => {
+                counted("recorded");
+                true
             }
+            Err(e) => {
+                counted("receipt_not_stored");
+                tracing::error!(key, error = %e, "the receipt could not be stored; a resume will decide again");
+                false
+            }
+        },
+        Err(e) => {
+            counted("receipt_not_stored");
+            tracing::error!(key, error = %e, "the result could not be encoded as a receipt");
+            false
         }
-        Err(e) => tracing::error!(key, error = %e, "the result could not be encoded as a receipt"),
     }
 }
 

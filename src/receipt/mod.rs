@@ -30,6 +30,23 @@
 //! not take effect (transient, a rejected argument) removes the intent; an ambiguous failure keeps
 //! it and gives up its lease, so the next attempt decides as after a crash.
 //!
+//! **Observability.** Every decision is a tracing event (target `stormguard::receipt::layer`)
+//! (DEBUG for the routine ones, INFO for resumes, read-backs and refusals, WARN/ERROR when the
+//! store fails) and a count of `stormguard_receipt_outcomes_total`, labelled `outcome`:
+//!
+//! | `outcome` | when |
+//! |---|---|
+//! | `fresh` | the intent was recorded; the call executes |
+//! | `receipt` | a stored receipt answered; the dependency was not called |
+//! | `resumed_with_key` | a pending intent whose lease passed: executed again with the same key |
+//! | `read_back_found` / `read_back_absent` | an unkeyed write's read-back found the effect / did not |
+//! | `recorded` | the receipt was stored after the call |
+//! | `left_pending` | an ambiguous failure: the intent stays, a later attempt decides |
+//! | `abandoned` | a failure that did not take effect: the intent was removed |
+//! | `receipt_not_stored` | the effect happened but its receipt could not be stored or encoded |
+//! | `store_unavailable` | the intent could not be recorded; nothing was executed |
+//! | `idempotency_key_reused`, `in_progress`, `receipt_expired`, `outcome_unknown` | refusals, as the error codes |
+//!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
 //! use serde::{Deserialize, Serialize};
