@@ -12,7 +12,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::FailureClass::{Ambiguous, Transient};
 use stormguard::error::BoxError;
-use stormguard::key::{IdempotencyKey, KeyStamp};
+use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer, KeyStamp};
 use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
 use stormguard::retry::RetryLayer;
 use support::{call, classifier, Dependency, Outcome};
@@ -193,6 +193,17 @@ fn receipt_decisions_are_counted() {
         assert!(result.is_err(), "the transient failure is returned");
         call(&mut svc, email(1)).await.unwrap(); // fresh again, executes, recorded
         call(&mut svc, email(1)).await.unwrap(); // answered from the receipt
+
+        // A request that arrives with a key of its own, not its action's: refused.
+        let mut keyed = IdempotencyKeyLayer::new(|req: &Email| {
+            IdempotencyKey::derive("run-1", "step-3", "send_invoice", &req.invoice)
+        })
+        .layer(dep.clone());
+        let minted = Email {
+            invoice: 2,
+            key: Some("a-fresh-uuid".into()),
+        };
+        assert!(call(&mut keyed, minted).await.is_err());
         dep.calls()
     });
     let metrics = snapshotter.snapshot().into_vec();

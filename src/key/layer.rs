@@ -59,7 +59,8 @@ impl<T> KeyStamp for tonic::Request<T> {
 /// every attempt; it records the key's fingerprint in the operation's ledger on the first attempt
 /// and refuses (`idempotency_key_changed`) an attempt whose key differs, or a request that
 /// arrives with a different key already stamped. It also tells the operation that it is keyed,
-/// so `Retry` may retry an ambiguous failure of a `KeyedWrite`.
+/// so `Retry` may retry an ambiguous failure of a `KeyedWrite`. Every refusal is a WARN event and
+/// a count of `stormguard_key_refusals_total` (label `code`).
 ///
 /// ```
 /// use serde_json::json;
@@ -158,7 +159,15 @@ pub(crate) fn note_key(key: &IdempotencyKey) -> bool {
     consistent != Some(false)
 }
 
+/// A refused call: counted in `stormguard_key_refusals_total` (label `code`) and logged at WARN,
+/// since it means a caller minted keys per attempt or sent arguments the key cannot cover.
 fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
+    tracing::warn!(
+        code = code.as_str(),
+        hint,
+        "idempotency key layer refused the call"
+    );
+    metrics::counter!("stormguard_key_refusals_total", "code" => code.as_str()).increment(1);
     ToolError::new(code).with_hint(hint).with_retryable(false)
 }
 
@@ -181,10 +190,11 @@ where
         let key = match (self.derive)(&req) {
             Ok(key) => key,
             Err(e) => {
-                let err = ToolError::new(ErrorCode::InvalidArgument)
-                    .with_hint("the idempotency key could not be derived from this request; fix the run, step or tool name")
-                    .with_retryable(false)
-                    .with_source(e);
+                let err = refuse(
+                    ErrorCode::InvalidArgument,
+                    "the idempotency key could not be derived from this request; fix the run, step or tool name",
+                )
+                .with_source(e);
                 return StampKeyFuture::refused(err);
             }
         };
