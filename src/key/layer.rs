@@ -11,6 +11,27 @@ use tower_service::Service;
 
 /// A request that can carry an idempotency key.
 ///
+/// ```
+/// use stormguard::key::{IdempotencyKey, KeyStamp};
+///
+/// struct SendInvoice { invoice_id: u64, key: Option<String> }
+///
+/// impl KeyStamp for SendInvoice {
+///     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+///     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// }
+///
+/// let mut req = SendInvoice { invoice_id: 4471, key: None };
+/// let key = IdempotencyKey::derive("run-1", "step-2", "send_invoice", &req.invoice_id).unwrap();
+/// req.stamp_key(&key);
+/// assert_eq!(req.stamped_key(), Some(key.as_str()));
+///
+/// // `http::Request` carries it as the `Idempotency-Key` header.
+/// let mut http_req = http::Request::post("/send").body(()).unwrap();
+/// http_req.stamp_key(&key);
+/// assert_eq!(http_req.headers()["idempotency-key"], key.as_str());
+/// ```
+///
 /// Implemented for `http::Request<B>` as the `Idempotency-Key` header, which is also how gRPC
 /// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`, and for
 /// `tonic::Request<T>` (feature `tonic`) as `idempotency-key` metadata.
@@ -113,7 +134,33 @@ impl<S, F: Clone> Layer<S> for IdempotencyKeyLayer<F> {
     }
 }
 
-/// See [`IdempotencyKeyLayer`].
+/// The service [`IdempotencyKeyLayer`] makes: stamps each request, then calls `inner`.
+///
+/// ```
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::error::ToolError;
+/// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let echo = service_fn(|req: http::Request<u64>| async move {
+///     Ok::<_, std::convert::Infallible>(req.headers().contains_key("idempotency-key"))
+/// });
+/// let derive = |req: &http::Request<u64>| {
+///     IdempotencyKey::derive("run-1", "step-2", "charge", req.body())
+/// };
+/// let mut svc = IdempotencyKeyLayer::new(derive).layer(echo);
+/// let stamped = svc.ready().await.unwrap().call(http::Request::new(7)).await.unwrap();
+/// assert!(stamped);
+///
+/// // A request minted with a key of its own is refused: every attempt must carry the action's.
+/// let mut minted = http::Request::new(7);
+/// minted.headers_mut().insert("idempotency-key", "a-random-uuid".parse().unwrap());
+/// let err = svc.ready().await.unwrap().call(minted).await.unwrap_err();
+/// let err = err.downcast::<ToolError>().unwrap();
+/// assert_eq!(err.code().as_str(), "idempotency_key_changed");
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct StampKey<S, F> {
     inner: S,
@@ -216,7 +263,21 @@ where
 }
 
 pin_project! {
-    /// The future [`StampKey`] returns.
+    /// The future [`StampKey`] returns: the inner call's, or a refusal that is ready at once.
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer, StampKeyFuture};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let inner = service_fn(|_: http::Request<()>| async { Ok::<_, std::io::Error>("sent") });
+    /// let derive = |_: &http::Request<()>| IdempotencyKey::derive("run-1", "step-2", "t", &());
+    /// let mut svc = IdempotencyKeyLayer::new(derive).layer(inner);
+    /// let future: StampKeyFuture<_> = svc.ready().await.unwrap().call(http::Request::new(()));
+    /// assert_eq!(future.await.unwrap(), "sent");
+    /// # }
+    /// ```
     pub struct StampKeyFuture<F> {
         #[pin]
         state: KeyState<F>,

@@ -47,14 +47,50 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 
 /// The longest identifier part (run, step or tool) accepted.
+///
+/// ```
+/// use stormguard::key::{IdempotencyKey, MAX_PART};
+///
+/// let long = "s".repeat(MAX_PART + 1);
+/// let err = IdempotencyKey::derive("run-1", &long, "send", &1).unwrap_err();
+/// assert_eq!(err.part(), "step");
+/// assert!(IdempotencyKey::derive("run-1", &long[..MAX_PART], "send", &1).is_ok());
+/// ```
 pub const MAX_PART: usize = 64;
 
 /// An idempotency key: `run:step:tool:hash`, at most 255 bytes, safe to send in a header.
+///
+/// The hash is SHA-256 of the canonical JSON of the arguments, so the same logical action gets
+/// the same key in every process, whatever the order of its fields, and no argument value
+/// appears in the key.
+///
+/// ```
+/// use serde_json::json;
+/// use stormguard::key::IdempotencyKey;
+///
+/// let a = IdempotencyKey::derive("run-81f2", "step-2", "send_invoice",
+///     &json!({ "invoice": 4471, "to": "ap@example.com" })).unwrap();
+/// let b = IdempotencyKey::derive("run-81f2", "step-2", "send_invoice",
+///     &json!({ "to": "ap@example.com", "invoice": 4471 })).unwrap();
+/// assert_eq!(a, b);
+/// assert!(a.as_str().starts_with("run-81f2:step-2:send_invoice:"));
+/// assert!(!a.as_str().contains("example.com"));
+/// assert_eq!(IdempotencyKey::parse(a.as_str()).unwrap(), a);
+/// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct IdempotencyKey(String);
 
 /// Why a key could not be made.
+///
+/// ```
+/// use stormguard::key::IdempotencyKey;
+///
+/// let err = IdempotencyKey::derive("run 1", "step-2", "send", &()).unwrap_err();
+/// assert_eq!(err.part(), "run");
+/// assert!(err.to_string().contains("ASCII letters"));
+/// assert_eq!(IdempotencyKey::parse("").unwrap_err().part(), "key");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeyError {
     part: &'static str,

@@ -83,7 +83,24 @@ impl<S> Layer<S> for AttachLayer {
     }
 }
 
-/// See [`AttachLayer`].
+/// The service [`AttachLayer`] makes: puts the current operation into each request.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{Service, ServiceExt, service_fn};
+/// use stormguard::operation::{Attach, Carrier};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let inner = service_fn(|req: http::Request<()>| async move {
+///     Ok::<_, Infallible>(req.operation().is_some())
+/// });
+/// let mut svc = Attach::new(inner);
+/// // Outside a stormguard `Retry` there is no operation to attach.
+/// let carried = svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap();
+/// assert!(!carried);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Attach<S> {
     inner: S,
@@ -135,6 +152,22 @@ where
 /// Lends the operation a request carries (from an [`AttachLayer`]) to the layers below it.
 ///
 /// Place it directly below the task boundary; see [`AttachLayer`].
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::operation::{AdoptLayer, Operation};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let inner = service_fn(|_: http::Request<()>| async {
+///     Ok::<_, Infallible>(Operation::current().is_some())
+/// });
+/// let mut svc = AdoptLayer::new().layer(inner);
+/// // A request that carries no operation: nothing to adopt, the call runs on its own.
+/// assert!(!svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap());
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AdoptLayer {
     _priv: (),
@@ -155,7 +188,27 @@ impl<S> Layer<S> for AdoptLayer {
     }
 }
 
-/// See [`AdoptLayer`].
+/// The service [`AdoptLayer`] makes: lends the operation a request carries to the call below.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+/// use stormguard::{budget::RetryBudget, class::ToolClass, retry::{HttpReplay, RetryLayer}};
+/// use stormguard::operation::{Adopt, AttachLayer, Operation};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let inner = service_fn(|_: http::Request<()>| async {
+///     Ok::<_, Infallible>(Operation::current().map(|op| op.class()))
+/// });
+/// let mut svc = ServiceBuilder::new()
+///     .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).replay(HttpReplay))
+///     .layer(AttachLayer::new())
+///     .service(Adopt::new(inner));
+/// let seen = svc.ready().await.unwrap().call(http::Request::new(())).await.unwrap();
+/// assert_eq!(seen, Some(ToolClass::Read));
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Adopt<S> {
     inner: S,

@@ -57,6 +57,26 @@ use std::task::{Context, Poll};
 ///
 /// Get one with [`Operation::current`] inside a stormguard layer; lend it to a future with
 /// [`Operation::scope`] (or use [`carry`], which does both).
+///
+/// ```
+/// use std::convert::Infallible;
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::{budget::RetryBudget, class::ToolClass, operation::Operation, retry::RetryLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let tool = service_fn(|_: u32| async {
+///     let op = Operation::current().expect("inside a stormguard Retry");
+///     Ok::<_, Infallible>((op.class(), op.attempts(), op.max_attempts()))
+/// });
+/// let mut svc = RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default()).layer(tool);
+/// let (class, attempts, max) = svc.ready().await.unwrap().call(1).await.unwrap();
+/// assert_eq!(class, ToolClass::KeyedWrite);
+/// assert_eq!(attempts, 1);
+/// assert_eq!(max, ToolClass::KeyedWrite.policy().max_attempts());
+/// assert!(Operation::current().is_none()); // outside, nothing is installed
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Operation {
     shared: Arc<Mutex<OpState>>,
@@ -132,6 +152,24 @@ pub fn carry<F: Future>(future: F) -> Scoped<F> {
 
 pin_project! {
     /// A future that runs with an operation lent to it; see [`carry`].
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    /// use stormguard::operation::{carry, Operation, Scoped};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let tool = service_fn(|_: u32| async {
+    ///     // The inner call runs on another task: the operation goes with it.
+    ///     let inner: Scoped<_> = carry(async { Operation::current().is_some() });
+    ///     Ok::<_, Infallible>(tokio::spawn(inner).await.unwrap())
+    /// });
+    /// let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(tool);
+    /// assert!(svc.ready().await.unwrap().call(1).await.unwrap());
+    /// # }
+    /// ```
     pub struct Scoped<F> {
         #[pin]
         future: F,

@@ -4,12 +4,31 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Wall-clock time for receipt records (they outlive the process, so not a monotonic clock).
+///
+/// ```
+/// use stormguard::receipt::Clock;
+///
+/// /// A clock pinned to one instant, e.g. to replay a recorded run.
+/// #[derive(Clone)]
+/// struct Fixed(u64);
+/// impl Clock for Fixed {
+///     fn now_ms(&self) -> u64 { self.0 }
+/// }
+/// assert_eq!(Fixed(1_700_000_000_000).now_ms(), 1_700_000_000_000);
+/// ```
 pub trait Clock: Clone + Send + Sync + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
 }
 
 /// The system clock.
+///
+/// ```
+/// use stormguard::receipt::{Clock, SystemClock};
+///
+/// // Milliseconds since the Unix epoch: after 2020-01-01.
+/// assert!(SystemClock.now_ms() > 1_577_836_800_000);
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SystemClock;
 

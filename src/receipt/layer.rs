@@ -17,6 +17,18 @@ use tower_service::Service;
 
 /// The identity of one side effect: its idempotency key and a fingerprint of the arguments that
 /// must match for a repeat to be the same action.
+///
+/// ```
+/// use serde_json::json;
+/// use stormguard::receipt::Action;
+///
+/// let a = Action::new("run-1", "step-2", "charge", &json!({"order": 7, "cents": 1200}))?;
+/// let b = Action::new("run-1", "step-2", "charge", &json!({"cents": 1200, "order": 7}))?;
+/// assert_eq!(a, b); // field order does not matter
+/// let c = Action::new("run-1", "step-3", "charge", &json!({"order": 7, "cents": 1200}))?;
+/// assert_ne!(a.key(), c.key()); // another step is another action
+/// # Ok::<(), stormguard::key::KeyError>(())
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Action {
     key: IdempotencyKey,
@@ -101,6 +113,58 @@ impl Action {
 }
 
 /// Whether a read-back sees every effect that has been acknowledged.
+///
+/// An unkeyed write whose outcome a crash left unknown, with a read-back declared eventually
+/// consistent: its "not there" proves nothing, so it is not consulted and the call is escalated.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Absent
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// let looked = Arc::new(AtomicU32::new(0));
+/// let mut tool = ReceiptLayer::new(store, ToolClass::UnkeyedWrite, action)
+///     .clock(clock)
+///     .read_back(SentLog(looked.clone()), Consistency::Eventual)
+///     .layer(provider);
+/// let err = tool.ready().await.unwrap().call(req).await.unwrap_err();
+/// let err = err.downcast::<stormguard::error::ToolError>().unwrap();
+/// assert_eq!(err.code().as_str(), "outcome_unknown");
+/// assert_eq!((looked.load(Ordering::SeqCst), sends.load(Ordering::SeqCst)), (0, 0));
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Consistency {
     /// A read right after a write sees it: a miss means "not done". The only kind used.
@@ -111,6 +175,54 @@ pub enum Consistency {
 }
 
 /// What a read-back found.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Absent
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// let looked = Arc::new(AtomicU32::new(0));
+/// let mut tool = ReceiptLayer::new(store, ToolClass::UnkeyedWrite, action)
+///     .clock(clock)
+///     .read_back(SentLog(looked.clone()), Consistency::Immediate)
+///     .layer(provider);
+/// // Absent, and the read-back is consistent: the email never went out, so it is sent now.
+/// tool.ready().await.unwrap().call(req).await.unwrap();
+/// assert_eq!((looked.load(Ordering::SeqCst), sends.load(Ordering::SeqCst)), (1, 1));
+/// # }
+/// ```
 #[derive(Debug)]
 pub enum ReadBackResult<Res> {
     /// The action's effect is there; this is its result.
@@ -123,12 +235,112 @@ pub enum ReadBackResult<Res> {
 
 /// Looks for an action's effect at the provider (its sent log, say) when the provider takes no
 /// idempotency key and a crash left the outcome unknown.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Found("sent to ap@acme.test".to_string())
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// // The provider keeps a sent log and takes no key: the read-back is what can tell.
+/// let looked = Arc::new(AtomicU32::new(0));
+/// let mut tool = ReceiptLayer::new(store, ToolClass::UnkeyedWrite, action)
+///     .clock(clock)
+///     .read_back(SentLog(looked.clone()), Consistency::Immediate)
+///     .layer(provider);
+/// let result = tool.ready().await.unwrap().call(req.clone()).await.unwrap();
+/// assert_eq!(result, "sent to ap@acme.test"); // found: recorded as the receipt
+/// assert_eq!((looked.load(Ordering::SeqCst), sends.load(Ordering::SeqCst)), (1, 0));
+/// // From now on the receipt answers; nothing is sent or looked up again.
+/// assert_eq!(tool.ready().await.unwrap().call(req).await.unwrap(), result);
+/// assert_eq!((looked.load(Ordering::SeqCst), sends.load(Ordering::SeqCst)), (1, 0));
+/// # }
+/// ```
 pub trait ReadBack<Req, Res>: Clone + Send + Sync + 'static {
     /// Looks for `req`'s effect.
     fn read_back(&self, req: &Req) -> impl Future<Output = ReadBackResult<Res>> + Send;
 }
 
 /// No read-back: an unknown outcome of an unkeyed write is returned as `outcome_unknown`.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Absent
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// // Without a read-back, the unknown outcome of an unkeyed write goes back to a person.
+/// let mut tool = ReceiptLayer::new(store, ToolClass::UnkeyedWrite, action)
+///     .clock(clock)
+///     .layer(provider);
+/// let err = tool.ready().await.unwrap().call(req).await.unwrap_err();
+/// let err = err.downcast::<stormguard::error::ToolError>().unwrap();
+/// assert_eq!(err.code().as_str(), "outcome_unknown");
+/// assert_eq!(sends.load(Ordering::SeqCst), 0);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoReadBack;
 
@@ -154,6 +366,57 @@ struct Settings {
 /// `action` maps a request to its [`Action`] (key and fingerprint). Defaults: a 30 s lease (how
 /// long a call may be in flight), a 10 s wait for a parallel duplicate, 7 days' retention, the
 /// system clock, JSON receipts, no read-back.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Absent
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// // A keyed write resumes with the same key: the provider deduplicates it.
+/// let mut tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action)
+///     .clock(clock.clone())
+///     .layer(provider);
+/// tool.ready().await.unwrap().call(req.clone()).await.unwrap();
+/// tool.ready().await.unwrap().call(req).await.unwrap(); // answered from its receipt
+/// assert_eq!(sends.load(Ordering::SeqCst), 1);
+/// // Invalid settings are refused when the layer is built.
+/// let bad = ReceiptLayer::new(store, ToolClass::KeyedWrite, action)
+///     .retention(std::time::Duration::from_secs(60));
+/// assert_eq!(bad.err().unwrap().field(), "retention");
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct ReceiptLayer<
     St,
@@ -310,7 +573,51 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone, Ck: Clone> Layer<S>
     }
 }
 
-/// See [`ReceiptLayer`].
+/// The service [`ReceiptLayer`] makes.
+///
+/// ```
+/// # use std::convert::Infallible;
+/// # use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// # use tower::{Layer, Service, ServiceExt, service_fn};
+/// # use stormguard::class::ToolClass;
+/// # use stormguard::key::{IdempotencyKey, KeyStamp};
+/// # use stormguard::receipt::*;
+/// # #[derive(Clone)]
+/// # struct SendEmail { to: String, key: Option<String> }
+/// # impl KeyStamp for SendEmail {
+/// #     fn stamped_key(&self) -> Option<&str> { self.key.as_deref() }
+/// #     fn stamp_key(&mut self, key: &IdempotencyKey) { self.key = Some(key.to_string()) }
+/// # }
+/// # #[derive(Clone)]
+/// # struct SentLog(Arc<AtomicU32>);
+/// # impl ReadBack<SendEmail, String> for SentLog {
+/// #     async fn read_back(&self, _: &SendEmail) -> ReadBackResult<String> {
+/// #         self.0.fetch_add(1, Ordering::SeqCst);
+/// #         ReadBackResult::Absent
+/// #     }
+/// # }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let sends = Arc::new(AtomicU32::new(0));
+/// # let counter = sends.clone();
+/// # let provider = service_fn(move |req: SendEmail| {
+/// #     counter.fetch_add(1, Ordering::SeqCst);
+/// #     async move { Ok::<_, Infallible>(format!("sent to {}", req.to)) }
+/// # });
+/// # let action = |req: &SendEmail| Action::new("run-1", "step-2", "send_email", &req.to);
+/// # let req = SendEmail { to: "ap@acme.test".into(), key: None };
+/// // A crash left this action's intent pending, with no receipt; its lease has passed.
+/// let (store, clock) = (InMemoryStore::new(), ManualClock::new(1_000_000));
+/// let crashed = action(&req).unwrap();
+/// store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", 1_000_000, 1_030_000)
+///     .await.unwrap();
+/// clock.advance_ms(60_000);
+/// let mut tool: Receipts<_, _, _, _, _, _, _> = ReceiptLayer::new(store, ToolClass::KeyedWrite, action)
+///     .clock(clock)
+///     .layer(provider);
+/// assert_eq!(tool.ready().await.unwrap().call(req).await.unwrap(), "sent to ap@acme.test");
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Receipts<
     S,

@@ -2,6 +2,23 @@ use std::fmt;
 use std::future::Future;
 
 /// What [`ReceiptStore::begin`] found for a key.
+///
+/// ```
+/// use stormguard::receipt::{Begin, InMemoryStore, ReceiptStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = InMemoryStore::new();
+/// let (now, lease) = (1_000, 31_000);
+/// assert_eq!(store.begin("k", "fp", "me", now, lease).await.unwrap(), Begin::Fresh);
+/// let again = store.begin("k", "fp", "you", now + 1, lease).await.unwrap();
+/// assert_eq!(again, Begin::Pending { since_ms: now, lease_until_ms: lease });
+/// assert_eq!(store.begin("k", "other-args", "you", now + 2, lease).await.unwrap(), Begin::Mismatch);
+/// store.complete("k", "me", b"msg-4471", now + 3).await.unwrap();
+/// let done = store.begin("k", "fp", "you", now + 4, lease).await.unwrap();
+/// assert_eq!(done, Begin::Done { since_ms: now, receipt: b"msg-4471".to_vec() });
+/// # }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
     /// No record: the intent is recorded now and this caller executes.
@@ -55,6 +72,16 @@ pub enum Durability {
 }
 
 /// A receipt store failed (I/O, a lock, a broken connection).
+///
+/// ```
+/// use std::error::Error;
+/// use stormguard::receipt::StoreError;
+///
+/// let io = std::io::Error::from(std::io::ErrorKind::StorageFull);
+/// let err = StoreError::from_source("record the intent", io);
+/// assert_eq!(err.to_string(), "receipt store: record the intent");
+/// assert!(err.source().is_some());
+/// ```
 #[derive(Debug)]
 pub struct StoreError {
     message: String,
@@ -101,8 +128,26 @@ impl std::error::Error for StoreError {
 /// Times are milliseconds since the Unix epoch, given by the caller (so tests can use a manual
 /// clock). `owner` is the token of the caller executing the action: only the owner of an intent
 /// may release, abandon or complete it, so a caller whose lease passed cannot undo the claim of
-/// the caller that took over. Implementations: [`InMemoryStore`](super::InMemoryStore), `SqliteStore` (feature
-/// `sqlite`), `PostgresStore` (feature `postgres`).
+/// the caller that took over. Implementations: [`InMemoryStore`](super::InMemoryStore),
+/// `SqliteStore` (feature `sqlite`), `PostgresStore` (feature `postgres`).
+///
+/// ```
+/// use stormguard::receipt::{Begin, InMemoryStore, ReceiptStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = InMemoryStore::new();
+/// // A caller records its intent, then crashes: its lease passes.
+/// assert_eq!(store.begin("k", "fp", "crashed", 0, 1_000).await.unwrap(), Begin::Fresh);
+/// // A resumed caller finds the intent pending and takes it over once the lease has passed.
+/// assert!(!store.claim("k", "resumed", 500, 2_000).await.unwrap());
+/// assert!(store.claim("k", "resumed", 1_000, 2_000).await.unwrap());
+/// // The crashed caller can no longer complete it; the new owner can.
+/// assert!(store.complete("k", "crashed", b"r", 1_100).await.is_err());
+/// store.complete("k", "resumed", b"r", 1_200).await.unwrap();
+/// assert_eq!(store.prune(1).await.unwrap(), 1); // older than 1 ms since the epoch: removed
+/// # }
+/// ```
 pub trait ReceiptStore: Clone + Send + Sync + 'static {
     /// Records the intent for `key` unless a record exists; says what was there.
     fn begin(

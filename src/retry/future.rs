@@ -26,6 +26,20 @@ pin_project! {
     ///
     /// A first-try success allocates nothing: the backoff state, the sleep and the clone of the
     /// inner service are made only when a retry is granted.
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass};
+    /// use stormguard::retry::{ResponseFuture, RetryLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let double = service_fn(|n: u32| async move { Ok::<_, std::io::Error>(n * 2) });
+    /// let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(double);
+    /// let future: ResponseFuture<_, _, _, u32> = svc.ready().await.unwrap().call(21);
+    /// assert_eq!(future.await.unwrap(), 42);
+    /// # }
+    /// ```
     pub struct ResponseFuture<S, C, R, Req>
     where
         S: Service<Req>,

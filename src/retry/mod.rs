@@ -106,6 +106,44 @@ use tower_service::Service;
 
 /// Retries a service's failures as its tool class, the shared budget and the operation's ledger
 /// allow. See the [module docs](self).
+///
+/// ```
+/// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::{budget::RetryBudget, class::ToolClass, error::ErrorCode};
+/// use stormguard::retry::{Retry, RetryLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let counter = calls.clone();
+/// // Refuses connections twice (nothing was sent: transient), then answers.
+/// let flaky = service_fn(move |q: &'static str| {
+///     let n = counter.fetch_add(1, Ordering::SeqCst);
+///     async move {
+///         if n < 2 {
+///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+///         } else {
+///             Ok(format!("results for {q}"))
+///         }
+///     }
+/// });
+/// let mut search: Retry<_> = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(flaky);
+/// let found = search.ready().await.unwrap().call("storm").await.unwrap();
+/// assert_eq!(found, "results for storm");
+/// assert_eq!(calls.load(Ordering::SeqCst), 3);
+///
+/// // A dependency that stays down: the Read class's 3 attempts, then a final error.
+/// let down = service_fn(|_: &'static str| async {
+///     Err::<String, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+/// });
+/// let mut search = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(down);
+/// let err = search.ready().await.unwrap().call("storm").await.unwrap_err();
+/// assert_eq!(err.code(), ErrorCode::Unavailable);
+/// assert_eq!(err.attempts(), 3);
+/// assert!(!err.retryable());
+/// # }
+/// ```
 pub struct Retry<S, C = DefaultClassifier, R = CloneReplay> {
     inner: S,
     kit: Arc<Kit<S, C, R>>,

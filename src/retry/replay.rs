@@ -33,6 +33,13 @@ pub trait Replay<Req> {
 }
 
 /// Replays any `Clone` request; reports no idempotency key.
+///
+/// ```
+/// use stormguard::retry::{CloneReplay, Replay};
+///
+/// assert_eq!(CloneReplay.replay(&"search storm"), Some("search storm"));
+/// assert!(!CloneReplay.carries_key(&"search storm"));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CloneReplay;
 
