@@ -37,6 +37,14 @@ use std::time::Duration;
 /// What a tool does to the world, which decides how it may be retried.
 ///
 /// Ordered from the most to the least permissive; [`ToolClass::strictest`] picks the later one.
+///
+/// ```
+/// use stormguard::class::ToolClass;
+///
+/// assert_eq!(ToolClass::KeyedWrite.as_str(), "keyed_write");
+/// assert_eq!(ToolClass::Read.strictest(ToolClass::UnkeyedWrite), ToolClass::UnkeyedWrite);
+/// assert_eq!(ToolClass::MultiStep.policy().max_attempts(), 1);
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -54,6 +62,18 @@ pub enum ToolClass {
 }
 
 /// What to do with one failure.
+///
+/// ```
+/// use stormguard::class::{Decision, ToolClass};
+/// use stormguard::classify::FailureClass;
+/// use stormguard::error::ErrorCode;
+///
+/// assert_eq!(ToolClass::MultiStep.decide(FailureClass::Transient, true), Decision::Return);
+/// assert_eq!(
+///     ToolClass::KeyedWrite.decide(FailureClass::Ambiguous, false),
+///     Decision::Escalate(ErrorCode::MissingIdempotencyKey),
+/// );
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Retry it, if the budget, the attempt cap and the deadline allow.
@@ -66,6 +86,15 @@ pub enum Decision {
 
 impl ToolClass {
     /// Every class, from the most to the least permissive.
+    ///
+    /// ```
+    /// use stormguard::class::ToolClass;
+    ///
+    /// assert!(ToolClass::ALL.windows(2).all(|w| w[0] < w[1]));
+    /// for class in ToolClass::ALL {
+    ///     assert_eq!(serde_json::to_value(class).unwrap(), class.as_str());
+    /// }
+    /// ```
     pub const ALL: [ToolClass; 5] = [
         ToolClass::Read,
         ToolClass::IdempotentWrite,
@@ -216,12 +245,32 @@ impl ClassPolicy {
 }
 
 /// Builds a [`ClassPolicy`]; invalid settings are rejected by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::class::ToolClass;
+///
+/// let builder = ToolClass::KeyedWrite.policy().into_builder();
+/// let err = builder.max_server_delay(Duration::from_secs(7200)).build().unwrap_err();
+/// assert_eq!(err.field(), "max_server_delay");
+/// let err = builder.deadline(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.field(), "deadline");
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct ClassPolicyBuilder {
     policy: ClassPolicy,
 }
 
 /// The largest `max_attempts` accepted (gRPC caps at 5; agents rarely need more than 10).
+///
+/// ```
+/// use stormguard::class::{ToolClass, MAX_ATTEMPTS_LIMIT};
+///
+/// let builder = ToolClass::Read.policy().into_builder();
+/// assert!(builder.max_attempts(MAX_ATTEMPTS_LIMIT).build().is_ok());
+/// let err = builder.max_attempts(MAX_ATTEMPTS_LIMIT + 1).build().unwrap_err();
+/// assert_eq!(err.field(), "max_attempts");
+/// ```
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
 impl ClassPolicyBuilder {

@@ -38,6 +38,18 @@ use crate::error::ConfigError;
 use std::time::Duration;
 
 /// The longest cap accepted (one hour).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::backoff::{Backoff, MAX_CAP};
+///
+/// assert_eq!(MAX_CAP, Duration::from_secs(3600));
+/// let err = Backoff::exponential(Duration::from_secs(1))
+///     .cap(MAX_CAP + Duration::from_secs(1))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.field(), "cap");
+/// ```
 pub const MAX_CAP: Duration = Duration::from_secs(3600);
 
 /// How the delay grows.
@@ -49,6 +61,19 @@ enum Growth {
 }
 
 /// How the delay is randomised.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::backoff::{Backoff, Jitter};
+///
+/// let none = Backoff::exponential(Duration::from_millis(100)).jitter(Jitter::None).build()?;
+/// let mut state = none.state(7);
+/// assert_eq!(state.next_delay(), Duration::from_millis(100));
+/// assert_eq!(state.next_delay(), Duration::from_millis(200));
+/// let linear = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Decorrelated);
+/// assert_eq!(linear.build().unwrap_err().field(), "jitter");
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Jitter {
@@ -64,6 +89,18 @@ pub enum Jitter {
 
 /// A validated backoff configuration. Build one with [`Backoff::exponential`],
 /// [`Backoff::linear`] or [`Backoff::constant`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::backoff::{Backoff, Jitter};
+///
+/// let backoff = Backoff::exponential(Duration::from_millis(100)).build()?;
+/// assert_eq!(backoff.cap(), Duration::from_secs(10));
+/// assert_eq!(backoff.jitter(), Jitter::Full);
+/// assert_eq!(backoff.ceiling(3), Duration::from_millis(800));
+/// assert_eq!(backoff.ceiling(20), Duration::from_secs(10)); // capped
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Backoff {
     growth: Growth,
@@ -140,6 +177,18 @@ impl Backoff {
 }
 
 /// Builds a [`Backoff`]; [`build`](Self::build) rejects invalid settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::backoff::Backoff;
+///
+/// let err = Backoff::linear(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.field(), "base");
+/// // A constant backoff may be zero; it has no jitter.
+/// let zero = Backoff::constant(Duration::ZERO).build()?;
+/// assert_eq!(zero.state(1).next_delay(), Duration::ZERO);
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 pub struct BackoffBuilder {
     growth: Growth,
@@ -200,6 +249,19 @@ impl BackoffBuilder {
 }
 
 /// The backoff of one operation: how many retries it has waited for and its own RNG.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::backoff::{Backoff, Jitter};
+///
+/// let backoff = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Equal).build()?;
+/// let (mut a, mut b) = (backoff.state(42), backoff.state(42));
+/// let first = a.next_delay();
+/// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+/// assert_eq!(b.next_delay(), first); // the same seed gives the same delays
+/// assert_eq!(a.retries(), 1);
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct BackoffState {
     backoff: Backoff,

@@ -5,6 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Which recent outcomes a failure rate is computed over.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::breaker::{BreakerConfig, Window};
+///
+/// let half_a_second = Window::Time(Duration::from_millis(500));
+/// let err = BreakerConfig::builder().failure_rate(0.5, half_a_second, 10).build().unwrap_err();
+/// assert_eq!(err.field(), "window");
+/// let empty = BreakerConfig::builder().failure_rate(0.5, Window::Count(0), 10).build();
+/// assert_eq!(empty.unwrap_err().field(), "window");
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Window {
     /// The last `n` counted outcomes (a ring: the oldest drops out as a new one arrives).
@@ -14,6 +25,18 @@ pub enum Window {
 }
 
 /// A callback run on every state transition (after the transition, on the caller's task).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use stormguard::breaker::{OnTransition, State, Transition};
+///
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = seen.clone();
+/// let callback: OnTransition = Arc::new(move |t: &Transition| log.lock().unwrap().push(t.to));
+/// let (from, to) = (State::Closed, State::Open);
+/// callback(&Transition { breaker: "billing-api".into(), from, to, reason: String::new() });
+/// assert_eq!(*seen.lock().unwrap(), [State::Open]);
+/// ```
 pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 
 /// A breaker's settings. Start from [`BreakerConfig::builder`]; `build` rejects invalid ones.
@@ -29,6 +52,17 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 /// | open duration | 5 s, doubling per repeated trip, capped at 30 s | 60 s | 5 s | Envoy-style growth: a dependency that stays down is probed less often |
 /// | half-open trials | 1 | 10 | 1 | Fowler's single trial call; its success closes the breaker |
 /// | slow call | off | 60 s | - | |
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::breaker::BreakerConfig;
+///
+/// let config = BreakerConfig::default();
+/// assert_eq!(config.trials(), 1);
+/// assert_eq!(config.open_duration_after(1), Duration::from_secs(5));
+/// assert_eq!(config.open_duration_after(2), Duration::from_secs(10));
+/// assert_eq!(config.open_duration_after(4), Duration::from_secs(30)); // capped
+/// ```
 #[derive(Clone)]
 pub struct BreakerConfig {
     pub(super) consecutive_failures: Option<u32>,

@@ -106,6 +106,20 @@ pub(crate) const REJECTIONS: &str = "stormguard_breaker_rejections_total";
 pub(crate) const OUTCOMES: &str = "stormguard_breaker_outcomes_total";
 
 /// Fails calls at once while its dependency is down. See the [module docs](self).
+///
+/// ```
+/// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreaker, CountDependencyFailures};
+/// use stormguard::classify::DefaultClassifier;
+/// use tower::{service_fn, Service, ServiceExt};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let breaker = Breaker::new("search", BreakerConfig::default());
+/// let inner = service_fn(|q: &'static str| async move { Ok::<_, std::io::Error>(q.len()) });
+/// let mut svc = CircuitBreaker::new(inner, breaker, DefaultClassifier, CountDependencyFailures);
+/// assert_eq!(svc.ready().await.unwrap().call("storm").await.unwrap(), 5);
+/// assert_eq!(svc.breaker().opens(), 0);
+/// # }
+/// ```
 pub struct CircuitBreaker<S, C = DefaultClassifier, P = CountDependencyFailures> {
     inner: S,
     breaker: Breaker,

@@ -1,6 +1,18 @@
 use crate::classify::{Classification, FailureClass, Verdict};
 
 /// How one outcome counts toward a breaker's view of its dependency's health.
+///
+/// ```
+/// use stormguard::breaker::{Count, CountDependencyFailures, CountPolicy};
+/// use stormguard::classify::{Classification, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// let policy = CountDependencyFailures;
+/// assert_eq!(policy.count(&Classification::success()), Count::Success);
+/// let bad_arg =
+///     Classification::failure(FailureClass::ModelRecoverable, ErrorCode::InvalidArgument);
+/// assert_eq!(policy.count(&bad_arg), Count::Ignore);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Count {
     /// Evidence that the dependency works.
@@ -55,6 +67,17 @@ impl<F: Fn(&Classification) -> Count> CountPolicy for F {
 /// | `Failure(ModelRecoverable)` (bad argument) | ignored |
 /// | `Failure(Permanent)` (bad credential, forbidden) | ignored |
 /// | `Failure(Policy)` (guardrail) | ignored |
+///
+/// ```
+/// use stormguard::breaker::{Count, CountDependencyFailures, CountPolicy};
+/// use stormguard::classify::{Classification, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// let forbidden = Classification::failure(FailureClass::Permanent, ErrorCode::PermissionDenied);
+/// assert_eq!(CountDependencyFailures.count(&forbidden), Count::Ignore);
+/// let refused = Classification::failure(FailureClass::Transient, ErrorCode::Unavailable);
+/// assert_eq!(CountDependencyFailures.count(&refused), Count::Failure);
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CountDependencyFailures;
 

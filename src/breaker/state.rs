@@ -15,6 +15,14 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// A breaker's state.
+///
+/// ```
+/// use stormguard::breaker::{Breaker, BreakerConfig, State};
+///
+/// assert_eq!(State::HalfOpen.as_str(), "half_open");
+/// let breaker = Breaker::new("search", BreakerConfig::default());
+/// assert_eq!(breaker.state(), State::Closed);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum State {
     /// Calls flow; outcomes are counted.
@@ -45,6 +53,19 @@ impl State {
 }
 
 /// One state transition, as passed to the `on_transition` callback.
+///
+/// ```
+/// use stormguard::breaker::{State, Transition};
+///
+/// let t = Transition {
+///     breaker: "billing-api".into(),
+///     from: State::HalfOpen,
+///     to: State::Open,
+///     reason: "a trial call to billing-api failed; open for 10000 ms".into(),
+/// };
+/// let line = format!("{}: {} -> {}", t.breaker, t.from.as_str(), t.to.as_str());
+/// assert_eq!(line, "billing-api: half_open -> open");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transition {
     /// The breaker's name.

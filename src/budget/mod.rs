@@ -58,6 +58,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a budget refused a retry.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::{Refusal, RetryBudget, RunLimits};
+/// use stormguard::error::ErrorCode;
+///
+/// let run = RetryBudget::default().for_run(RunLimits::new().max_retries(0).build()?);
+/// let refusal = run.try_withdraw(Duration::ZERO).unwrap_err();
+/// assert_eq!(refusal, Refusal::RunBudget);
+/// assert_eq!(refusal.code(), ErrorCode::RunBudgetExhausted);
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -81,6 +93,20 @@ impl Refusal {
 ///
 /// `RetryBudget::default()` is `retry_ratio` 0.2, `max_balance` 100, a floor of 10 retries per
 /// 60 s, no run limits.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::{Refusal, RetryBudget};
+///
+/// let no_floor = RetryBudget::builder().floor(0, Duration::from_secs(60)); // deposits only
+/// let budget = no_floor.retry_ratio(0.5).build()?;
+/// assert_eq!(budget.try_withdraw(Duration::ZERO), Err(Refusal::RetryBudget));
+/// budget.deposit();
+/// budget.deposit();
+/// assert_eq!(budget.balance(), 1.0);
+/// assert_eq!(budget.try_withdraw(Duration::ZERO), Ok(()));
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct RetryBudget {
     ratio: Arc<Ratio>,

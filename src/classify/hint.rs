@@ -6,9 +6,31 @@
 use std::time::{Duration, SystemTime};
 
 /// The largest delay a parsed hint can carry (one day); larger values are clamped to it.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::hint::{parse_pushback_ms, ServerHint, MAX_HINT};
+///
+/// assert_eq!(MAX_HINT, Duration::from_secs(86_400));
+/// // `i32::MAX` milliseconds is about 24.8 days: clamped to one day.
+/// assert_eq!(parse_pushback_ms("2147483647"), Some(ServerHint::RetryAfter(MAX_HINT)));
+/// ```
 pub const MAX_HINT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// What the server asked the client to do.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::{classify_error, ServerHint};
+/// use stormguard::error::{ErrorCode, ToolError};
+///
+/// assert_eq!(ServerHint::default(), ServerHint::None);
+/// let wait = Duration::from_secs(2);
+/// let throttled = ToolError::new(ErrorCode::RateLimited).with_retry_after(wait);
+/// assert_eq!(classify_error(&throttled).hint(), ServerHint::RetryAfter(wait));
+/// let bad_arg = ToolError::new(ErrorCode::InvalidArgument); // not retryable
+/// assert_eq!(classify_error(&bad_arg).hint(), ServerHint::DoNotRetry);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ServerHint {
     /// No hint.

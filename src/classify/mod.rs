@@ -49,6 +49,14 @@ use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 /// What a failure means for a retry (the reference text's failure classes).
+///
+/// ```
+/// use stormguard::classify::FailureClass;
+///
+/// assert_eq!(FailureClass::ModelRecoverable.as_str(), "model_recoverable");
+/// assert!(FailureClass::Ambiguous.is_dependency_failure());
+/// assert!(!FailureClass::Permanent.is_dependency_failure());
+/// ```
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,6 +94,14 @@ impl FailureClass {
 }
 
 /// What happened, in one word.
+///
+/// ```
+/// use stormguard::classify::{classify_error, Classification, FailureClass, Verdict};
+///
+/// assert_eq!(Classification::empty().verdict(), Verdict::Empty);
+/// let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+/// assert_eq!(classify_error(&denied).verdict(), Verdict::Failure(FailureClass::Permanent));
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// The call did what was asked.
@@ -180,6 +196,16 @@ impl Classification {
 /// as tower-http's `ClassifiedResponse::RequiresEos` does. A response whose head has arrived is
 /// committed (gRPC A6's rule): [`Retry`](crate::retry::Retry) returns it to the caller and never
 /// retries it.
+///
+/// ```
+/// use stormguard::classify::{Classification, ClassifiedResponse, Classify, DefaultClassifier};
+///
+/// let ok: Result<u32, std::io::Error> = Ok(7);
+/// match DefaultClassifier.classify(&ok) {
+///     ClassifiedResponse::Ready(c) => assert_eq!(c, Classification::success()),
+///     ClassifiedResponse::RequiresEos(never) => match never {},
+/// }
+/// ```
 #[derive(Debug)]
 pub enum ClassifiedResponse<Eos> {
     /// The outcome is known now.
@@ -189,6 +215,21 @@ pub enum ClassifiedResponse<Eos> {
 }
 
 /// Classifies the end of a stream (for example gRPC trailers).
+///
+/// ```
+/// use stormguard::classify::{Classification, ClassifyEos, FailureClass};
+/// # use stormguard::error::ErrorCode;
+///
+/// struct Whole; // a stream is whole only if its trailers say so
+/// impl ClassifyEos for Whole {
+///     type Trailers = bool;
+///     fn classify_eos(self, whole: Option<&bool>) -> Classification {
+///         if whole == Some(&true) { return Classification::success(); }
+///         Classification::failure(FailureClass::Ambiguous, ErrorCode::Unavailable)
+///     }
+/// }
+/// assert_eq!(Whole.classify_eos(None).failure_class(), Some(FailureClass::Ambiguous));
+/// ```
 pub trait ClassifyEos {
     /// What the stream ends with (trailers, for HTTP/2 and gRPC).
     type Trailers;
@@ -198,6 +239,15 @@ pub trait ClassifyEos {
 }
 
 /// A [`ClassifyEos`] that cannot be built: for classifiers that always decide from the head.
+///
+/// ```
+/// use stormguard::classify::{Classification, ClassifiedResponse, Classify, DefaultClassifier};
+///
+/// let ok: Result<(), std::io::Error> = Ok(());
+/// // `DefaultClassifier`'s end-of-stream type is `NeverClassifyEos`: `Ready` is the only case.
+/// let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&ok);
+/// assert_eq!(c, Classification::success());
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub enum NeverClassifyEos {}
 
@@ -249,6 +299,16 @@ where
 ///
 /// The right choice for tool-call services whose response type carries no failure, and for
 /// clients whose failures are all errors (reqwest with `error_for_status`, tonic's typed clients).
+///
+/// ```
+/// use stormguard::classify::{ClassifiedResponse, Classify, DefaultClassifier, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// let r: Result<(), std::io::Error> = Err(std::io::ErrorKind::TimedOut.into());
+/// let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&r) else { unreachable!() };
+/// assert_eq!(c.failure_class(), Some(FailureClass::Ambiguous));
+/// assert_eq!(c.code(), Some(ErrorCode::Timeout));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultClassifier;
 

@@ -61,6 +61,15 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in declaration order.
+    ///
+    /// ```
+    /// use stormguard::error::ErrorCode;
+    ///
+    /// for code in ErrorCode::ALL {
+    ///     assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+    ///     assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+    /// }
+    /// ```
     pub const ALL: [ErrorCode; 21] = [
         ErrorCode::RateLimited,
         ErrorCode::Unavailable,

@@ -41,6 +41,15 @@ use std::fmt;
 use std::time::Duration;
 
 /// A boxed error, as tower uses it.
+///
+/// ```
+/// use stormguard::error::{BoxError, ErrorCode, ToolError};
+///
+/// let err: BoxError = ToolError::new(ErrorCode::Conflict).into();
+/// assert_eq!(ToolError::from_boxed(err, ErrorCode::Internal).code(), ErrorCode::Conflict);
+/// let io: BoxError = std::io::Error::other("disk full").into();
+/// assert_eq!(ToolError::from_boxed(io, ErrorCode::Internal).code(), ErrorCode::Internal);
+/// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The error every stormguard layer returns: a stable code, a retryable flag and a hint.
