@@ -61,7 +61,22 @@ impl Drop for Ticket {
 }
 
 pin_project! {
-    /// The future [`CircuitBreaker`](super::CircuitBreaker) returns.
+    /// The future [`CircuitBreaker`](super::CircuitBreaker) returns: the inner call's, whose
+    /// outcome is recorded when it completes, or a `circuit_open` rejection ready at once.
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, ResponseFuture};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let breaker = Breaker::new("search", BreakerConfig::default());
+    /// let inner = service_fn(|q: &'static str| async move { Ok::<_, std::io::Error>(q.len()) });
+    /// let mut svc = CircuitBreakerLayer::new(breaker).layer(inner);
+    /// let future: ResponseFuture<_, _, _> = svc.ready().await.unwrap().call("storm");
+    /// assert_eq!(future.await.unwrap(), 5);
+    /// # }
+    /// ```
     pub struct ResponseFuture<F, C, P> {
         #[pin]
         state: State<F>,
