@@ -80,6 +80,8 @@
 //!   `http::Request`.
 //! - `sqlite`: `receipt::SqliteStore` (rusqlite with SQLite compiled in).
 //! - `postgres`: `receipt::PostgresStore` (tokio-postgres).
+//! - `reqwest`: `HttpClassifier` for `reqwest::Response`, `reqwest::Error` classified by kind,
+//!   `HttpReplay` and `Idempotency-Key` for `reqwest::Request`.
 //! - `tonic`: `tonic::Status` classified by gRPC code, `idempotency-key` metadata on
 //!   `tonic::Request`, and `retry::GrpcReplay`.
 

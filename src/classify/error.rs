@@ -57,6 +57,9 @@ as_dyn_error!(::http::Error);
 #[cfg(feature = "tonic")]
 as_dyn_error!(tonic::Status);
 
+#[cfg(feature = "reqwest")]
+as_dyn_error!(reqwest::Error);
+
 impl AsDynError for std::convert::Infallible {
     fn as_dyn_error(&self) -> &(dyn Error + 'static) {
         match *self {}
@@ -75,6 +78,7 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `Interrupted`, `WouldBlock` | `Transient` | `unavailable` |
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
+/// | a `reqwest::Error` (feature `reqwest`) | by its kind: connect = `Transient`, timeout after connecting = `Ambiguous`, status by the HTTP table | by kind |
 /// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
 ///
@@ -131,6 +135,13 @@ pub(super) fn classify_chain(err: &(dyn Error + 'static)) -> Option<Classificati
 fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     if let Some(tool) = e.downcast_ref::<ToolError>() {
         return Some(classify_tool_error(tool));
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(c) = e
+        .downcast_ref::<reqwest::Error>()
+        .and_then(super::reqwest::classify)
+    {
+        return Some(c);
     }
     #[cfg(feature = "tonic")]
     if let Some(status) = e.downcast_ref::<tonic::Status>() {

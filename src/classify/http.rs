@@ -69,7 +69,7 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
     }
 }
 
-fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {
+pub(super) fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {
     let grpc = status
         .is_success()
         .then(|| headers.get("grpc-status"))

@@ -38,6 +38,8 @@ mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "reqwest")]
+mod reqwest;
 
 pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;

@@ -34,7 +34,8 @@ use tower_service::Service;
 ///
 /// Implemented for `http::Request<B>` as the `Idempotency-Key` header, which is also how gRPC
 /// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`, and for
-/// `tonic::Request<T>` (feature `tonic`) as `idempotency-key` metadata.
+/// `tonic::Request<T>` (feature `tonic`) as `idempotency-key` metadata, and for
+/// `reqwest::Request` (feature `reqwest`) as the header.
 pub trait KeyStamp {
     /// The key the request carries already, if any.
     fn stamped_key(&self) -> Option<&str>;
@@ -44,6 +45,21 @@ pub trait KeyStamp {
 
 #[cfg(feature = "http")]
 impl<B> KeyStamp for http::Request<B> {
+    fn stamped_key(&self) -> Option<&str> {
+        self.headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+    }
+
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
+            self.headers_mut().insert("idempotency-key", value);
+        }
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl KeyStamp for reqwest::Request {
     fn stamped_key(&self) -> Option<&str> {
         self.headers()
             .get("idempotency-key")

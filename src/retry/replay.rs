@@ -50,7 +50,8 @@ impl<Req: Clone> Replay<Req> for CloneReplay {
     }
 }
 
-/// Replays `http::Request<B>` with a `Clone` body and reports a key when the request has an
+/// Replays `http::Request<B>` with a `Clone` body (and, with feature `reqwest`, a
+/// `reqwest::Request` whose body is not a stream) and reports a key when the request has an
 /// `Idempotency-Key` header.
 ///
 /// ```
@@ -61,6 +62,19 @@ impl<Req: Clone> Replay<Req> for CloneReplay {
 #[cfg(feature = "http")]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpReplay;
+
+/// `reqwest::Request` (feature `reqwest`): replayed with `try_clone`, so a streaming body gets
+/// one attempt.
+#[cfg(feature = "reqwest")]
+impl Replay<reqwest::Request> for HttpReplay {
+    fn replay(&self, req: &reqwest::Request) -> Option<reqwest::Request> {
+        req.try_clone()
+    }
+
+    fn carries_key(&self, req: &reqwest::Request) -> bool {
+        req.headers().contains_key("idempotency-key")
+    }
+}
 
 #[cfg(feature = "http")]
 impl<B: Clone> Replay<http::Request<B>> for HttpReplay {

@@ -1,0 +1,156 @@
+//! stormguard on a reqwest `Client` (a tower `Service<reqwest::Request>`), against a real HTTP
+//! server on 127.0.0.1 that records the `Idempotency-Key` of every request it receives.
+#![cfg(feature = "reqwest")]
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::HttpClassifier;
+use stormguard::error::ErrorCode;
+use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+use stormguard::retry::{HttpReplay, RetryLayer};
+use stormguard::ToolError;
+use support::call;
+use tower::ServiceBuilder;
+
+/// What the server does with its n-th request (from 0): a status, and how long to wait first.
+type Script = Arc<dyn Fn(usize) -> (u16, Duration) + Send + Sync>;
+
+/// Starts the server; returns its address and the `Idempotency-Key` of each request received.
+async fn serve(
+    script: impl Fn(usize) -> (u16, Duration) + Send + Sync + 'static,
+) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
+    let script: Script = Arc::new(script);
+    let keys: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = keys.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (script, seen) = (script.clone(), seen.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let key = req
+                        .headers()
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let n = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(key);
+                        seen.len() - 1
+                    };
+                    let (status, delay) = script(n);
+                    async move {
+                        tokio::time::sleep(delay).await;
+                        let resp = http::Response::builder()
+                            .status(status)
+                            .body(Full::new(Bytes::from_static(b"{}")))
+                            .unwrap();
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, keys)
+}
+
+fn retry(class: ToolClass) -> RetryLayer<HttpClassifier, HttpReplay> {
+    let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    RetryLayer::new(class, RetryBudget::default())
+        .policy(class.policy().into_builder().backoff(fast).build().unwrap())
+        .classifier(HttpClassifier)
+        .replay(HttpReplay)
+}
+
+fn post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {
+    client
+        .post(format!("http://{addr}/charges"))
+        .body(r#"{"order":7,"cents":1200}"#)
+        .build()
+        .unwrap()
+}
+
+fn key_of(req: &reqwest::Request) -> Result<IdempotencyKey, stormguard::key::KeyError> {
+    let body = req.body().and_then(|b| b.as_bytes()).unwrap_or_default();
+    IdempotencyKey::derive(
+        "run-81f2",
+        "step-3",
+        "charge",
+        &String::from_utf8_lossy(body),
+    )
+}
+
+#[tokio::test]
+async fn a_503_is_retried_until_the_server_answers() {
+    let (addr, keys) = serve(|n| (if n < 2 { 503 } else { 200 }, Duration::ZERO)).await;
+    let client = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::Read))
+        .service(client.clone());
+    let resp = call(&mut svc, post(&client, addr)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(keys.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_502_on_a_keyed_write_is_retried_with_the_same_key() {
+    let (addr, keys) = serve(|n| (if n == 0 { 502 } else { 201 }, Duration::ZERO)).await;
+    let client = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::KeyedWrite))
+        .layer(IdempotencyKeyLayer::new(key_of))
+        .service(client.clone());
+    let resp = call(&mut svc, post(&client, addr)).await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    let first = keys[0].clone().expect("the first attempt carries a key");
+    assert!(first.starts_with("run-81f2:step-3:charge:"), "{first}");
+    assert_eq!(keys[1].as_deref(), Some(first.as_str()));
+}
+
+#[tokio::test]
+async fn a_timeout_after_sending_an_unkeyed_write_is_escalated_not_repeated() {
+    let (addr, keys) = serve(|_| (200, Duration::from_secs(2))).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::UnkeyedWrite))
+        .service(client.clone());
+    let err: ToolError = call(&mut svc, post(&client, addr)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert_eq!(keys.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_even_for_an_unkeyed_write() {
+    // Nothing listens here: no request was sent, so a retry cannot duplicate anything.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let client = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::UnkeyedWrite))
+        .service(client.clone());
+    let err: ToolError = call(&mut svc, post(&client, addr)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.attempts(), 3, "{err}");
+}
