@@ -75,7 +75,10 @@ mod tests {
     fn a_builder_error_goes_back_to_the_model() {
         let err = reqwest::Client::new().get("not a url").build().unwrap_err();
         let c = classify_error(&err);
-        assert_eq!(c.verdict(), Verdict::Failure(FailureClass::ModelRecoverable));
+        assert_eq!(
+            c.verdict(),
+            Verdict::Failure(FailureClass::ModelRecoverable)
+        );
         assert_eq!(c.code(), Some(ErrorCode::InvalidArgument));
     }
 
@@ -83,11 +86,19 @@ mod tests {
     fn a_status_error_is_classified_by_its_status() {
         let status = |code: u16| {
             let resp = http::Response::builder().status(code).body("").unwrap();
-            let err = reqwest::Response::from(resp).error_for_status().unwrap_err();
+            let err = reqwest::Response::from(resp)
+                .error_for_status()
+                .unwrap_err();
             classify_error(&err)
         };
-        assert_eq!(status(503).verdict(), Verdict::Failure(FailureClass::Transient));
-        assert_eq!(status(504).verdict(), Verdict::Failure(FailureClass::Ambiguous));
+        assert_eq!(
+            status(503).verdict(),
+            Verdict::Failure(FailureClass::Transient)
+        );
+        assert_eq!(
+            status(504).verdict(),
+            Verdict::Failure(FailureClass::Ambiguous)
+        );
         assert_eq!(status(429).code(), Some(ErrorCode::RateLimited));
         assert_eq!(status(404).verdict(), Verdict::Empty);
     }
