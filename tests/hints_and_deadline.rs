@@ -193,3 +193,51 @@ async fn a_500_on_an_unkeyed_write_escalates_and_a_keyed_one_retries() {
     assert_eq!(call(&mut keyed, keyed_req).await.unwrap().status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A budget with one retry's worth in its balance and no floor.
+fn one_retry_budget() -> RetryBudget {
+    let budget = RetryBudget::builder()
+        .floor(0, Duration::from_secs(60))
+        .retry_ratio(1.0)
+        .build()
+        .unwrap();
+    budget.deposit();
+    budget
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_retry_the_server_scheduled_costs_the_budget_less() {
+    // 429 + Retry-After twice: each retry costs 5/14 of one, so one retry's worth pays for both.
+    let (calls, dep) = server(429, &[("retry-after", "1")], 2);
+    let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    assert_eq!(call(&mut svc, req()).await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // A 503 with the same Retry-After is not throttling: one retry's worth pays for one.
+    let (calls, dep) = server(503, &[("retry-after", "1")], 2);
+    let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RetryBudgetExhausted);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_spent_on_throttling_says_so_and_when_to_come_back() {
+    let (_, dep) = server(429, &[("retry-after", "2")], 10);
+    let budget = RetryBudget::builder()
+        .floor(0, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let mut svc = RetryLayer::new(ToolClass::Read, budget)
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RetryBudgetExhausted);
+    assert!(err.hint().contains("rate limiting"), "{}", err.hint());
+    assert!(err.hint().contains("wait 2 s"), "{}", err.hint());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+}

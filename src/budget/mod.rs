@@ -27,6 +27,13 @@
 //! The balance is capped at `max_balance` retries (100 by default), so a long healthy spell
 //! cannot bank an unbounded burst for the next outage.
 //!
+//! A retry the server scheduled after throttling a call (`429` or `RESOURCE_EXHAUSTED` with
+//! `Retry-After` or a pushback) costs 5/14 of a retry
+//! ([`try_withdraw_throttled`](RetryBudget::try_withdraw_throttled)): the dependency is up and
+//! said when to come back, as AWS's 2026 retry quota charges throttling 5 tokens and other
+//! failures 14. When the budget is spent on throttling, the error says so and carries the
+//! server's delay, instead of reporting an outage.
+//!
 //! # Run budget
 //!
 //! An agent run can also cap what it spends in total, across every tool it calls: a number of
@@ -135,10 +142,34 @@ impl RetryBudget {
 
     /// Asks for one retry that will wait `delay` first. On `Ok` the retry is paid for.
     pub fn try_withdraw(&self, delay: Duration) -> Result<(), Refusal> {
+        self.withdraw(delay, ratio::RETRY)
+    }
+
+    /// Asks for a retry the server scheduled after throttling the call (a `429` or
+    /// `RESOURCE_EXHAUSTED` with `Retry-After` or a pushback), waiting `delay` first. It costs
+    /// the ratio balance 5/14 of a retry, as AWS's 2026 retry quota charges throttling 5 tokens
+    /// and other failures 14: the dependency is up and has said when to come back. The run
+    /// budget counts it as a whole retry.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::RetryBudget;
+    ///
+    /// let budget = RetryBudget::builder().floor(0, Duration::from_secs(60)).retry_ratio(1.0).build()?;
+    /// budget.deposit(); // one retry's worth
+    /// let throttled = (0..5).filter(|_| budget.try_withdraw_throttled(Duration::ZERO).is_ok());
+    /// assert_eq!(throttled.count(), 2); // 2 × 0.357 fits in 1.0, a third does not
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn try_withdraw_throttled(&self, delay: Duration) -> Result<(), Refusal> {
+        self.withdraw(delay, ratio::THROTTLED)
+    }
+
+    fn withdraw(&self, delay: Duration, cost: i64) -> Result<(), Refusal> {
         if let Some(run) = &self.run {
             run.try_spend(delay)?;
         }
-        if self.ratio.try_withdraw() {
+        if self.ratio.try_withdraw(cost) {
             return Ok(());
         }
         if let Some(run) = &self.run {

@@ -6,7 +6,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// One retry, in the fixed-point unit of the balance.
-const RETRY: i64 = 1000;
+pub(super) const RETRY: i64 = 1000;
+
+/// A throttled retry the server scheduled: 5/14 of a retry, as in AWS's 2026 retry quota
+/// (throttling errors cost 5 tokens, other failures 14).
+pub(super) const THROTTLED: i64 = 357;
 
 #[derive(Debug)]
 pub(super) struct Ratio {
@@ -57,11 +61,12 @@ impl Ratio {
         }
     }
 
-    pub(super) fn try_withdraw(&self) -> bool {
+    /// Takes `cost` milli-retries from the balance, or one use of the floor.
+    pub(super) fn try_withdraw(&self, cost: i64) -> bool {
         let taken = self
             .balance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b >= RETRY).then_some(b - RETRY)
+                (b >= cost).then_some(b - cost)
             })
             .is_ok();
         taken || self.try_floor()

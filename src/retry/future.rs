@@ -303,7 +303,16 @@ where
             return give_up(track, ErrorCode::DeadlineExceeded, "deadline", result);
         }
     }
-    if let Err(refusal) = kit.budget.try_withdraw(delay) {
+    // A throttled call the server scheduled costs the ratio budget less (see
+    // `RetryBudget::try_withdraw_throttled`): the dependency is up and said when to come back.
+    let throttled = code == ErrorCode::RateLimited
+        && matches!(classification.hint(), ServerHint::RetryAfter(_));
+    let withdrawn = if throttled {
+        kit.budget.try_withdraw_throttled(delay)
+    } else {
+        kit.budget.try_withdraw(delay)
+    };
+    if let Err(refusal) = withdrawn {
         let reason = match refusal {
             Refusal::RunBudget => "run_budget",
             _ => "retry_budget",
@@ -362,6 +371,23 @@ fn give_up<S, C, R, Res, E: Into<BoxError>>(
             } else {
                 "report the failure or try again later"
             }
+        ));
+    }
+    let last = classification.code();
+    if reason == "retry_budget" && last == Some(ErrorCode::RateLimited) {
+        // Not an outage: the dependency is up and throttling this client.
+        let wait = match classification.hint() {
+            ServerHint::RetryAfter(after) => {
+                format!(
+                    "wait {} s, then ",
+                    after.as_secs_f64().ceil().max(1.0) as u64
+                )
+            }
+            _ => String::new(),
+        };
+        err = err.with_hint(format!(
+            "the dependency is rate limiting these calls and the retry budget is spent; {wait}\
+             send fewer calls at a time"
         ));
     }
     if let ServerHint::RetryAfter(after) = classification.hint() {

@@ -1,0 +1,294 @@
+//! Guarding a model API that rate-limits: a fake model endpoint on 127.0.0.1 answers `429` with
+//! `Retry-After: 1` whenever more than 50 requests arrive in a second, and 40 agent runs of 5
+//! model calls each start at once.
+//!
+//! ```text
+//! cargo run --release --example model_api            # a table
+//! cargo run --release --example model_api -- --json  # one JSON object per line
+//! ```
+//!
+//! Both stacks have three retrying layers (agent loop -> model wrapper -> HTTP client, 3 attempts
+//! each, jittered exponential backoff from 100 ms): `tower-nested` is tower 0.5's `Retry`, which
+//! knows nothing of `Retry-After`; `stormguard-nested` is three stormguard `Retry` layers with one
+//! shared budget, which wait what the server asks (`Retry-After`, clamped) and hold each call to
+//! its 3 attempts across the three layers.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::HttpClassifier;
+use stormguard::retry::{HttpReplay, RetryLayer};
+use stormguard::ToolError;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+const LIMIT_PER_SEC: u64 = 50;
+const RUNS: u64 = 40;
+const CALLS_PER_RUN: u64 = 5;
+
+type Req = http::Request<Full<Bytes>>;
+type Res = http::Response<Bytes>;
+
+/// What the fake model API saw.
+#[derive(Default)]
+struct Api {
+    requests: AtomicU64,
+    rate_limited: AtomicU64,
+    /// (second since start, requests admitted in it)
+    window: Mutex<(u64, u64)>,
+}
+
+/// Starts the model API: a fixed one-second window of `LIMIT_PER_SEC` requests, `429` beyond.
+async fn start_model_api(api: Arc<Api>) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local addr");
+    let start = Instant::now();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: http::Request<_>| {
+                    api.requests.fetch_add(1, Ordering::Relaxed);
+                    let second = start.elapsed().as_secs();
+                    let admitted = {
+                        let mut window = api.window.lock().expect("window");
+                        if window.0 != second {
+                            *window = (second, 0);
+                        }
+                        window.1 += 1;
+                        window.1 <= LIMIT_PER_SEC
+                    };
+                    let resp = if admitted {
+                        http::Response::builder()
+                            .status(200)
+                            .body(Full::new(Bytes::from_static(br#"{"content":"ok"}"#)))
+                    } else {
+                        api.rate_limited.fetch_add(1, Ordering::Relaxed);
+                        http::Response::builder()
+                            .status(429)
+                            .header("retry-after", "1")
+                            .body(Full::new(Bytes::from_static(
+                                br#"{"error":"rate_limited"}"#,
+                            )))
+                    };
+                    async move { Ok::<_, Infallible>(resp.expect("response")) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// hyper's client as a `Clone` tower service that reads each body to the end.
+#[derive(Clone)]
+struct ModelClient(Client<HttpConnector, Full<Bytes>>);
+
+impl Service<Req> for ModelClient {
+    type Response = Res;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Res, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), tower::BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move {
+            let (parts, body) = client.request(req).await?.into_parts();
+            let body = body.collect().await?.to_bytes();
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// tower's `Retry` with a typical policy: retry a 429 or 5xx up to 3 attempts, full jitter.
+#[derive(Clone)]
+struct TowerPolicy {
+    attempts: u32,
+    rng: u64,
+}
+
+impl<E> tower::retry::Policy<Req, Res, E> for TowerPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        let failed = match result {
+            Ok(res) => res.status() == 429 || res.status().is_server_error(),
+            Err(_) => true,
+        };
+        if !failed || self.attempts >= 3 {
+            return None;
+        }
+        self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        let ceiling = Duration::from_millis(100) * 2u32.pow(self.attempts - 1);
+        self.attempts += 1;
+        Some(tokio::time::sleep(ceiling.mul_f64(unit)))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        let mut copy = http::Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
+}
+
+type Boxed = tower::util::BoxCloneService<Req, Res, tower::BoxError>;
+
+fn tower_nested(client: ModelClient) -> Boxed {
+    let seeds = Arc::new(AtomicU64::new(1));
+    let layer = || {
+        let rng = seeds.fetch_add(1, Ordering::Relaxed);
+        tower::retry::RetryLayer::new(TowerPolicy { attempts: 1, rng })
+    };
+    Boxed::new(
+        ServiceBuilder::new()
+            .layer(layer())
+            .layer(layer())
+            .layer(layer())
+            .service(client),
+    )
+}
+
+fn stormguard_nested(client: ModelClient) -> Boxed {
+    let budget = RetryBudget::default();
+    let layer = |name: &'static str| {
+        RetryLayer::new(ToolClass::Read, budget.clone())
+            .name(name)
+            .classifier(HttpClassifier)
+            .replay(HttpReplay)
+    };
+    let svc = ServiceBuilder::new()
+        .layer(layer("agent-loop"))
+        .layer(layer("model-wrapper"))
+        .layer(layer("http-client"))
+        .service(client);
+    Boxed::new(svc.map_err(tower::BoxError::from))
+}
+
+struct Row {
+    stack: &'static str,
+    logical: u64,
+    requests: u64,
+    rate_limited: u64,
+    successes: u64,
+    /// Why calls failed, by final error code (`http_429` for a 429 the stack handed back).
+    failures: BTreeMap<String, u64>,
+    wall: Duration,
+}
+
+async fn run(stack: &'static str, build: fn(ModelClient) -> Boxed) -> Row {
+    let api = Arc::new(Api::default());
+    let addr = start_model_api(api.clone()).await;
+    let client = ModelClient(Client::builder(TokioExecutor::new()).build_http());
+    let svc = build(client);
+    let uri: http::Uri = format!("http://{addr}/v1/messages").parse().expect("uri");
+    let start = Instant::now();
+    let mut runs = tokio::task::JoinSet::new();
+    for run in 0..RUNS {
+        let (svc, uri) = (svc.clone(), uri.clone());
+        runs.spawn(async move {
+            let mut failures = Vec::new();
+            for step in 0..CALLS_PER_RUN {
+                let body = format!(r#"{{"run":{run},"step":{step},"messages":[]}}"#);
+                let req = http::Request::post(uri.clone())
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("request");
+                match svc.clone().oneshot(req).await {
+                    Ok(res) if res.status().is_success() => {}
+                    Ok(res) => failures.push(format!("http_{}", res.status().as_u16())),
+                    Err(e) => failures.push(match e.downcast::<ToolError>() {
+                        Ok(tool) => tool.code().as_str().to_string(),
+                        Err(_) => "transport".to_string(),
+                    }),
+                }
+            }
+            failures
+        });
+    }
+    let mut failures = BTreeMap::<String, u64>::new();
+    while let Some(run) = runs.join_next().await {
+        for code in run.expect("agent run") {
+            *failures.entry(code).or_default() += 1;
+        }
+    }
+    Row {
+        stack,
+        logical: RUNS * CALLS_PER_RUN,
+        requests: api.requests.load(Ordering::Relaxed),
+        rate_limited: api.rate_limited.load(Ordering::Relaxed),
+        successes: RUNS * CALLS_PER_RUN - failures.values().sum::<u64>(),
+        failures,
+        wall: start.elapsed(),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let json = std::env::args().any(|a| a == "--json");
+    let rows = [
+        run("tower-nested", tower_nested).await,
+        run("stormguard-nested", stormguard_nested).await,
+    ];
+    if !json {
+        println!(
+            "{RUNS} agent runs x {CALLS_PER_RUN} model calls against an API allowing \
+             {LIMIT_PER_SEC} requests/s (429 + Retry-After: 1 beyond)\n"
+        );
+        println!(
+            "{:<22} {:>8} {:>9} {:>7} {:>9} {:>8} {:>8}",
+            "stack", "logical", "requests", "429s", "per call", "success", "wall_ms"
+        );
+    }
+    for r in rows {
+        let amplification = r.requests as f64 / r.logical as f64;
+        let success = r.successes as f64 / r.logical as f64;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "stack": r.stack,
+                    "logical": r.logical,
+                    "requests": r.requests,
+                    "rate_limited": r.rate_limited,
+                    "amplification": (amplification * 1000.0).round() / 1000.0,
+                    "success_rate": (success * 1000.0).round() / 1000.0,
+                    "failures": r.failures,
+                    "wall_ms": r.wall.as_millis() as u64,
+                })
+            );
+        } else {
+            println!(
+                "{:<22} {:>8} {:>9} {:>7} {:>8.2}x {:>7.1}% {:>8}",
+                r.stack,
+                r.logical,
+                r.requests,
+                r.rate_limited,
+                amplification,
+                success * 100.0,
+                r.wall.as_millis()
+            );
+            for (code, n) in &r.failures {
+                println!("{:<22} {n} failed with {code}", "");
+            }
+        }
+    }
+}
