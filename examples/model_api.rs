@@ -121,7 +121,9 @@ impl Service<Req> for ModelClient {
 #[derive(Clone)]
 struct TowerPolicy {
     attempts: u32,
-    rng: u64,
+    /// A fresh seed per request (tower clones the policy for each call).
+    seeds: Arc<AtomicU64>,
+    rng: Option<u64>,
 }
 
 impl<E> tower::retry::Policy<Req, Res, E> for TowerPolicy {
@@ -135,8 +137,16 @@ impl<E> tower::retry::Policy<Req, Res, E> for TowerPolicy {
         if !failed || self.attempts >= 3 {
             return None;
         }
-        self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-        let unit = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        let seeds = &self.seeds;
+        let rng = self.rng.get_or_insert_with(|| {
+            seeds
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        });
+        *rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let unit = (*rng >> 11) as f64 / (1u64 << 53) as f64;
         let ceiling = Duration::from_millis(100) * 2u32.pow(self.attempts - 1);
         self.attempts += 1;
         Some(tokio::time::sleep(ceiling.mul_f64(unit)))
@@ -156,8 +166,11 @@ type Boxed = tower::util::BoxCloneService<Req, Res, tower::BoxError>;
 fn tower_nested(client: ModelClient) -> Boxed {
     let seeds = Arc::new(AtomicU64::new(1));
     let layer = || {
-        let rng = seeds.fetch_add(1, Ordering::Relaxed);
-        tower::retry::RetryLayer::new(TowerPolicy { attempts: 1, rng })
+        tower::retry::RetryLayer::new(TowerPolicy {
+            attempts: 1,
+            seeds: seeds.clone(),
+            rng: None,
+        })
     };
     Boxed::new(
         ServiceBuilder::new()

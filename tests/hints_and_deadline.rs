@@ -215,6 +215,15 @@ async fn a_throttled_retry_the_server_scheduled_costs_the_budget_less() {
     assert_eq!(call(&mut svc, req()).await.unwrap().status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 
+    // A Retry-After of 0 is no schedule to honour: full price, one retry's worth pays for one.
+    let (calls, dep) = server(429, &[("retry-after", "0")], 2);
+    let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RetryBudgetExhausted);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
     // A 503 with the same Retry-After is not throttling: one retry's worth pays for one.
     let (calls, dep) = server(503, &[("retry-after", "1")], 2);
     let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())

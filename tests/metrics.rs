@@ -187,12 +187,19 @@ fn receipt_decisions_are_counted() {
             ToolClass::KeyedWrite,
             |req: &Email| Action::new("run-1", "step-2", "send_invoice", &req.invoice),
         );
-        let mut svc = ServiceBuilder::new().layer(layer).service(dep.clone());
+        let mut svc = ServiceBuilder::new()
+            .layer(layer.clone())
+            .service(dep.clone());
         let email = |invoice| Email { invoice, key: None };
         let result: Result<u32, BoxError> = call(&mut svc, email(1)).await;
         assert!(result.is_err(), "the transient failure is returned");
         call(&mut svc, email(1)).await.unwrap(); // fresh again, executes, recorded
         call(&mut svc, email(1)).await.unwrap(); // answered from the receipt
+
+        // A connection reset mid-call: it may have taken effect, so the intent stays pending.
+        let reset = Dependency::always(Outcome::Fail(Ambiguous));
+        let mut svc = ServiceBuilder::new().layer(layer).service(reset);
+        assert!(call(&mut svc, email(3)).await.is_err());
 
         // A request that arrives with a key of its own, not its action's: refused.
         let mut keyed = IdempotencyKeyLayer::new(|req: &Email| {
@@ -209,11 +216,20 @@ fn receipt_decisions_are_counted() {
     let metrics = snapshotter.snapshot().into_vec();
     assert_eq!(deliveries, 2);
     let outcomes = "stormguard_receipt_outcomes_total";
+    assert_eq!(
+        counter(
+            &metrics,
+            "stormguard_key_refusals_total",
+            &[("code", "idempotency_key_changed")]
+        ),
+        1
+    );
     for (outcome, n) in [
-        ("fresh", 2),
+        ("fresh", 3),
         ("abandoned", 1),
         ("recorded", 1),
         ("receipt", 1),
+        ("left_pending", 1),
     ] {
         assert_eq!(
             counter(&metrics, outcomes, &[("outcome", outcome)]),

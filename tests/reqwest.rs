@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::HttpClassifier;
+use stormguard::classify::{HttpClassifier, ReqwestClassifier};
 use stormguard::error::ErrorCode;
 use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
@@ -28,6 +28,14 @@ type Script = Arc<dyn Fn(usize) -> (u16, Duration) + Send + Sync>;
 async fn serve(
     script: impl Fn(usize) -> (u16, Duration) + Send + Sync + 'static,
 ) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
+    serve_redirecting(script, None).await
+}
+
+/// The same, with `location` on every answer (for a `303 See Other`).
+async fn serve_redirecting(
+    script: impl Fn(usize) -> (u16, Duration) + Send + Sync + 'static,
+    location: Option<String>,
+) -> (SocketAddr, Arc<Mutex<Vec<Option<String>>>>) {
     let script: Script = Arc::new(script);
     let keys: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -35,7 +43,7 @@ async fn serve(
     let seen = keys.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            let (script, seen) = (script.clone(), seen.clone());
+            let (script, seen, location) = (script.clone(), seen.clone(), location.clone());
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: http::Request<_>| {
                     let key = req
@@ -49,12 +57,14 @@ async fn serve(
                         seen.len() - 1
                     };
                     let (status, delay) = script(n);
+                    let location = location.clone();
                     async move {
                         tokio::time::sleep(delay).await;
-                        let resp = http::Response::builder()
-                            .status(status)
-                            .body(Full::new(Bytes::from_static(b"{}")))
-                            .unwrap();
+                        let mut resp = http::Response::builder().status(status);
+                        if let Some(location) = location {
+                            resp = resp.header("location", location);
+                        }
+                        let resp = resp.body(Full::new(Bytes::from_static(b"{}"))).unwrap();
                         Ok::<_, Infallible>(resp)
                     }
                 });
@@ -68,12 +78,16 @@ async fn serve(
 }
 
 fn retry(class: ToolClass) -> RetryLayer<HttpClassifier, HttpReplay> {
+    retry_with(class, HttpClassifier)
+}
+
+fn retry_with<C>(class: ToolClass, classifier: C) -> RetryLayer<C, HttpReplay> {
     let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(5))
         .build()
         .unwrap();
     RetryLayer::new(class, RetryBudget::default())
         .policy(class.policy().into_builder().backoff(fast).build().unwrap())
-        .classifier(HttpClassifier)
+        .classifier(classifier)
         .replay(HttpReplay)
 }
 
@@ -139,18 +153,64 @@ async fn a_timeout_after_sending_an_unkeyed_write_is_escalated_not_repeated() {
     assert_eq!(keys.lock().unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn a_refused_connection_is_retried_even_for_an_unkeyed_write() {
-    // Nothing listens here: no request was sent, so a retry cannot duplicate anything.
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+/// An address nothing listens on.
+fn closed_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn without_redirects_a_refused_connection_is_retried_even_for_an_unkeyed_write() {
+    // No redirects are followed, so a connect error means this request was never sent.
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
         .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry_with(
+            ToolClass::UnkeyedWrite,
+            ReqwestClassifier::without_redirects(),
+        ))
+        .service(client.clone());
+    let err: ToolError = call(&mut svc, post(&client, closed_port()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert_eq!(err.attempts(), 3, "{err}");
+}
+
+#[tokio::test]
+async fn by_default_a_connect_error_on_an_unkeyed_write_is_not_guessed_unsent() {
+    // reqwest follows redirects by default: the connect error may come from the redirect after
+    // the POST was carried out, so an unkeyed write is escalated, not repeated.
+    let client = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::UnkeyedWrite))
+        .service(client.clone());
+    let err: ToolError = call(&mut svc, post(&client, closed_port()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert_eq!(err.attempts(), 1, "{err}");
+}
+
+#[tokio::test]
+async fn a_post_carried_out_then_redirected_to_a_dead_host_is_not_repeated() {
+    // The server takes the charge and answers 303; reqwest follows it to a closed port and the
+    // connect fails. The error reads as a connect error, but the charge happened.
+    let done = format!("http://{}/receipt", closed_port());
+    let (addr, requests) = serve_redirecting(|_| (303, Duration::ZERO), Some(done)).await;
     let client = reqwest::Client::new();
     let mut svc = ServiceBuilder::new()
         .layer(retry(ToolClass::UnkeyedWrite))
         .service(client.clone());
     let err: ToolError = call(&mut svc, post(&client, addr)).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
-    assert_eq!(err.attempts(), 3, "{err}");
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert_eq!(
+        requests.lock().unwrap().len(),
+        1,
+        "the charge was sent once"
+    );
 }

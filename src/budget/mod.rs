@@ -146,7 +146,8 @@ impl RetryBudget {
     }
 
     /// Asks for a retry the server scheduled after throttling the call (a `429` or
-    /// `RESOURCE_EXHAUSTED` with `Retry-After` or a pushback), waiting `delay` first. It costs
+    /// `RESOURCE_EXHAUSTED` with a non-zero `Retry-After` or pushback that the retry waits in
+    /// full), waiting `delay` first. It costs
     /// the ratio balance 5/14 of a retry, as AWS's 2026 retry quota charges throttling 5 tokens
     /// and other failures 14: the dependency is up and has said when to come back. The run
     /// budget counts it as a whole retry.

@@ -78,7 +78,7 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `Interrupted`, `WouldBlock` | `Transient` | `unavailable` |
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
-/// | a `reqwest::Error` (feature `reqwest`) | by its kind: connect = `Transient`, timeout after connecting = `Ambiguous`, status by the HTTP table | by kind |
+/// | a `reqwest::Error` (feature `reqwest`) | by its kind (`ReqwestClassifier`'s table): a connect error is `Ambiguous` here (reqwest may have sent the request and failed on a redirect); timeout = `Ambiguous`; status by the HTTP table | by kind |
 /// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
 ///
@@ -139,7 +139,7 @@ fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     #[cfg(feature = "reqwest")]
     if let Some(c) = e
         .downcast_ref::<reqwest::Error>()
-        .and_then(super::reqwest::classify)
+        .and_then(|r| super::reqwest::classify(r, false))
     {
         return Some(c);
     }

@@ -46,6 +46,8 @@ pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier};
+#[cfg(feature = "reqwest")]
+pub use reqwest::ReqwestClassifier;
 
 use crate::error::ErrorCode;
 use serde::{Deserialize, Serialize};

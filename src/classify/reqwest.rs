@@ -30,18 +30,100 @@ impl<E: AsDynError> Classify<reqwest::Response, E> for HttpClassifier {
     }
 }
 
-/// A `reqwest::Error` by its kind:
+/// Classifies reqwest results, and says whether a connect error proves the request unsent.
 ///
-/// | kind | class | code |
+/// A connect error on the request itself means nothing was sent, so even an unkeyed write may be
+/// retried. But reqwest follows redirects inside the call: a POST the server carried out and
+/// answered with a `303` is followed by a GET on a new connection, and if *that* connect fails,
+/// the error still reads as a connect error. So by default (and through [`HttpClassifier`] or
+/// [`classify_error`]) a connect error is `Ambiguous`. Build your client with
+/// `reqwest::redirect::Policy::none()` and without reqwest's own retries, and classify with
+/// [`ReqwestClassifier::without_redirects`], to have connect errors count as not sent.
+///
+/// | `reqwest::Error` kind | class | code |
 /// |---|---|---|
-/// | connect (no connection was made, nothing was sent) | `Transient` | `unavailable`, or `timeout` for a connect timeout |
+/// | connect | `Transient` with [`without_redirects`](Self::without_redirects), else `Ambiguous` | `unavailable`, or `timeout` for a connect timeout |
 /// | timeout (after connecting) | `Ambiguous` | `timeout` |
 /// | status (from `error_for_status`) | the HTTP status table | by status |
 /// | builder (a bad URL or header: never sent) | `ModelRecoverable` | `invalid_argument` |
 /// | redirect (a loop, too many) | `Permanent` | `internal` |
 /// | body, decode (the server answered; the effect happened) | `Ambiguous` | `internal` |
 /// | anything else | its source chain, else `Ambiguous` | |
-pub(super) fn classify(err: &reqwest::Error) -> Option<Classification> {
+///
+/// Responses are classified by the status table and hints of [`HttpClassifier`].
+///
+/// ```
+/// use stormguard::classify::{ReqwestClassifier, Classify, ClassifiedResponse, FailureClass};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let client = reqwest::Client::builder()
+///     .redirect(reqwest::redirect::Policy::none())
+///     .build()
+///     .unwrap();
+/// let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+/// let refused = client.post(format!("http://127.0.0.1:{port}/charges")).send().await;
+/// let classify = |c: ReqwestClassifier| match c.classify(&refused) {
+///     ClassifiedResponse::Ready(c) => c.failure_class(),
+///     ClassifiedResponse::RequiresEos(_) => unreachable!(),
+/// };
+/// assert_eq!(classify(ReqwestClassifier::without_redirects()), Some(FailureClass::Transient));
+/// assert_eq!(classify(ReqwestClassifier::default()), Some(FailureClass::Ambiguous));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReqwestClassifier {
+    connect_means_unsent: bool,
+}
+
+impl ReqwestClassifier {
+    /// For a client that follows redirects (reqwest's default): a connect error is `Ambiguous`.
+    pub const fn following_redirects() -> Self {
+        ReqwestClassifier {
+            connect_means_unsent: false,
+        }
+    }
+
+    /// For a client built with `redirect::Policy::none()` and no retries of its own: a connect
+    /// error means the request was never sent, and is `Transient`.
+    pub const fn without_redirects() -> Self {
+        ReqwestClassifier {
+            connect_means_unsent: true,
+        }
+    }
+}
+
+impl<E: AsDynError> Classify<reqwest::Response, E> for ReqwestClassifier {
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(
+        &self,
+        result: &Result<reqwest::Response, E>,
+    ) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(match result {
+            Ok(resp) => super::http::classify_response(resp.status(), resp.headers()),
+            Err(e) => {
+                let e = e.as_dyn_error();
+                let mut next = Some(e);
+                // The first reqwest error in the chain decides, with this classifier's trust.
+                while let Some(err) = next {
+                    if let Some(c) = err
+                        .downcast_ref::<reqwest::Error>()
+                        .and_then(|r| classify(r, self.connect_means_unsent))
+                    {
+                        return ClassifiedResponse::Ready(c);
+                    }
+                    next = err.source();
+                }
+                classify_error(e)
+            }
+        })
+    }
+}
+
+/// A `reqwest::Error` by its kind (see [`ReqwestClassifier`]); `None` for a kind that says
+/// nothing, so the caller walks on down the chain.
+pub(super) fn classify(err: &reqwest::Error, connect_means_unsent: bool) -> Option<Classification> {
     use FailureClass::*;
     let c = if err.is_connect() {
         let code = if err.is_timeout() {
@@ -49,7 +131,14 @@ pub(super) fn classify(err: &reqwest::Error) -> Option<Classification> {
         } else {
             ErrorCode::Unavailable
         };
-        Classification::failure(Transient, code)
+        Classification::failure(
+            if connect_means_unsent {
+                Transient
+            } else {
+                Ambiguous
+            },
+            code,
+        )
     } else if err.is_timeout() {
         Classification::failure(Ambiguous, ErrorCode::Timeout)
     } else if let Some(status) = err.status() {

@@ -764,6 +764,11 @@ impl<St: ReceiptStore> Drop for Hold<St> {
         if self.settled {
             return;
         }
+        counted(if self.sent {
+            "cancelled_after_send"
+        } else {
+            "not_sent"
+        });
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // the lease will pass on its own
         };
@@ -967,6 +972,7 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
         match (encoded, verdict) {
             (Some(encoded), _) => {
                 if record(&self.store, &self.clock, &key, owner, encoded).await {
+                    counted("recorded");
                     tracing::debug!(key, resumed, "receipt recorded");
                 }
             }
@@ -975,14 +981,21 @@ impl<S, St, C, Cd, RB, Ck> Run<S, St, C, Cd, RB, Ck> {
                 Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty,
             ) => {
                 // It may have taken effect: keep the intent, give up the lease.
-                let _ = self.store.release(&key, owner, self.clock.now_ms()).await;
-                counted("left_pending");
+                if self
+                    .store
+                    .release(&key, owner, self.clock.now_ms())
+                    .await
+                    .is_ok()
+                {
+                    counted("left_pending");
+                }
                 tracing::info!(key, "ambiguous failure; the intent stays pending");
             }
             (None, _) => {
                 // It did not take effect: forget the intent, so a later call starts fresh.
-                let _ = self.store.abandon(&key, owner).await;
-                counted("abandoned");
+                if self.store.abandon(&key, owner).await.is_ok() {
+                    counted("abandoned");
+                }
                 tracing::debug!(key, "failure without effect; intent removed");
             }
         }
@@ -1003,10 +1016,7 @@ async fn record<St: ReceiptStore, Ck: Clock>(
 ) -> bool {
     match encoded {
         Ok(bytes) => match store.complete(key, owner, &bytes, clock.now_ms()).await {
-            Ok(()) => {
-                counted("recorded");
-                true
-            }
+            Ok(()) => true,
             Err(e) => {
                 counted("receipt_not_stored");
                 tracing::error!(key, error = %e, "the receipt could not be stored; a resume will decide again");

@@ -44,6 +44,8 @@
 //! | `left_pending` | an ambiguous failure: the intent stays, a later attempt decides |
 //! | `abandoned` | a failure that did not take effect: the intent was removed |
 //! | `receipt_not_stored` | the effect happened but its receipt could not be stored or encoded |
+//! | `cancelled_after_send` | the call was dropped after it was sent: its lease is given up, the intent stays |
+//! | `not_sent` | the call was dropped or its service failed before sending: the intent is removed |
 //! | `store_unavailable` | the intent could not be recorded; nothing was executed |
 //! | `idempotency_key_reused`, `in_progress`, `receipt_expired`, `outcome_unknown` | refusals, as the error codes |
 //!

@@ -305,8 +305,10 @@ where
     }
     // A throttled call the server scheduled costs the ratio budget less (see
     // `RetryBudget::try_withdraw_throttled`): the dependency is up and said when to come back.
+    // Only when the retry waits what the server asked: not a zero delay, not one clamped short.
     let throttled = code == ErrorCode::RateLimited
-        && matches!(classification.hint(), ServerHint::RetryAfter(_));
+        && matches!(classification.hint(),
+            ServerHint::RetryAfter(after) if !after.is_zero() && after <= kit.policy.max_server_delay());
     let withdrawn = if throttled {
         kit.budget.try_withdraw_throttled(delay)
     } else {
