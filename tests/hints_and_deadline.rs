@@ -208,30 +208,26 @@ fn one_retry_budget() -> RetryBudget {
 #[tokio::test(start_paused = true)]
 async fn a_throttled_retry_the_server_scheduled_costs_the_budget_less() {
     // 429 + Retry-After twice: each retry costs 5/14 of one, so one retry's worth pays for both.
-    let (calls, dep) = server(429, &[("retry-after", "1")], 2);
-    let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
-        .classifier(HttpClassifier)
-        .layer(dep);
-    assert_eq!(call(&mut svc, req()).await.unwrap().status(), 200);
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
-
+    assert_eq!(two_failures(429, &[("retry-after", "1")]).await, (3, None));
     // A Retry-After of 0 is no schedule to honour: full price, one retry's worth pays for one.
-    let (calls, dep) = server(429, &[("retry-after", "0")], 2);
-    let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
-        .classifier(HttpClassifier)
-        .layer(dep);
-    let err = call(&mut svc, req()).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::RetryBudgetExhausted);
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
-
+    let spent = Some(ErrorCode::RetryBudgetExhausted);
+    assert_eq!(two_failures(429, &[("retry-after", "0")]).await, (2, spent));
     // A 503 with the same Retry-After is not throttling: one retry's worth pays for one.
-    let (calls, dep) = server(503, &[("retry-after", "1")], 2);
+    assert_eq!(two_failures(503, &[("retry-after", "1")]).await, (2, spent));
+}
+
+/// Two failures of `status`, then 200, through a `Read` layer with one retry's worth of budget:
+/// the calls the server saw, and the error code if the call failed.
+async fn two_failures(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+) -> (u32, Option<ErrorCode>) {
+    let (calls, dep) = server(status, headers, 2);
     let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
         .classifier(HttpClassifier)
         .layer(dep);
-    let err = call(&mut svc, req()).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::RetryBudgetExhausted);
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let code = call(&mut svc, req()).await.err().map(|e| e.code());
+    (calls.load(Ordering::SeqCst), code)
 }
 
 #[tokio::test(start_paused = true)]

@@ -23,10 +23,7 @@ impl<E: AsDynError> Classify<reqwest::Response, E> for HttpClassifier {
         &self,
         result: &Result<reqwest::Response, E>,
     ) -> ClassifiedResponse<NeverClassifyEos> {
-        ClassifiedResponse::Ready(match result {
-            Ok(resp) => super::http::classify_response(resp.status(), resp.headers()),
-            Err(e) => classify_error(e.as_dyn_error()),
-        })
+        ReqwestClassifier::following_redirects().classify(result)
     }
 }
 

@@ -44,32 +44,37 @@ pub trait KeyStamp {
 }
 
 #[cfg(feature = "http")]
+fn header_key(headers: &http::HeaderMap) -> Option<&str> {
+    headers.get("idempotency-key").and_then(|v| v.to_str().ok())
+}
+
+#[cfg(feature = "http")]
+fn stamp_header(headers: &mut http::HeaderMap, key: &IdempotencyKey) {
+    // A key is visible ASCII (checked when it was made), so it is always a valid header value.
+    if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
+        headers.insert("idempotency-key", value);
+    }
+}
+
+#[cfg(feature = "http")]
 impl<B> KeyStamp for http::Request<B> {
     fn stamped_key(&self) -> Option<&str> {
-        self.headers()
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
+        header_key(self.headers())
     }
 
     fn stamp_key(&mut self, key: &IdempotencyKey) {
-        if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
-            self.headers_mut().insert("idempotency-key", value);
-        }
+        stamp_header(self.headers_mut(), key);
     }
 }
 
 #[cfg(feature = "reqwest")]
 impl KeyStamp for reqwest::Request {
     fn stamped_key(&self) -> Option<&str> {
-        self.headers()
-            .get("idempotency-key")
-            .and_then(|v| v.to_str().ok())
+        header_key(self.headers())
     }
 
     fn stamp_key(&mut self, key: &IdempotencyKey) {
-        if let Ok(value) = http::HeaderValue::from_str(key.as_str()) {
-            self.headers_mut().insert("idempotency-key", value);
-        }
+        stamp_header(self.headers_mut(), key);
     }
 }
 
