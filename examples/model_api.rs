@@ -11,7 +11,8 @@
 //! each, jittered exponential backoff from 100 ms): `tower-nested` is tower 0.5's `Retry`, which
 //! knows nothing of `Retry-After`; `stormguard-nested` is three stormguard `Retry` layers with one
 //! shared budget, which wait what the server asks (`Retry-After`, clamped) and hold each call to
-//! its 3 attempts across the three layers.
+//! its 3 attempts across the three layers; `stormguard-quota` adds a client-side `QuotaLayer`
+//! under the retries (45 calls a second, bursts of 5), so calls are spaced before they are sent.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -28,6 +29,7 @@ use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
+use stormguard::quota::{Quota, QuotaLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -182,6 +184,20 @@ fn tower_nested(client: ModelClient) -> Boxed {
 }
 
 fn stormguard_nested(client: ModelClient) -> Boxed {
+    stormguard_stack(client, None)
+}
+
+/// The same, with a client-side quota under the retries: 45 calls a second with bursts of 5 can
+/// never put more than 50 into one of the API's one-second windows.
+fn stormguard_quota(client: ModelClient) -> Boxed {
+    let quota = Quota::per_second(45)
+        .burst(5)
+        .build()
+        .expect("a valid quota");
+    stormguard_stack(client, Some(QuotaLayer::new(quota).name("model-api")))
+}
+
+fn stormguard_stack(client: ModelClient, quota: Option<QuotaLayer>) -> Boxed {
     let budget = RetryBudget::default();
     let layer = |name: &'static str| {
         RetryLayer::new(ToolClass::Read, budget.clone())
@@ -193,6 +209,7 @@ fn stormguard_nested(client: ModelClient) -> Boxed {
         .layer(layer("agent-loop"))
         .layer(layer("model-wrapper"))
         .layer(layer("http-client"))
+        .option_layer(quota)
         .service(client);
     Boxed::new(svc.map_err(tower::BoxError::from))
 }
@@ -260,6 +277,7 @@ async fn main() {
     let rows = [
         run("tower-nested", tower_nested).await,
         run("stormguard-nested", stormguard_nested).await,
+        run("stormguard-quota", stormguard_quota).await,
     ];
     if !json {
         println!(

@@ -21,15 +21,20 @@
 //! - [`receipt`]: intent before the call, receipt after (in memory, SQLite or PostgreSQL), so a
 //!   retry or a resume after a crash never repeats a side effect, and an unknown outcome is
 //!   escalated instead of guessed;
+//! - [`quota`]: a client-side rate limit (GCRA, shared by every clone) that keeps calls, and
+//!   retries, under a provider's quota instead of learning it from `429`s;
 //! - [`error`]: every failure leaves as a [`error::ToolError`] with a stable code, a
 //!   retryable flag and a hint a model can act on.
 //!
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► ReceiptLayer ─► IdempotencyKeyLayer ─► CircuitBreaker ─► client
+//! agent loop ─► Retry(class) ─► ReceiptLayer ─► IdempotencyKeyLayer ─► CircuitBreaker ─► Quota ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
+//!
+//! The quota goes last, right above the client: every attempt the layers above decide to make
+//! waits for room in it, and a call the breaker rejects takes none.
 //!
 //! The breaker sits below the receipt layer (DESIGN.md draws it above): a receipt answered from
 //! the store is not evidence about the dependency, and must not close a half-open breaker; and a
@@ -102,6 +107,7 @@ pub mod classify;
 pub mod error;
 pub mod key;
 pub mod operation;
+pub mod quota;
 pub mod receipt;
 pub mod retry;
 

@@ -1,0 +1,213 @@
+//! A client-side rate limit shared by every clone: keep under a provider's quota instead of
+//! learning it from `429`s.
+//!
+//! A model API that allows 50 requests a second answers the 51st with `429` and `Retry-After`.
+//! Retrying politely (as [`Retry`](crate::retry::Retry) does) keeps the storm down, but every
+//! `429` is still a wasted request and a delay. [`QuotaLayer`] spaces calls out before they are
+//! sent: `poll_ready` waits until the quota has room, so a caller that polls readiness (as
+//! `Retry` does before every attempt, and `ServiceExt::ready` does) never sends over the limit.
+//!
+//! The limit is GCRA (the generic cell rate algorithm, as in `governor`): one atomic word holds
+//! the theoretical arrival time of the next call, so a call within the quota takes one
+//! compare-and-swap and no lock, and a burst of up to `burst` calls goes through at once. Time is
+//! `tokio::time`, so tests run on a paused clock. Every clone of the layer, and every service it
+//! makes, shares the one quota: give the same layer to every path that calls one provider.
+//!
+//! Put it below the retrying layers, so retries wait for the quota too:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+//! use stormguard::quota::{Quota, QuotaLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let quota = QuotaLayer::new(Quota::per_second(10).burst(2).build().unwrap());
+//! let model = service_fn(|prompt: &'static str| async move { Ok::<_, std::io::Error>(prompt.len()) });
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
+//!     .layer(quota)
+//!     .service(model);
+//! let start = tokio::time::Instant::now();
+//! for _ in 0..4 {
+//!     svc.ready().await.unwrap().call("hello").await.unwrap();
+//! }
+//! // Two at once (the burst), then one every 100 ms.
+//! assert_eq!(start.elapsed(), Duration::from_millis(200));
+//! # }
+//! ```
+//!
+//! Metrics: `stormguard_quota_waits_total` (label `quota`) counts the calls that had to wait.
+
+mod layer;
+
+pub use layer::{QuotaLayer, QuotaService};
+
+use crate::error::ConfigError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A rate: `rate` calls per `per`, with bursts of up to `burst` calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::quota::Quota;
+///
+/// let q = Quota::per_minute(3_000).burst(20).build().unwrap();
+/// assert_eq!(q.interval(), Duration::from_millis(20));
+/// assert_eq!(Quota::per_second(0).build().unwrap_err().field(), "rate");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    rate: u32,
+    per: Duration,
+    burst: u32,
+}
+
+impl Quota {
+    /// `rate` calls per second (burst 1 until [`QuotaBuilder::burst`] says otherwise).
+    pub fn per_second(rate: u32) -> QuotaBuilder {
+        Quota::per(rate, Duration::from_secs(1))
+    }
+
+    /// `rate` calls per minute (a provider's "requests per minute").
+    pub fn per_minute(rate: u32) -> QuotaBuilder {
+        Quota::per(rate, Duration::from_secs(60))
+    }
+
+    /// `rate` calls per `period`.
+    pub fn per(rate: u32, period: Duration) -> QuotaBuilder {
+        QuotaBuilder {
+            quota: Quota {
+                rate,
+                per: period,
+                burst: 1,
+            },
+        }
+    }
+
+    /// The steady spacing between calls: `per / rate`.
+    pub fn interval(&self) -> Duration {
+        self.per / self.rate.max(1)
+    }
+
+    /// The most calls that may go at once.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+}
+
+/// Builds a [`Quota`]; [`build`](Self::build) rejects what cannot work.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::quota::Quota;
+///
+/// assert_eq!(Quota::per_second(10).burst(0).build().unwrap_err().field(), "burst");
+/// assert_eq!(Quota::per(1, Duration::ZERO).build().unwrap_err().field(), "per");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct QuotaBuilder {
+    quota: Quota,
+}
+
+impl QuotaBuilder {
+    /// Up to `calls` may go at once after a quiet spell (1 by default: perfectly even spacing).
+    pub fn burst(mut self, calls: u32) -> Self {
+        self.quota.burst = calls;
+        self
+    }
+
+    /// The quota, or the setting that cannot work.
+    pub fn build(self) -> Result<Quota, ConfigError> {
+        let q = self.quota;
+        if q.rate == 0 {
+            return Err(ConfigError::new("rate", "must be at least one call"));
+        }
+        if q.per.is_zero() || q.per > Duration::from_secs(24 * 3600) {
+            return Err(ConfigError::new(
+                "per",
+                "must be longer than zero and at most a day",
+            ));
+        }
+        if q.interval().is_zero() {
+            return Err(ConfigError::new(
+                "rate",
+                "must leave at least a nanosecond between calls",
+            ));
+        }
+        if q.burst == 0 || q.burst > 100_000 {
+            return Err(ConfigError::new("burst", "must be 1 to 100,000 calls"));
+        }
+        Ok(q)
+    }
+}
+
+/// The shared state: GCRA's theoretical arrival time, in nanoseconds since `epoch`.
+#[derive(Debug)]
+pub(crate) struct Gcra {
+    tat: AtomicU64,
+    interval: u64,
+    tolerance: u64,
+    epoch: Instant,
+}
+
+impl Gcra {
+    pub(crate) fn new(quota: Quota) -> Gcra {
+        let interval = quota.interval().as_nanos() as u64;
+        Gcra {
+            tat: AtomicU64::new(0),
+            interval,
+            tolerance: interval.saturating_mul(u64::from(quota.burst - 1)),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// Takes one call's room in the quota now, or says how long until there is some.
+    pub(crate) fn try_acquire(&self) -> Result<(), Duration> {
+        let now = Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64;
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let base = tat.max(now);
+            if base - now > self.tolerance {
+                return Err(Duration::from_nanos(base - self.tolerance - now));
+            }
+            match self.tat.compare_exchange_weak(
+                tat,
+                base + self.interval,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_goes_at_once_then_calls_are_spaced() {
+        let gcra = Gcra::new(Quota::per_second(10).burst(3).build().unwrap());
+        for _ in 0..3 {
+            assert_eq!(gcra.try_acquire(), Ok(()));
+        }
+        assert_eq!(gcra.try_acquire(), Err(Duration::from_millis(100)));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(gcra.try_acquire(), Ok(()));
+        assert_eq!(gcra.try_acquire(), Err(Duration::from_millis(100)));
+        // A quiet spell refills the burst, and no more than the burst.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        for _ in 0..3 {
+            assert_eq!(gcra.try_acquire(), Ok(()));
+        }
+        assert!(gcra.try_acquire().is_err());
+    }
+}

@@ -1,0 +1,77 @@
+//! The client-side quota on a paused clock: shared by clones, spacing concurrent callers, and
+//! holding retries too.
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::FailureClass::Transient;
+use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::retry::RetryLayer;
+use support::{call, classifier, Dependency, Outcome};
+use tokio::time::Instant;
+use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_callers_through_clones_share_one_quota() {
+    let layer = QuotaLayer::new(Quota::per_second(10).burst(5).build().unwrap());
+    let start = Instant::now();
+    let sent: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let record = sent.clone();
+    let api = service_fn(move |_: u32| {
+        record.lock().unwrap().push(start.elapsed());
+        async { Ok::<_, std::io::Error>(()) }
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..45 {
+        let svc = layer.layer(api.clone());
+        tasks.spawn(async move { svc.oneshot(i).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().unwrap();
+    }
+    let sent = sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 45);
+    // The burst of 5 at once, then 40 more at 100 ms intervals: the last at 4 s.
+    assert_eq!(sent.iter().filter(|t| t.is_zero()).count(), 5);
+    assert_eq!(sent.iter().max(), Some(&Duration::from_secs(4)));
+    // No window of one second holds more than the rate plus the burst.
+    for from in 0..40 {
+        let from = Duration::from_millis(100 * from);
+        let within = sent
+            .iter()
+            .filter(|t| **t >= from && **t < from + Duration::from_secs(1))
+            .count();
+        assert!(within <= 15, "{within} calls in the second from {from:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_wait_for_the_quota_too() {
+    // Two transient failures, then a success: three calls, evenly spaced by the quota, whatever
+    // the retry's own (here zero) backoff.
+    let dep = Dependency::script([Outcome::Fail(Transient); 2], Outcome::Ok);
+    let no_wait = ToolClass::Read
+        .policy()
+        .into_builder()
+        .backoff(
+            stormguard::backoff::Backoff::constant(Duration::ZERO)
+                .build()
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .policy(no_wait)
+                .classifier(classifier as fn(&_) -> _),
+        )
+        .layer(QuotaLayer::new(Quota::per_second(4).build().unwrap()))
+        .service(dep.clone());
+    let start = Instant::now();
+    call(&mut svc, 1u32).await.unwrap();
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+}
