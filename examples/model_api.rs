@@ -12,7 +12,7 @@
 //! knows nothing of `Retry-After`; `stormguard-nested` is three stormguard `Retry` layers with one
 //! shared budget, which wait what the server asks (`Retry-After`, clamped) and hold each call to
 //! its 3 attempts across the three layers; `stormguard-quota` adds a client-side `QuotaLayer`
-//! under the retries (45 calls a second, bursts of 5), so calls are spaced before they are sent.
+//! under the retries (40 calls a second, bursts of 5), so calls are spaced before they are sent.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -187,10 +187,10 @@ fn stormguard_nested(client: ModelClient) -> Boxed {
     stormguard_stack(client, None)
 }
 
-/// The same, with a client-side quota under the retries: 45 calls a second with bursts of 5 can
-/// never put more than 50 into one of the API's one-second windows.
+/// The same, with a client-side quota under the retries: 40 calls a second with bursts of 5 put
+/// at most 45 into any one second, a margin under the API's 50 for network jitter.
 fn stormguard_quota(client: ModelClient) -> Boxed {
-    let quota = Quota::per_second(45)
+    let quota = Quota::per_second(40)
         .burst(5)
         .build()
         .expect("a valid quota");

@@ -97,9 +97,9 @@ impl<S> Layer<S> for QuotaLayer {
 pub struct QuotaService<S> {
     inner: S,
     layer: QuotaLayer,
-    /// Room in the quota was taken for the next call.
+    /// The next call's slot has come.
     reserved: bool,
-    /// Boxed: made only when a call has to wait.
+    /// Until the reserved slot comes. Boxed: made only when a call has to wait.
     sleep: Option<Pin<Box<Sleep>>>,
 }
 
@@ -151,32 +151,24 @@ where
     type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        while !self.reserved {
+        if !self.reserved {
+            if self.sleep.is_none() {
+                let wait = self.layer.state.reserve();
+                if !wait.is_zero() {
+                    metrics::counter!(WAITS, "quota" => self.layer.name.clone()).increment(1);
+                    tracing::debug!(
+                        quota = %self.layer.name,
+                        wait_ms = wait.as_millis() as u64,
+                        "waiting for this call's slot in the quota"
+                    );
+                    self.sleep = Some(Box::pin(tokio::time::sleep(wait)));
+                }
+            }
             if let Some(sleep) = self.sleep.as_mut() {
                 ready!(sleep.as_mut().poll(cx));
+                self.sleep = None;
             }
-            match self.layer.state.try_acquire() {
-                Ok(()) => {
-                    self.reserved = true;
-                    self.sleep = None;
-                }
-                Err(wait) => {
-                    let until = tokio::time::Instant::now() + wait;
-                    match self.sleep.as_mut() {
-                        Some(sleep) => sleep.as_mut().reset(until),
-                        None => {
-                            metrics::counter!(WAITS, "quota" => self.layer.name.clone())
-                                .increment(1);
-                            tracing::debug!(
-                                quota = %self.layer.name,
-                                wait_ms = wait.as_millis() as u64,
-                                "waiting for room in the quota"
-                            );
-                            self.sleep = Some(Box::pin(tokio::time::sleep_until(until)));
-                        }
-                    }
-                }
-            }
+            self.reserved = true;
         }
         self.inner.poll_ready(cx)
     }

@@ -13,6 +13,14 @@
 //! `tokio::time`, so tests run on a paused clock. Every clone of the layer, and every service it
 //! makes, shares the one quota: give the same layer to every path that calls one provider.
 //!
+//! A caller that has to wait holds its place in line (first come, first served) and wakes once,
+//! at its slot; a caller dropped while waiting leaves its slot unused. Readiness reserves the
+//! room before the inner service is ready, so put the layer directly above the transport (not
+//! above a `Buffer` or a concurrency limit that could hold reserved calls and release them
+//! together). A wait for the quota is not a backoff: the operation deadline of
+//! [`Retry`](crate::retry::Retry) does not bound it; bound the whole call with tower's
+//! `Timeout` if you need to.
+//!
 //! Put it below the retrying layers, so retries wait for the quota too:
 //!
 //! ```
@@ -165,24 +173,28 @@ impl Gcra {
         }
     }
 
-    /// Takes one call's room in the quota now, or says how long until there is some.
-    pub(crate) fn try_acquire(&self) -> Result<(), Duration> {
+    /// Reserves the next slot in the quota and says how long until it comes (zero: now).
+    ///
+    /// A caller that has to wait holds its place in line: waiters are served in the order they
+    /// reserved, each wakes once, at its own slot, and the spacing holds even for intervals
+    /// shorter than the timer's millisecond (waiters woken in the same tick had their slots
+    /// reserved apart).
+    pub(crate) fn reserve(&self) -> Duration {
         let now = Instant::now()
             .saturating_duration_since(self.epoch)
             .as_nanos() as u64;
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let base = tat.max(now);
-            if base - now > self.tolerance {
-                return Err(Duration::from_nanos(base - self.tolerance - now));
-            }
             match self.tat.compare_exchange_weak(
                 tat,
                 base + self.interval,
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    return Duration::from_nanos((base - now).saturating_sub(self.tolerance));
+                }
                 Err(actual) => tat = actual,
             }
         }
@@ -197,17 +209,18 @@ mod tests {
     async fn a_burst_goes_at_once_then_calls_are_spaced() {
         let gcra = Gcra::new(Quota::per_second(10).burst(3).build().unwrap());
         for _ in 0..3 {
-            assert_eq!(gcra.try_acquire(), Ok(()));
+            assert_eq!(gcra.reserve(), Duration::ZERO);
         }
-        assert_eq!(gcra.try_acquire(), Err(Duration::from_millis(100)));
-        tokio::time::advance(Duration::from_millis(100)).await;
-        assert_eq!(gcra.try_acquire(), Ok(()));
-        assert_eq!(gcra.try_acquire(), Err(Duration::from_millis(100)));
+        // Waiters hold their places in line: 100 ms, then 200 ms.
+        assert_eq!(gcra.reserve(), Duration::from_millis(100));
+        assert_eq!(gcra.reserve(), Duration::from_millis(200));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(gcra.reserve(), Duration::from_millis(100));
         // A quiet spell refills the burst, and no more than the burst.
         tokio::time::advance(Duration::from_secs(10)).await;
         for _ in 0..3 {
-            assert_eq!(gcra.try_acquire(), Ok(()));
+            assert_eq!(gcra.reserve(), Duration::ZERO);
         }
-        assert!(gcra.try_acquire().is_err());
+        assert_eq!(gcra.reserve(), Duration::from_millis(100));
     }
 }
