@@ -29,8 +29,8 @@
 //! ```
 
 use crate::backoff::Backoff;
-use crate::classify::FailureClass;
-use crate::error::{ConfigError, ErrorCode};
+use crate::error::{ErrorCode, FailureClass};
+pub use crate::retry::policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -136,6 +136,31 @@ impl ToolClass {
         }
     }
 
+    /// Whether two classes decide every failure alike (`Read` and `IdempotentWrite` do): a
+    /// nested layer that makes an operation stricter without changing a decision is not worth a
+    /// warning.
+    ///
+    /// ```
+    /// use stormguard::class::ToolClass;
+    /// assert!(ToolClass::Read.decides_like(ToolClass::IdempotentWrite));
+    /// assert!(!ToolClass::Read.decides_like(ToolClass::UnkeyedWrite));
+    /// ```
+    pub fn decides_like(self, other: ToolClass) -> bool {
+        [
+            FailureClass::Transient,
+            FailureClass::Ambiguous,
+            FailureClass::ModelRecoverable,
+            FailureClass::Permanent,
+            FailureClass::Policy,
+        ]
+        .iter()
+        .all(|&f| {
+            [false, true]
+                .iter()
+                .all(|&keyed| self.decide(f, keyed) == other.decide(f, keyed))
+        })
+    }
+
     /// The stricter of two classes: what a nested layer applies when the operation it serves was
     /// opened with another class.
     pub fn strictest(self, other: ToolClass) -> ToolClass {
@@ -174,154 +199,10 @@ impl ToolClass {
             ToolClass::KeyedWrite | ToolClass::UnkeyedWrite => (3, 250, 10_000),
             ToolClass::MultiStep => (1, 250, 10_000),
         };
-        ClassPolicy {
-            class: self,
-            max_attempts: attempts,
-            backoff: Backoff::full_jitter(Duration::from_millis(base), Duration::from_millis(cap)),
-            max_server_delay: Duration::from_secs(30),
-            deadline: None,
-        }
-    }
-}
-
-/// How one class is retried: attempt cap, backoff, the longest server hint honoured, deadline.
-///
-/// Start from [`ToolClass::policy`] and change what you need; `build` checks the result.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::class::ToolClass;
-///
-/// let policy = ToolClass::Read
-///     .policy()
-///     .into_builder()
-///     .max_attempts(4)
-///     .deadline(Duration::from_secs(20))
-///     .build()
-///     .unwrap();
-/// assert_eq!(policy.max_attempts(), 4);
-///
-/// assert!(ToolClass::Read.policy().into_builder().max_attempts(0).build().is_err());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ClassPolicy {
-    class: ToolClass,
-    max_attempts: u32,
-    backoff: Backoff,
-    max_server_delay: Duration,
-    deadline: Option<Duration>,
-}
-
-impl ClassPolicy {
-    /// A builder starting from this policy.
-    pub fn into_builder(self) -> ClassPolicyBuilder {
-        ClassPolicyBuilder { policy: self }
-    }
-
-    /// The tool class.
-    pub fn class(&self) -> ToolClass {
-        self.class
-    }
-
-    /// Attempts per logical operation, the first one included.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The backoff between attempts.
-    pub fn backoff(&self) -> &Backoff {
-        &self.backoff
-    }
-
-    /// The longest `Retry-After` honoured; a longer hint is clamped to this.
-    pub fn max_server_delay(&self) -> Duration {
-        self.max_server_delay
-    }
-
-    /// The operation's deadline, measured from its first attempt.
-    pub fn deadline(&self) -> Option<Duration> {
-        self.deadline
-    }
-}
-
-/// Builds a [`ClassPolicy`]; invalid settings are rejected by [`build`](Self::build).
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::class::ToolClass;
-///
-/// let builder = ToolClass::KeyedWrite.policy().into_builder();
-/// let err = builder.max_server_delay(Duration::from_secs(7200)).build().unwrap_err();
-/// assert_eq!(err.field(), "max_server_delay");
-/// let err = builder.deadline(Duration::ZERO).build().unwrap_err();
-/// assert_eq!(err.field(), "deadline");
-/// ```
-#[derive(Clone, Copy, Debug)]
-pub struct ClassPolicyBuilder {
-    policy: ClassPolicy,
-}
-
-/// The largest `max_attempts` accepted (gRPC caps at 5; agents rarely need more than 10).
-///
-/// ```
-/// use stormguard::class::{ToolClass, MAX_ATTEMPTS_LIMIT};
-///
-/// let builder = ToolClass::Read.policy().into_builder();
-/// assert!(builder.max_attempts(MAX_ATTEMPTS_LIMIT).build().is_ok());
-/// let err = builder.max_attempts(MAX_ATTEMPTS_LIMIT + 1).build().unwrap_err();
-/// assert_eq!(err.field(), "max_attempts");
-/// ```
-pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
-
-impl ClassPolicyBuilder {
-    /// Attempts per logical operation, the first included: 1 to [`MAX_ATTEMPTS_LIMIT`].
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.policy.max_attempts = n;
-        self
-    }
-
-    /// The backoff between attempts.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.policy.backoff = backoff;
-        self
-    }
-
-    /// The longest server hint honoured (at most one hour).
-    pub fn max_server_delay(mut self, d: Duration) -> Self {
-        self.policy.max_server_delay = d;
-        self
-    }
-
-    /// A deadline for the whole operation, from its first attempt: no retry starts whose backoff
-    /// would end after it.
-    pub fn deadline(mut self, d: Duration) -> Self {
-        self.policy.deadline = Some(d);
-        self
-    }
-
-    /// Checks the settings.
-    pub fn build(self) -> Result<ClassPolicy, ConfigError> {
-        let p = self.policy;
-        if p.max_attempts == 0 || p.max_attempts > MAX_ATTEMPTS_LIMIT {
-            return Err(ConfigError::new(
-                "max_attempts",
-                "must be between 1 and 100 (the first attempt counts)",
-            ));
-        }
-        if p.max_server_delay > Duration::from_secs(3600) {
-            return Err(ConfigError::new(
-                "max_server_delay",
-                "must be at most one hour",
-            ));
-        }
-        if let Some(d) = p.deadline {
-            if d.is_zero() || d > Duration::from_secs(24 * 3600) {
-                return Err(ConfigError::new(
-                    "deadline",
-                    "must be greater than zero and at most one day",
-                ));
-            }
-        }
-        Ok(p)
+        ClassPolicy::new(
+            self,
+            attempts,
+            Backoff::full_jitter(Duration::from_millis(base), Duration::from_millis(cap)),
+        )
     }
 }

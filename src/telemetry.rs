@@ -1,4 +1,5 @@
-//! Metric names and the helpers that record them (tracing events are written where they happen).
+//! Every metric name of the crate, and the helpers that record them (tracing events are written
+//! where they happen).
 //!
 //! The hot path records one counter through a static key (no allocation); the rest are recorded
 //! only when something goes wrong.
@@ -10,6 +11,14 @@ pub(crate) const OPERATIONS: &str = "stormguard_operations_total";
 pub(crate) const RETRIES: &str = "stormguard_retries_total";
 pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
+pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
+pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
+pub(crate) const BREAKER_TRANSITIONS: &str = "stormguard_breaker_transitions_total";
+pub(crate) const BREAKER_REJECTIONS: &str = "stormguard_breaker_rejections_total";
+pub(crate) const BREAKER_OUTCOMES: &str = "stormguard_breaker_outcomes_total";
+pub(crate) const RECEIPT_OUTCOMES: &str = "stormguard_receipt_outcomes_total";
+pub(crate) const KEY_REFUSALS: &str = "stormguard_key_refusals_total";
+pub(crate) const QUOTA_WAITS: &str = "stormguard_quota_waits_total";
 
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
@@ -52,4 +61,17 @@ pub(crate) fn retry_refused(class: ToolClass, reason: &'static str) {
 
 pub(crate) fn escalated(class: ToolClass, code: &'static str) {
     metrics::counter!(ESCALATIONS, "class" => class.as_str(), "code" => code).increment(1);
+}
+
+/// A layer joined an operation with a stricter class than it had (see `Retry`'s docs).
+pub(crate) fn class_tightened(from: ToolClass, to: ToolClass) {
+    metrics::counter!(CLASS_TIGHTENED, "from" => from.as_str(), "to" => to.as_str()).increment(1);
+}
+
+pub(crate) fn receipt_outcome(outcome: &'static str) {
+    metrics::counter!(RECEIPT_OUTCOMES, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn key_refused(code: crate::error::ErrorCode) {
+    metrics::counter!(KEY_REFUSALS, "code" => code.as_str()).increment(1);
 }

@@ -21,6 +21,7 @@ fn json_shape_is_stable() {
             "retry_after_ms": 1500,
             "attempts": 3,
             "class": "transient",
+            "cause": null,
         })
     );
     let bare = ToolError::new(ErrorCode::OutcomeUnknown).to_json();

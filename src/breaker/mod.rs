@@ -100,10 +100,10 @@ use std::fmt;
 use std::task::{Context, Poll};
 use tower_service::Service;
 
-pub(crate) const STATE: &str = "stormguard_breaker_state";
-pub(crate) const TRANSITIONS: &str = "stormguard_breaker_transitions_total";
-pub(crate) const REJECTIONS: &str = "stormguard_breaker_rejections_total";
-pub(crate) const OUTCOMES: &str = "stormguard_breaker_outcomes_total";
+pub(crate) use crate::telemetry::{
+    BREAKER_OUTCOMES as OUTCOMES, BREAKER_REJECTIONS as REJECTIONS, BREAKER_STATE as STATE,
+    BREAKER_TRANSITIONS as TRANSITIONS,
+};
 
 /// Fails calls at once while its dependency is down. See the [module docs](self).
 ///

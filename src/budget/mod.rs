@@ -49,6 +49,44 @@
 //! assert_eq!(run.run_retries(), Some(0));
 //! # Ok::<(), stormguard::error::ConfigError>(())
 //! ```
+//!
+//! # Fair shares between runs
+//!
+//! One balance for every run lets a quiet run (one agent at 1 request/s) retry on the credit
+//! of the busy ones around it. It also lets a run in an outage spend what the healthy runs
+//! deposited, and starve them: two runs on one budget, one in an outage at 10 requests/s and one
+//! at 100/s with 10 % transient failures, took the healthy run from 99.9 % to 92.8 % success.
+//! So each run's handle ([`RetryBudget::for_run`]) keeps an account of what the run deposited
+//! minus what it drew, and **a run may draw on the shared balance only while that account is
+//! above minus `run_share`** (10 retries by default). A run that succeeds more than it fails
+//! never meets the limit; a run in an outage borrows at most `run_share` retries from the others,
+//! then has only the floor. The floor (10 retries a minute) stays common to every run: it is what
+//! a cold start or a run in an outage gets, whatever the others do.
+//!
+//! Finagle's `RetryBudget` and the AWS SDKs' retry quota are one balance per client, so they
+//! never lend; tower's `TpsBudget` has no notion of a caller at all. Here the balance is shared
+//! (a run too small to fill its own still gets retries) and the loan is bounded. Plain clones of
+//! one `RetryBudget` without `for_run` are one run: give each agent run its own handle.
+//! `cargo run --release --example storm` (scenario `fairness`) measures it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stormguard::budget::{Refusal, RetryBudget, RunLimits};
+//!
+//! let shared = RetryBudget::builder().floor(0, Duration::from_secs(60)).run_share(2).build()?;
+//! let healthy = shared.for_run(RunLimits::new());
+//! let down = shared.for_run(RunLimits::new());
+//! for _ in 0..50 {
+//!     healthy.deposit(); // 50 successes x 0.2 = 10 retries in the shared balance
+//! }
+//! // The run in an outage borrows its share, then nothing more.
+//! assert!(down.try_withdraw(Duration::ZERO).is_ok());
+//! assert!(down.try_withdraw(Duration::ZERO).is_ok());
+//! assert_eq!(down.try_withdraw(Duration::ZERO), Err(Refusal::RetryBudget));
+//! // The healthy run still draws on its own deposits.
+//! assert!(healthy.try_withdraw(Duration::ZERO).is_ok());
+//! # Ok::<(), stormguard::error::ConfigError>(())
+//! ```
 
 mod ratio;
 mod run;
@@ -99,7 +137,7 @@ impl Refusal {
 /// A retry budget shared by every layer (and every clone) it is given to.
 ///
 /// `RetryBudget::default()` is `retry_ratio` 0.2, `max_balance` 100, a floor of 10 retries per
-/// 60 s, no run limits.
+/// 60 s, a run share of 10 retries, no run limits.
 ///
 /// ```
 /// use std::time::Duration;
@@ -126,7 +164,9 @@ impl RetryBudget {
         RetryBudgetBuilder::default()
     }
 
-    /// A handle that shares this budget's ratio balance and adds a run budget of its own.
+    /// A handle for one agent run: it shares this budget's ratio balance within the run's
+    /// [fair share](self#fair-shares-between-runs), and adds the run's own `limits`
+    /// (`RunLimits::new()` for none).
     pub fn for_run(&self, limits: RunLimits) -> RetryBudget {
         RetryBudget {
             ratio: self.ratio.clone(),
@@ -134,10 +174,26 @@ impl RetryBudget {
         }
     }
 
-    /// Credits one logical operation that succeeded.
+    /// Credits one logical operation that succeeded (and, for a run's handle, the run's own
+    /// account: see [fair shares](self#fair-shares-between-runs)).
     #[inline]
     pub fn deposit(&self) {
         self.ratio.deposit();
+        if let Some(run) = &self.run {
+            let (amount, cap) = self.ratio.deposit_and_max();
+            run.earn(amount, cap);
+        }
+    }
+
+    /// Who is credited by [`deposit`](Self::deposit): the run's handle, or the shared balance for
+    /// a handle without a run. Never 0. Nested layers use it to credit each budget once per
+    /// operation.
+    #[inline]
+    pub(crate) fn id(&self) -> usize {
+        match &self.run {
+            Some(run) => Arc::as_ptr(run) as *const () as usize,
+            None => Arc::as_ptr(&self.ratio) as *const () as usize,
+        }
     }
 
     /// Asks for one retry that will wait `delay` first. On `Ok` the retry is paid for.
@@ -167,10 +223,21 @@ impl RetryBudget {
     }
 
     fn withdraw(&self, delay: Duration, cost: i64) -> Result<(), Refusal> {
-        if let Some(run) = &self.run {
-            run.try_spend(delay)?;
-        }
-        if self.ratio.try_withdraw(cost) {
+        let Some(run) = &self.run else {
+            return if self.ratio.try_withdraw(cost) {
+                Ok(())
+            } else {
+                Err(Refusal::RetryBudget)
+            };
+        };
+        run.try_spend(delay)?;
+        // The shared balance only within the run's share; the floor for every run.
+        let from_balance = run.try_draw(cost, self.ratio.share())
+            && (self.ratio.try_balance(cost) || {
+                run.undraw(cost);
+                false
+            });
+        if from_balance || self.ratio.try_floor() {
             return Ok(());
         }
         if let Some(run) = &self.run {
@@ -187,6 +254,24 @@ impl RetryBudget {
     /// Retries this run has spent, if it has a run budget.
     pub fn run_retries(&self) -> Option<u32> {
         self.run.as_ref().map(|run| run.retries())
+    }
+
+    /// What this run has deposited into the shared balance minus what it drew from it, in
+    /// retries, if it is a run's handle (see [fair shares](self#fair-shares-between-runs)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::{RetryBudget, RunLimits};
+    ///
+    /// let shared = RetryBudget::builder().retry_ratio(0.5).build()?;
+    /// let run = shared.for_run(RunLimits::new());
+    /// run.deposit();
+    /// assert_eq!(run.run_credit(), Some(0.5));
+    /// assert_eq!(shared.run_credit(), None);
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn run_credit(&self) -> Option<f64> {
+        self.run.as_ref().map(|run| run.credit())
     }
 
     /// Backoff time this run has spent, if it has a run budget.
@@ -213,6 +298,7 @@ impl fmt::Debug for RetryBudget {
         f.debug_struct("RetryBudget")
             .field("balance", &self.balance())
             .field("run_retries", &self.run_retries())
+            .field("run_credit", &self.run_credit())
             .field("run_retry_time", &self.run_retry_time())
             .finish()
     }
@@ -248,6 +334,7 @@ impl tower::retry::budget::Budget for RetryBudget {
 pub struct RetryBudgetBuilder {
     retry_ratio: f64,
     max_balance: u32,
+    run_share: u32,
     floor: u32,
     floor_window: Duration,
     seed: Option<u64>,
@@ -259,6 +346,7 @@ impl Default for RetryBudgetBuilder {
         RetryBudgetBuilder {
             retry_ratio: 0.2,
             max_balance: 100,
+            run_share: 10,
             floor: 10,
             floor_window: Duration::from_secs(60),
             seed: None,
@@ -277,6 +365,14 @@ impl RetryBudgetBuilder {
     /// The most retries the balance can hold: at least 1.
     pub fn max_balance(mut self, retries: u32) -> Self {
         self.max_balance = retries;
+        self
+    }
+
+    /// How many retries one run ([`RetryBudget::for_run`]) may draw on the shared balance
+    /// beyond what its own successes deposited: 10 by default; 0 lets each run spend only its own
+    /// deposits (and the floor). See [fair shares](self#fair-shares-between-runs).
+    pub fn run_share(mut self, retries: u32) -> Self {
+        self.run_share = retries;
         self
     }
 
@@ -322,6 +418,7 @@ impl RetryBudgetBuilder {
             ratio: Arc::new(Ratio::new(
                 self.retry_ratio,
                 self.max_balance,
+                self.run_share,
                 self.floor,
                 self.floor_window,
                 seed,

@@ -18,6 +18,8 @@ pub(super) struct Ratio {
     balance: AtomicI64,
     deposit: i64,
     max: i64,
+    /// How far, in milli-retries, one run may draw on the balance beyond what it deposited.
+    share: i64,
     floor: u32,
     floor_window: Duration,
     /// The floor window's index (high 32 bits) and the retries it has let through (low 32 bits),
@@ -32,6 +34,7 @@ impl Ratio {
     pub(super) fn new(
         ratio: f64,
         max_balance: u32,
+        run_share: u32,
         floor: u32,
         floor_window: Duration,
         seed: u64,
@@ -40,6 +43,7 @@ impl Ratio {
             balance: AtomicI64::new(0),
             deposit: (ratio * RETRY as f64).round() as i64,
             max: i64::from(max_balance) * RETRY,
+            share: i64::from(run_share) * RETRY,
             floor,
             floor_window,
             floor_state: AtomicU64::new(0),
@@ -63,16 +67,20 @@ impl Ratio {
 
     /// Takes `cost` milli-retries from the balance, or one use of the floor.
     pub(super) fn try_withdraw(&self, cost: i64) -> bool {
-        let taken = self
-            .balance
+        self.try_balance(cost) || self.try_floor()
+    }
+
+    /// Takes `cost` milli-retries from the balance.
+    pub(super) fn try_balance(&self, cost: i64) -> bool {
+        self.balance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
                 (b >= cost).then_some(b - cost)
             })
-            .is_ok();
-        taken || self.try_floor()
+            .is_ok()
     }
 
-    fn try_floor(&self) -> bool {
+    /// One use of the floor, if this window has one left.
+    pub(super) fn try_floor(&self) -> bool {
         if self.floor == 0 {
             return false;
         }
@@ -91,6 +99,16 @@ impl Ratio {
                 }
             })
             .is_ok()
+    }
+
+    /// What one deposit adds, and the most the balance holds (milli-retries).
+    pub(super) fn deposit_and_max(&self) -> (i64, i64) {
+        (self.deposit, self.max)
+    }
+
+    /// How far one run may draw beyond its own deposits (milli-retries).
+    pub(super) fn share(&self) -> i64 {
+        self.share
     }
 
     pub(super) fn balance(&self) -> f64 {

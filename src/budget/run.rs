@@ -2,7 +2,7 @@
 
 use super::Refusal;
 use crate::error::ConfigError;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Caps on what one agent run may spend on retries, across every tool it calls.
@@ -70,6 +70,9 @@ pub(super) struct Run {
     limits: RunLimits,
     retries: AtomicU32,
     nanos: AtomicU64,
+    /// What the run has deposited into the shared balance minus what it drew from it, in
+    /// milli-retries: at most the balance's cap, at least minus the run share.
+    credit: AtomicI64,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -82,7 +85,39 @@ impl Run {
             limits,
             retries: AtomicU32::new(0),
             nanos: AtomicU64::new(0),
+            credit: AtomicI64::new(0),
         }
+    }
+
+    /// Credits the run with one deposit of `amount`, up to `cap`.
+    #[inline]
+    pub(super) fn earn(&self, amount: i64, cap: i64) {
+        // A run in good standing is the common case: read, don't write.
+        if amount == 0 || self.credit.load(Ordering::Relaxed) >= cap {
+            return;
+        }
+        if self.credit.fetch_add(amount, Ordering::Relaxed) + amount > cap {
+            self.credit.fetch_min(cap, Ordering::Relaxed);
+        }
+    }
+
+    /// Draws `cost` on the run's account if that leaves it no deeper than `-share`.
+    pub(super) fn try_draw(&self, cost: i64, share: i64) -> bool {
+        self.credit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c - cost >= -share).then_some(c - cost)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a draw the shared balance could not cover.
+    pub(super) fn undraw(&self, cost: i64) {
+        self.credit.fetch_add(cost, Ordering::Relaxed);
+    }
+
+    /// The run's standing, in retries (negative: it has drawn more than it deposited).
+    pub(super) fn credit(&self) -> f64 {
+        self.credit.load(Ordering::Relaxed) as f64 / super::ratio::RETRY as f64
     }
 
     pub(super) fn try_spend(&self, delay: Duration) -> Result<(), Refusal> {

@@ -93,13 +93,12 @@ pub(super) fn classify_status(status: &tonic::Status) -> Classification {
     if c.failure_class().is_none() {
         return c;
     }
-    let hint = status
-        .metadata()
-        .get("grpc-retry-pushback-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(super::hint::parse_pushback_ms);
-    match hint {
-        Some(hint) => c.with_hint(hint),
+    // Present but not text is as malformed as "abc": do not retry (gRFC A6).
+    match status.metadata().get("grpc-retry-pushback-ms") {
+        Some(v) => c.with_hint(v.to_str().map_or(
+            super::ServerHint::DoNotRetry,
+            super::hint::parse_pushback_ms,
+        )),
         None => c,
     }
 }

@@ -1,6 +1,7 @@
 //! Server hints: `Retry-After` and `grpc-retry-pushback-ms`, parsed by pure functions.
 //!
-//! Malformed values are ignored (`None`), never guessed at; huge values are clamped to
+//! A malformed `Retry-After` is ignored (`None`), never guessed at. A malformed
+//! `grpc-retry-pushback-ms` means "do not retry", as gRFC A6 says. Huge values are clamped to
 //! [`MAX_HINT`] here, and again by each retry policy's own maximum.
 
 use std::time::{Duration, SystemTime};
@@ -13,7 +14,7 @@ use std::time::{Duration, SystemTime};
 ///
 /// assert_eq!(MAX_HINT, Duration::from_secs(86_400));
 /// // `i32::MAX` milliseconds is about 24.8 days: clamped to one day.
-/// assert_eq!(parse_pushback_ms("2147483647"), Some(ServerHint::RetryAfter(MAX_HINT)));
+/// assert_eq!(parse_pushback_ms("2147483647"), ServerHint::RetryAfter(MAX_HINT));
 /// ```
 pub const MAX_HINT: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -38,7 +39,8 @@ pub enum ServerHint {
     None,
     /// Wait at least this long before the next attempt.
     RetryAfter(Duration),
-    /// Do not retry (a negative gRPC pushback, or an error already marked non-retryable).
+    /// Do not retry (a negative or malformed gRPC pushback, or an error already marked
+    /// non-retryable).
     DoNotRetry,
 }
 
@@ -86,23 +88,26 @@ fn parse_http_date(_value: &str, _now: SystemTime) -> Option<Duration> {
     None
 }
 
-/// Parses gRPC's `grpc-retry-pushback-ms` (gRFC A6): a signed 32-bit count of milliseconds.
+/// Parses gRPC's `grpc-retry-pushback-ms` (gRFC A6): a non-negative 32-bit count of
+/// milliseconds to wait before the retry.
 ///
-/// A negative value means "do not retry"; a malformed value is ignored (`None`), as A6 asks.
+/// A negative value means "do not retry", and so does a malformed one (not an integer, empty,
+/// out of the 32-bit range): A6 says a pushback that is not a valid non-negative integer "will
+/// be seen as the server asking the client not to retry at all".
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::classify::hint::{parse_pushback_ms, ServerHint};
 ///
-/// assert_eq!(parse_pushback_ms("250"), Some(ServerHint::RetryAfter(Duration::from_millis(250))));
-/// assert_eq!(parse_pushback_ms("-1"), Some(ServerHint::DoNotRetry));
-/// assert_eq!(parse_pushback_ms("1.5"), None);
-/// assert_eq!(parse_pushback_ms("99999999999"), None);
+/// assert_eq!(parse_pushback_ms("250"), ServerHint::RetryAfter(Duration::from_millis(250)));
+/// assert_eq!(parse_pushback_ms("-1"), ServerHint::DoNotRetry);
+/// for malformed in ["abc", "1.5", "", " ", "99999999999", "+-3"] {
+///     assert_eq!(parse_pushback_ms(malformed), ServerHint::DoNotRetry, "{malformed:?}");
+/// }
 /// ```
-pub fn parse_pushback_ms(value: &str) -> Option<ServerHint> {
-    let ms = value.trim().parse::<i32>().ok()?;
-    Some(match u64::try_from(ms) {
-        Ok(ms) => ServerHint::RetryAfter(Duration::from_millis(ms).min(MAX_HINT)),
-        Err(_) => ServerHint::DoNotRetry,
-    })
+pub fn parse_pushback_ms(value: &str) -> ServerHint {
+    match value.trim().parse::<i32>().map(u64::try_from) {
+        Ok(Ok(ms)) => ServerHint::RetryAfter(Duration::from_millis(ms).min(MAX_HINT)),
+        _ => ServerHint::DoNotRetry,
+    }
 }

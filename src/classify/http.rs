@@ -3,7 +3,7 @@ use super::{
     FailureClass, NeverClassifyEos, ServerHint,
 };
 use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
-use crate::error::ErrorCode;
+use crate::error::{ErrorCode, ToolError};
 use http::{HeaderMap, Response, StatusCode};
 use std::time::SystemTime;
 
@@ -26,7 +26,8 @@ use std::time::SystemTime;
 /// | 400, 422 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
 ///
 /// Any status may carry `Retry-After` (seconds or HTTP-date) or `grpc-retry-pushback-ms`; both
-/// become a [`ServerHint`]. Malformed values are ignored.
+/// become a [`ServerHint`]. A malformed `Retry-After` is ignored; a malformed
+/// `grpc-retry-pushback-ms` means "do not retry" (gRFC A6), as a negative one does.
 ///
 /// A gRPC call that fails before sending a message answers "trailers-only": HTTP 200 with
 /// `grpc-status` in the head. A 2xx head carrying `grpc-status` is classified by that code
@@ -67,6 +68,25 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
             Err(e) => classify_error(e.as_dyn_error()),
         })
     }
+
+    fn dependency_error(&self, resp: &Response<B>) -> Option<ToolError> {
+        status_error(resp.status(), resp.headers())
+    }
+}
+
+/// What an HTTP answer classified as a failure said, as the dependency's own error.
+pub(super) fn status_error(status: StatusCode, headers: &HeaderMap) -> Option<ToolError> {
+    let c = classify_response(status, headers);
+    let (class, code) = (c.failure_class()?, c.code()?);
+    let what = match headers.get("grpc-status").and_then(|v| v.to_str().ok()) {
+        Some(grpc) if status.is_success() => format!("gRPC status {grpc}"),
+        _ => format!("HTTP {status}"),
+    };
+    Some(
+        ToolError::new(code)
+            .with_class(class)
+            .with_hint(format!("the dependency answered {what}")),
+    )
 }
 
 pub(super) fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {
@@ -87,9 +107,8 @@ pub(super) fn classify_response(status: StatusCode, headers: &HeaderMap) -> Clas
 
 fn server_hint(headers: &HeaderMap) -> ServerHint {
     if let Some(v) = headers.get("grpc-retry-pushback-ms") {
-        if let Some(hint) = v.to_str().ok().and_then(parse_pushback_ms) {
-            return hint;
-        }
+        // Malformed (or not text) means "do not retry" (gRFC A6).
+        return v.to_str().map_or(ServerHint::DoNotRetry, parse_pushback_ms);
     }
     headers
         .get(http::header::RETRY_AFTER)

@@ -49,53 +49,8 @@ pub use http::{classify_status, HttpClassifier};
 #[cfg(feature = "reqwest")]
 pub use reqwest::ReqwestClassifier;
 
-use crate::error::ErrorCode;
-use serde::{Deserialize, Serialize};
-
-/// What a failure means for a retry (the reference text's failure classes).
-///
-/// ```
-/// use stormguard::classify::FailureClass;
-///
-/// assert_eq!(FailureClass::ModelRecoverable.as_str(), "model_recoverable");
-/// assert!(FailureClass::Ambiguous.is_dependency_failure());
-/// assert!(!FailureClass::Permanent.is_dependency_failure());
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureClass {
-    /// Safe to retry: the effect did not happen (connection refused, throttled, 503).
-    Transient,
-    /// The effect may have happened: a timeout after sending, a reset mid-response, a 500, 502
-    /// or 504 on a write.
-    Ambiguous,
-    /// A bad argument or unparseable output: return it to the model to fix.
-    ModelRecoverable,
-    /// Retrying cannot help: a bad credential, a forbidden action, a conflict.
-    Permanent,
-    /// A guardrail tripped: halt loudly.
-    Policy,
-}
-
-impl FailureClass {
-    /// The stable snake_case name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            FailureClass::Transient => "transient",
-            FailureClass::Ambiguous => "ambiguous",
-            FailureClass::ModelRecoverable => "model_recoverable",
-            FailureClass::Permanent => "permanent",
-            FailureClass::Policy => "policy",
-        }
-    }
-
-    /// Whether a failure of this class says the dependency is unhealthy (what a breaker counts):
-    /// `Transient` and `Ambiguous`. Caller mistakes and guardrails say nothing about its health.
-    pub const fn is_dependency_failure(self) -> bool {
-        matches!(self, FailureClass::Transient | FailureClass::Ambiguous)
-    }
-}
+pub use crate::error::FailureClass;
+use crate::error::{ErrorCode, ToolError};
 
 /// What happened, in one word.
 ///
@@ -286,6 +241,25 @@ pub trait Classify<Res, E> {
 
     /// Classifies one result.
     fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<Self::ClassifyEos>;
+
+    /// The dependency's own structured error in a response this classifier called a failure (an
+    /// HTTP status, an MCP result with `isError`, an error body already read), kept as the
+    /// [`cause`](crate::error::ToolError::cause) of the error a [`Retry`](crate::retry::Retry)
+    /// gives up with. `None` by default; for an `Err` the error itself is kept.
+    ///
+    /// ```
+    /// use stormguard::classify::{Classify, HttpClassifier};
+    /// use stormguard::error::ErrorCode;
+    ///
+    /// let resp = http::Response::builder().status(503).body(()).unwrap();
+    /// let theirs = Classify::<_, std::io::Error>::dependency_error(&HttpClassifier, &resp).unwrap();
+    /// assert_eq!(theirs.code(), ErrorCode::Unavailable);
+    /// assert!(theirs.hint().contains("503"));
+    /// ```
+    fn dependency_error(&self, response: &Res) -> Option<ToolError> {
+        let _ = response;
+        None
+    }
 }
 
 impl<F, Res, E> Classify<Res, E> for F

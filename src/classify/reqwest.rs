@@ -25,6 +25,10 @@ impl<E: AsDynError> Classify<reqwest::Response, E> for HttpClassifier {
     ) -> ClassifiedResponse<NeverClassifyEos> {
         ReqwestClassifier::following_redirects().classify(result)
     }
+
+    fn dependency_error(&self, resp: &reqwest::Response) -> Option<crate::error::ToolError> {
+        super::http::status_error(resp.status(), resp.headers())
+    }
 }
 
 /// Classifies reqwest results, and says whether a connect error proves the request unsent.
@@ -115,6 +119,10 @@ impl<E: AsDynError> Classify<reqwest::Response, E> for ReqwestClassifier {
                 classify_error(e)
             }
         })
+    }
+
+    fn dependency_error(&self, resp: &reqwest::Response) -> Option<crate::error::ToolError> {
+        super::http::status_error(resp.status(), resp.headers())
     }
 }
 

@@ -12,11 +12,14 @@
 //! [`ToolError`] serialises (serde) to this shape, which is what a model should see:
 //!
 //! ```json
-//! {"code":"outcome_unknown","retryable":false,"hint":"...","retry_after_ms":null,"attempts":1,"class":"ambiguous"}
+//! {"code":"outcome_unknown","retryable":false,"hint":"...","retry_after_ms":null,"attempts":1,"class":"ambiguous","cause":null}
 //! ```
 //!
 //! `retry_after_ms` is `null` when the server gave no hint; `class` is `null` for errors that were
-//! not classified (configuration or store errors).
+//! not classified (configuration or store errors). `cause` is the dependency's own structured
+//! error when it gave one (a `ToolError` in the source chain: an MCP tool's error read back, a
+//! classifier's [`dependency_error`](crate::classify::Classify::dependency_error)), as
+//! `{"code", "retryable", "hint"}`, else `null`: the evidence a layer that gave up keeps.
 //!
 //! ```
 //! use stormguard::error::{ErrorCode, ToolError};
@@ -30,11 +33,13 @@
 
 mod code;
 mod config;
+mod failure;
+pub(crate) mod hint;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
+pub use failure::FailureClass;
 
-use crate::classify::FailureClass;
 use serde::ser::{Serialize, SerializeStruct, Serializer};
 use std::borrow::Cow;
 use std::fmt;
@@ -165,6 +170,29 @@ impl ToolError {
         self.inner.retry_after
     }
 
+    /// The dependency's own structured error, if the source chain holds one: the first
+    /// `ToolError` below this one.
+    ///
+    /// ```
+    /// use stormguard::error::{ErrorCode, ToolError};
+    ///
+    /// let theirs = ToolError::new(ErrorCode::InvalidArgument).with_hint("field `to` is not an email address");
+    /// let ours = ToolError::new(ErrorCode::OutcomeUnknown).with_source(theirs);
+    /// assert_eq!(ours.cause().unwrap().code(), ErrorCode::InvalidArgument);
+    /// assert_eq!(ours.to_json()["cause"]["hint"], "field `to` is not an email address");
+    /// assert!(ToolError::new(ErrorCode::Internal).cause().is_none());
+    /// ```
+    pub fn cause(&self) -> Option<&ToolError> {
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            if let Some(tool) = e.downcast_ref::<ToolError>() {
+                return Some(tool);
+            }
+            next = e.source();
+        }
+        None
+    }
+
     /// Turns any error into a `ToolError`: an error that already is one (boxed) is unwrapped,
     /// anything else is wrapped as `code` with the error as its source.
     pub fn from_boxed(err: BoxError, code: ErrorCode) -> Self {
@@ -200,7 +228,7 @@ impl ToolError {
 
 impl Serialize for ToolError {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut s = serializer.serialize_struct("ToolError", 6)?;
+        let mut s = serializer.serialize_struct("ToolError", 7)?;
         s.serialize_field("code", self.inner.code.as_str())?;
         s.serialize_field("retryable", &self.inner.retryable)?;
         s.serialize_field("hint", &*self.inner.hint)?;
@@ -211,6 +239,20 @@ impl Serialize for ToolError {
         s.serialize_field("retry_after_ms", &ms)?;
         s.serialize_field("attempts", &self.inner.attempts)?;
         s.serialize_field("class", &self.inner.class)?;
+        s.serialize_field("cause", &self.cause().map(Cause))?;
+        s.end()
+    }
+}
+
+/// The dependency's error as `cause` shows it: its code, flag and hint.
+struct Cause<'a>(&'a ToolError);
+
+impl Serialize for Cause<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut s = serializer.serialize_struct("Cause", 3)?;
+        s.serialize_field("code", self.0.inner.code.as_str())?;
+        s.serialize_field("retryable", &self.0.inner.retryable)?;
+        s.serialize_field("hint", &*self.0.inner.hint)?;
         s.end()
     }
 }

@@ -217,13 +217,7 @@ impl<S: fmt::Debug, F> fmt::Debug for StampKey<S, F> {
 /// the key's fingerprint on the first attempt. `false` when an earlier attempt carried another key.
 pub(crate) fn note_key(key: &IdempotencyKey) -> bool {
     let fingerprint = key.fingerprint();
-    let consistent = with_current(|op| {
-        op.keyed = true;
-        if op.key == 0 {
-            op.key = fingerprint;
-        }
-        op.key == fingerprint
-    });
+    let consistent = with_current(|op| op.note_key(fingerprint));
     consistent != Some(false)
 }
 
@@ -235,7 +229,7 @@ fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
         hint,
         "idempotency key layer refused the call"
     );
-    metrics::counter!("stormguard_key_refusals_total", "code" => code.as_str()).increment(1);
+    crate::telemetry::key_refused(code);
     ToolError::new(code).with_hint(hint).with_retryable(false)
 }
 

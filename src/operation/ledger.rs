@@ -14,23 +14,37 @@ use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
-/// The state of one logical operation, shared by every nested layer it passes through.
+/// The state of one logical operation, shared by every nested layer it passes through. Layers
+/// change it only through the named mutators below.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct OpState {
     /// Retries granted so far, by any layer; attempts = retries + 1.
-    pub(crate) retries: u32,
+    retries: u32,
     /// The cap on attempts, set by the layer that opened the operation.
-    pub(crate) max_attempts: u32,
+    max_attempts: u32,
     /// The strictest class any layer has declared for it.
-    pub(crate) class: ToolClass,
+    class: ToolClass,
     /// Whether an idempotency key was seen on the request.
-    pub(crate) keyed: bool,
+    keyed: bool,
     /// Set once a layer gave up: no other layer retries the operation.
-    pub(crate) closed: Option<ErrorCode>,
-    /// When the operation's deadline passes.
-    pub(crate) deadline: Option<Instant>,
+    closed: Option<ErrorCode>,
+    /// When the operation's deadline passes: the earliest of every layer's.
+    deadline: Option<Instant>,
     /// A fingerprint of the idempotency key its first attempt carried (0: none yet).
-    pub(crate) key: u64,
+    key: u64,
+    /// The budget the operation's success was last credited to (0: none yet).
+    deposited: usize,
+}
+
+/// What joining an operation did to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Joined {
+    /// No operation is installed here: the layer opens its own.
+    No,
+    /// Joined; the operation's class is unchanged.
+    Yes,
+    /// Joined with a stricter class than the operation had (`was`): it now applies that class.
+    Tightened { was: ToolClass },
 }
 
 impl OpState {
@@ -48,11 +62,93 @@ impl OpState {
             closed: None,
             deadline,
             key: 0,
+            deposited: 0,
         }
     }
 
+    /// Attempts made so far, by every layer.
     pub(crate) fn attempts(&self) -> u32 {
         self.retries.saturating_add(1)
+    }
+
+    pub(crate) fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    pub(crate) fn class(&self) -> ToolClass {
+        self.class
+    }
+
+    pub(crate) fn keyed(&self) -> bool {
+        self.keyed
+    }
+
+    pub(crate) fn closed(&self) -> Option<ErrorCode> {
+        self.closed
+    }
+
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Records that `retries` attempts before this one were made (an operation opened late, by a
+    /// layer that lost the one it joined).
+    pub(crate) fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// A layer joins: the stricter class wins, a key is noted, the earlier deadline wins.
+    pub(crate) fn join(
+        &mut self,
+        class: ToolClass,
+        keyed: bool,
+        deadline: Option<Instant>,
+    ) -> Joined {
+        let was = self.class;
+        self.class = was.strictest(class);
+        self.keyed |= keyed;
+        if let Some(deadline) = deadline {
+            self.tighten_deadline(deadline);
+        }
+        if self.class == was {
+            Joined::Yes
+        } else {
+            Joined::Tightened { was }
+        }
+    }
+
+    /// The deadline becomes `deadline` if that is earlier.
+    pub(crate) fn tighten_deadline(&mut self, deadline: Instant) {
+        self.deadline = Some(self.deadline.map_or(deadline, |d| d.min(deadline)));
+    }
+
+    /// A layer granted a retry.
+    pub(crate) fn grant_retry(&mut self) {
+        self.retries = self.retries.saturating_add(1);
+    }
+
+    /// A layer ended the operation with `code` (the first ending stands).
+    pub(crate) fn close(&mut self, code: ErrorCode) {
+        self.closed.get_or_insert(code);
+    }
+
+    /// The request carries a key with this fingerprint; `false` if an earlier attempt of the
+    /// operation carried another one.
+    pub(crate) fn note_key(&mut self, fingerprint: u64) -> bool {
+        self.keyed = true;
+        if self.key == 0 {
+            self.key = fingerprint;
+        }
+        self.key == fingerprint
+    }
+
+    /// Whether the operation's success should now be credited to `budget` (an identity that is
+    /// never 0): not if the layer just below credited the same one. Records it.
+    pub(crate) fn note_deposit(&mut self, budget: usize) -> bool {
+        let fresh = self.deposited != budget;
+        self.deposited = budget;
+        fresh
     }
 }
 
@@ -65,6 +161,7 @@ pub(crate) struct Inline {
     word: u64,
     deadline: Option<Instant>,
     key: u64,
+    deposited: usize,
 }
 
 /// Where an operation's state lives while a future holds it.
@@ -83,16 +180,19 @@ impl Ledger {
             word: pack(&state),
             deadline: state.deadline,
             key: state.key,
+            deposited: state.deposited,
         })
     }
 
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut OpState) -> R) -> R {
         match self {
             Ledger::Inline(inline) => {
-                let mut state = unpack(inline.word, inline.deadline, inline.key);
+                let mut state = unpack(inline.word, inline.deadline, inline.key, inline.deposited);
                 let out = f(&mut state);
                 inline.word = pack(&state);
+                inline.deadline = state.deadline;
                 inline.key = state.key;
+                inline.deposited = state.deposited;
                 out
             }
             Ledger::Shared(shared) => f(&mut lock(shared)),
@@ -107,12 +207,14 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-// The thread-local slot holds the packed word (and, only for operations with a deadline, the
-// deadline in a second slot), so lending the ledger is a couple of register moves: no destructor
-// runs, nothing is allocated, no lock is taken.
+// The thread-local slot holds the packed word, and three side slots that are read only when the
+// word's bit says they hold something: the deadline, the key fingerprint and the budget last
+// deposited. Lending the ledger is a couple of register moves: no destructor runs, nothing is
+// allocated, no lock is taken.
 //
-// word: bits 0-15 retries, 16-31 max_attempts, 32-39 class, 40 keyed, 41 has a deadline,
-//       42 has a key fingerprint (in `KEY`), 48-55 closed code + 1 (0 = open), 62-63 tag.
+// word: bits 0-15 retries, 16-31 max_attempts, 32-39 class, 40 keyed, 41 has a deadline (in
+//       `DEADLINE`), 42 has a key fingerprint (in `KEY`), 43 has a deposit (in `DEPOSITED`),
+//       48-55 closed code + 1 (0 = open), 62-63 tag.
 const TAG_SHIFT: u32 = 62;
 const EMPTY: u64 = 0;
 const INLINE: u64 = 1;
@@ -120,6 +222,8 @@ const SHARED_TAG: u64 = 2;
 const KEYED: u64 = 1 << 40;
 const HAS_DEADLINE: u64 = 1 << 41;
 const HAS_KEY: u64 = 1 << 42;
+const HAS_DEPOSIT: u64 = 1 << 43;
+const CLASS: u64 = 0xff << 32;
 
 #[inline]
 fn tag(word: u64) -> u64 {
@@ -129,22 +233,20 @@ fn tag(word: u64) -> u64 {
 #[inline]
 fn pack(state: &OpState) -> u64 {
     let closed = state.closed.map_or(0, |code| code as u64 + 1);
+    let flag = |set: bool, bit: u64| if set { bit } else { 0 };
     u64::from(state.retries.min(0xffff))
         | u64::from(state.max_attempts.min(0xffff)) << 16
         | (state.class as u64) << 32
-        | if state.keyed { KEYED } else { 0 }
-        | if state.deadline.is_some() {
-            HAS_DEADLINE
-        } else {
-            0
-        }
-        | if state.key != 0 { HAS_KEY } else { 0 }
+        | flag(state.keyed, KEYED)
+        | flag(state.deadline.is_some(), HAS_DEADLINE)
+        | flag(state.key != 0, HAS_KEY)
+        | flag(state.deposited != 0, HAS_DEPOSIT)
         | closed << 48
         | INLINE << TAG_SHIFT
 }
 
 #[inline]
-fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
+fn unpack(word: u64, deadline: Option<Instant>, key: u64, deposited: usize) -> OpState {
     let class = ToolClass::ALL
         .get(((word >> 32) & 0xff) as usize)
         .copied()
@@ -164,12 +266,13 @@ fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
         class,
         keyed: word & KEYED != 0,
         closed,
-        deadline: if word & HAS_DEADLINE != 0 {
-            deadline
-        } else {
-            None
-        },
+        deadline: deadline.filter(|_| word & HAS_DEADLINE != 0),
         key: if word & HAS_KEY != 0 { key } else { 0 },
+        deposited: if word & HAS_DEPOSIT != 0 {
+            deposited
+        } else {
+            0
+        },
     }
 }
 
@@ -177,7 +280,40 @@ thread_local! {
     static CURRENT: Cell<u64> = const { Cell::new(EMPTY) };
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
     static KEY: Cell<u64> = const { Cell::new(0) };
+    static DEPOSITED: Cell<usize> = const { Cell::new(0) };
     static SHARED: RefCell<Option<SharedState>> = const { RefCell::new(None) };
+}
+
+/// The side slots of an installed inline word: each read only when the word's bit is set.
+#[inline]
+fn read_sides(word: u64) -> (Option<Instant>, u64, usize) {
+    (
+        if word & HAS_DEADLINE != 0 {
+            DEADLINE.get()
+        } else {
+            None
+        },
+        if word & HAS_KEY != 0 { KEY.get() } else { 0 },
+        if word & HAS_DEPOSIT != 0 {
+            DEPOSITED.get()
+        } else {
+            0
+        },
+    )
+}
+
+/// Writes the side slots the state uses.
+#[inline]
+fn write_sides(state: &OpState) {
+    if state.deadline.is_some() {
+        DEADLINE.set(state.deadline);
+    }
+    if state.key != 0 {
+        KEY.set(state.key);
+    }
+    if state.deposited != 0 {
+        DEPOSITED.set(state.deposited);
+    }
 }
 
 /// Runs `f` on the operation installed on this thread, if there is one.
@@ -192,50 +328,39 @@ pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
 }
 
 #[inline]
-fn read_key(word: u64) -> u64 {
-    if word & HAS_KEY != 0 {
-        KEY.get()
-    } else {
-        0
-    }
-}
-
-#[inline]
 fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
-    let deadline = if word & HAS_DEADLINE != 0 {
-        DEADLINE.get()
-    } else {
-        None
-    };
-    let mut state = unpack(word, deadline, read_key(word));
+    let (deadline, key, deposited) = read_sides(word);
+    let mut state = unpack(word, deadline, key, deposited);
     let out = f(&mut state);
-    if state.key != 0 {
-        KEY.set(state.key);
-    }
+    write_sides(&state);
     CURRENT.set(pack(&state));
     out
 }
 
-/// Joins the operation installed on this thread, if there is one: records the joining layer's
-/// class (the stricter one wins) and whether its request carries a key. Bit operations on the
-/// packed word; no unpacking on the hot path.
+/// Joins the operation installed on this thread, if there is one (see [`OpState::join`]). Bit
+/// operations on the packed word for a layer without a deadline; no unpacking on the hot path.
 #[inline]
-pub(crate) fn join_current(class: ToolClass, keyed: bool) -> bool {
+pub(crate) fn join_current(class: ToolClass, keyed: bool, deadline: Option<Instant>) -> Joined {
     let word = CURRENT.get();
     match tag(word) {
-        INLINE => {
-            let current = (word >> 32) & 0xff;
+        INLINE if deadline.is_none() => {
+            let current = (word & CLASS) >> 32;
             let strictest = current.max(class as u64);
-            let word = (word & !(0xff << 32)) | strictest << 32 | if keyed { KEYED } else { 0 };
+            let word = (word & !CLASS) | strictest << 32 | if keyed { KEYED } else { 0 };
             CURRENT.set(word);
-            true
+            if strictest == current {
+                Joined::Yes
+            } else {
+                let was = ToolClass::ALL.get(current as usize).copied();
+                Joined::Tightened {
+                    was: was.unwrap_or(ToolClass::MultiStep),
+                }
+            }
         }
-        SHARED_TAG => with_current(|op| {
-            op.keyed |= keyed;
-            op.class = op.class.strictest(class);
-        })
-        .is_some(),
-        _ => false,
+        INLINE | SHARED_TAG => {
+            with_current(|op| op.join(class, keyed, deadline)).unwrap_or(Joined::No)
+        }
+        _ => Joined::No,
     }
 }
 
@@ -245,7 +370,8 @@ pub(crate) fn share_current() -> Option<SharedState> {
     match tag(word) {
         SHARED_TAG => SHARED.with_borrow(Clone::clone),
         INLINE => {
-            let shared = Arc::new(Mutex::new(unpack(word, DEADLINE.get(), read_key(word))));
+            let (deadline, key, deposited) = read_sides(word);
+            let shared = Arc::new(Mutex::new(unpack(word, deadline, key, deposited)));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
             CURRENT.set(SHARED_TAG << TAG_SHIFT);
@@ -255,28 +381,30 @@ pub(crate) fn share_current() -> Option<SharedState> {
     }
 }
 
+/// The side slots of the ledger installed before, saved where its word used them.
+struct Saved {
+    deadline: Option<Option<Instant>>,
+    key: Option<u64>,
+    deposited: Option<usize>,
+}
+
 /// Lends `slot`'s ledger to this thread until dropped, then takes it back and restores whatever
 /// was installed before (also when the inner call panics).
 pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
     previous: u64,
-    previous_deadline: Option<Option<Instant>>,
-    previous_key: Option<u64>,
+    saved: Saved,
     previous_shared: Option<SharedState>,
 }
 
 impl<'a> Installed<'a> {
     #[inline]
     pub(crate) fn new(slot: &'a mut Option<Ledger>) -> Self {
-        let mut previous_deadline = None;
-        let mut own_key = 0;
         let mut shared = None;
+        let mut sides = None;
         let next = match slot {
             Some(Ledger::Inline(inline)) => {
-                if inline.deadline.is_some() {
-                    previous_deadline = Some(DEADLINE.replace(inline.deadline));
-                }
-                own_key = inline.key;
+                sides = Some((inline.deadline, inline.key, inline.deposited));
                 inline.word
             }
             Some(Ledger::Shared(_)) => {
@@ -288,11 +416,23 @@ impl<'a> Installed<'a> {
             None => EMPTY,
         };
         let previous = CURRENT.replace(next);
-        // The key slot is read only through a word with HAS_KEY: save it when the previous word
+        // A side slot is read only through a word with its bit: save it when the previous word
         // relies on it, write it when ours does.
-        let previous_key = (previous & HAS_KEY != 0).then(|| KEY.get());
-        if own_key != 0 {
-            KEY.set(own_key);
+        let saved = Saved {
+            deadline: (previous & HAS_DEADLINE != 0).then(|| DEADLINE.get()),
+            key: (previous & HAS_KEY != 0).then(|| KEY.get()),
+            deposited: (previous & HAS_DEPOSIT != 0).then(|| DEPOSITED.get()),
+        };
+        if let Some((deadline, key, deposited)) = sides {
+            if next & HAS_DEADLINE != 0 {
+                DEADLINE.set(deadline);
+            }
+            if next & HAS_KEY != 0 {
+                KEY.set(key);
+            }
+            if next & HAS_DEPOSIT != 0 {
+                DEPOSITED.set(deposited);
+            }
         }
         let previous_shared = if shared.is_some() || tag(previous) == SHARED_TAG {
             SHARED.replace(shared)
@@ -302,8 +442,7 @@ impl<'a> Installed<'a> {
         Installed {
             slot,
             previous,
-            previous_deadline,
-            previous_key,
+            saved,
             previous_shared,
         }
     }
@@ -315,17 +454,23 @@ impl Drop for Installed<'_> {
         let mine = CURRENT.replace(self.previous);
         match (tag(mine), &mut *self.slot) {
             (INLINE, Some(Ledger::Inline(inline))) => {
+                let (deadline, key, deposited) = read_sides(mine);
                 inline.word = mine;
-                inline.key = read_key(mine);
+                inline.deadline = deadline;
+                inline.key = key;
+                inline.deposited = deposited;
             }
             (SHARED_TAG, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
         }
-        if let Some(deadline) = self.previous_deadline.take() {
+        if let Some(deadline) = self.saved.deadline.take() {
             DEADLINE.set(deadline);
         }
-        if let Some(key) = self.previous_key.take() {
+        if let Some(key) = self.saved.key.take() {
             KEY.set(key);
+        }
+        if let Some(deposited) = self.saved.deposited.take() {
+            DEPOSITED.set(deposited);
         }
         if let Some(previous) = self.previous_shared.take() {
             SHARED.set(Some(previous));
@@ -373,10 +518,9 @@ mod tests {
         for class in ToolClass::ALL {
             for closed in std::iter::once(None).chain(ErrorCode::ALL.map(Some)) {
                 for keyed in [false, true] {
-                    let mut state = OpState::new(7, class, keyed, None);
-                    state.retries = 4;
+                    let mut state = OpState::new(7, class, keyed, None).with_retries(4);
                     state.closed = closed;
-                    let back = unpack(pack(&state), None, 0);
+                    let back = unpack(pack(&state), None, 0, 0);
                     assert_eq!(back.class, class);
                     assert_eq!(back.closed, closed);
                     assert_eq!(back.keyed, keyed);
@@ -402,25 +546,127 @@ mod tests {
         )));
         in_scope(&mut outer, || {
             with_current(|op| {
-                op.retries += 1;
-                op.key = 42;
+                op.grant_retry();
+                op.note_key(42);
+                op.note_deposit(7);
             });
             in_scope(&mut inner, || {
                 assert_eq!(with_current(|op| op.max_attempts), Some(5));
                 let shared = share_current().unwrap();
                 lock(&shared).retries = 2;
+                // The inner operation's sides never leak into the outer one.
+                lock(&shared).note_deposit(9);
             });
             assert_eq!(
-                with_current(|op| (op.max_attempts, op.retries, op.key)),
-                Some((3, 1, 42))
+                with_current(|op| (op.max_attempts, op.retries, op.key, op.deposited)),
+                Some((3, 1, 42, 7))
             );
         });
         assert!(with_current(|_| ()).is_none());
         assert!(matches!(inner, Some(Ledger::Shared(_))));
-        assert_eq!(inner.as_mut().unwrap().with(|op| op.retries), 2);
+        let Some(Ledger::Shared(shared)) = inner.take() else {
+            unreachable!("shared above")
+        };
+        let state = *lock(&shared);
+        assert_eq!((state.retries, state.deposited), (2, 9));
+        inner = Some(Ledger::inline(OpState::new(
+            5,
+            ToolClass::Read,
+            false,
+            None,
+        )));
         assert_eq!(
-            outer.as_mut().unwrap().with(|op| (op.retries, op.key)),
-            (1, 42)
+            outer
+                .as_mut()
+                .unwrap()
+                .with(|op| (op.retries, op.key, op.deposited)),
+            (1, 42, 7)
         );
+    }
+
+    #[test]
+    fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
+        let now = Instant::now();
+        let outer_deadline = now + std::time::Duration::from_secs(10);
+        let mut outer = Some(Ledger::inline(OpState::new(
+            3,
+            ToolClass::Read,
+            false,
+            Some(outer_deadline),
+        )));
+        let mut inner = Some(Ledger::inline(OpState::new(
+            3,
+            ToolClass::Read,
+            false,
+            None,
+        )));
+        in_scope(&mut outer, || {
+            // A later deadline does not loosen it; an earlier one tightens it.
+            join_current(
+                ToolClass::Read,
+                false,
+                Some(now + std::time::Duration::from_secs(20)),
+            );
+            assert_eq!(with_current(|op| op.deadline), Some(Some(outer_deadline)));
+            in_scope(&mut inner, || {
+                // Inside an operation of its own (no deadline), a layer sets one.
+                let joined = join_current(
+                    ToolClass::UnkeyedWrite,
+                    true,
+                    Some(now + std::time::Duration::from_secs(1)),
+                );
+                assert_eq!(
+                    joined,
+                    Joined::Tightened {
+                        was: ToolClass::Read
+                    }
+                );
+                assert_eq!(
+                    with_current(|op| op.deadline),
+                    Some(Some(now + std::time::Duration::from_secs(1)))
+                );
+            });
+            // The outer operation keeps its own deadline and class.
+            assert_eq!(
+                with_current(|op| (op.deadline, op.class, op.keyed)),
+                Some((Some(outer_deadline), ToolClass::Read, false))
+            );
+        });
+        assert_eq!(
+            inner
+                .as_mut()
+                .unwrap()
+                .with(|op| (op.deadline, op.class, op.keyed)),
+            (
+                Some(now + std::time::Duration::from_secs(1)),
+                ToolClass::UnkeyedWrite,
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn the_hot_path_join_reports_a_tightened_class() {
+        let mut op = Some(Ledger::inline(OpState::new(
+            3,
+            ToolClass::Read,
+            false,
+            None,
+        )));
+        in_scope(&mut op, || {
+            assert_eq!(join_current(ToolClass::Read, false, None), Joined::Yes);
+            assert_eq!(
+                join_current(ToolClass::KeyedWrite, true, None),
+                Joined::Tightened {
+                    was: ToolClass::Read
+                }
+            );
+            assert_eq!(join_current(ToolClass::Read, false, None), Joined::Yes);
+        });
+        assert_eq!(
+            op.as_mut().unwrap().with(|op| (op.class, op.keyed)),
+            (ToolClass::KeyedWrite, true)
+        );
+        assert_eq!(join_current(ToolClass::Read, false, None), Joined::No);
     }
 }

@@ -106,17 +106,17 @@ impl Operation {
 
     /// The cap on attempts.
     pub fn max_attempts(&self) -> u32 {
-        lock(&self.shared).max_attempts
+        lock(&self.shared).max_attempts()
     }
 
     /// The strictest tool class declared for the operation.
     pub fn class(&self) -> ToolClass {
-        lock(&self.shared).class
+        lock(&self.shared).class()
     }
 
     /// Whether a layer has given up on the operation.
     pub fn is_closed(&self) -> bool {
-        lock(&self.shared).closed.is_some()
+        lock(&self.shared).closed().is_some()
     }
 }
 
@@ -125,10 +125,10 @@ impl fmt::Debug for Operation {
         let state = *lock(&self.shared);
         f.debug_struct("Operation")
             .field("attempts", &state.attempts())
-            .field("max_attempts", &state.max_attempts)
-            .field("class", &state.class)
-            .field("keyed", &state.keyed)
-            .field("closed", &state.closed)
+            .field("max_attempts", &state.max_attempts())
+            .field("class", &state.class())
+            .field("keyed", &state.keyed())
+            .field("closed", &state.closed())
             .finish()
     }
 }

@@ -9,7 +9,7 @@ use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
-const WAITS: &str = "stormguard_quota_waits_total";
+use crate::telemetry::QUOTA_WAITS as WAITS;
 
 /// Holds calls to a [`Quota`], shared by every clone; see the [module docs](super).
 ///

@@ -660,12 +660,12 @@ impl<S: fmt::Debug, St, F, C, Cd, RB, Ck> fmt::Debug for Receipts<S, St, F, C, C
 
 fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
-    metrics::counter!("stormguard_receipt_outcomes_total", "outcome" => code.as_str()).increment(1);
+    crate::telemetry::receipt_outcome(code.as_str());
     Box::new(ToolError::new(code).with_retryable(code.default_retryable()))
 }
 
 fn counted(outcome: &'static str) {
-    metrics::counter!("stormguard_receipt_outcomes_total", "outcome" => outcome).increment(1);
+    crate::telemetry::receipt_outcome(outcome);
 }
 
 impl<S, St, F, C, Cd, RB, Ck, Req> Service<Req> for Receipts<S, St, F, C, Cd, RB, Ck>

@@ -1,13 +1,13 @@
-//! [`ResponseFuture`]: the retry loop of one request, as a state machine.
+//! [`ResponseFuture`]: the retry loop of one request, as a state machine that gathers the inputs
+//! of [`decide`](super::decide::decide) and carries out what it returns.
 
+use super::decide::{decide, settle, GiveUp, Next, OperationView};
 use super::{into_tool_error, Kit, Replay};
 use crate::backoff::BackoffState;
 use crate::budget::Refusal;
-use crate::class::{Decision, ToolClass};
-use crate::classify::{
-    Classification, ClassifiedResponse, Classify, FailureClass, ServerHint, Verdict,
-};
-use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::class::ToolClass;
+use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
+use crate::error::{hint, BoxError, ErrorCode, FailureClass, ToolError};
 use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
 use crate::telemetry;
 use pin_project_lite::pin_project;
@@ -58,7 +58,9 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         Called { #[pin] future: F },
-        Waiting { sleep: Pin<Box<Sleep>> },
+        /// Backing off before a retry.
+        Backoff,
+        /// Waiting for the inner service to be ready for the retry, within the deadline.
         Ready,
     }
 }
@@ -68,15 +70,19 @@ struct Track {
     /// The ledger this future owns (the outermost layer), or one it had to open after losing the
     /// operation it joined; `None` while it reads the one installed on the thread.
     ledger: Option<Ledger>,
-    /// Whether this layer opened the operation (it deposits on success).
-    owner: bool,
-    /// Attempts this layer has made.
+    /// Attempts this layer has made in a row for this call.
     attempts: u32,
     /// Boxed: made only when a retry is granted, and kept out of the future's size.
     backoff: Option<Box<BackoffState>>,
+    /// The backoff's sleep, then the deadline's while the service gets ready: made on a retry.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// The class of the failure the pending retry follows, for the error if the deadline passes
+    /// first.
+    last: Option<(FailureClass, ErrorCode)>,
 }
 
-enum Next<T> {
+/// What the state machine does after a result.
+enum Step<T> {
     Done(Result<T, ToolError>),
     Wait(Duration),
 }
@@ -92,11 +98,11 @@ where
         ledger: Option<Ledger>,
         span: Span,
     ) -> Self {
-        Self::new(future, kit, request, ledger, true, span)
+        Self::new(future, kit, request, ledger, span)
     }
 
     pub(super) fn nested(future: S::Future, kit: Arc<Kit<S, C, R>>, request: Option<Req>) -> Self {
-        Self::new(future, kit, request, None, false, Span::none())
+        Self::new(future, kit, request, None, Span::none())
     }
 
     fn new(
@@ -104,7 +110,6 @@ where
         kit: Arc<Kit<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
-        owner: bool,
         span: Span,
     ) -> Self {
         ResponseFuture {
@@ -114,9 +119,10 @@ where
             service: None,
             track: Track {
                 ledger,
-                owner,
                 attempts: 1,
                 backoff: None,
+                sleep: None,
+                last: None,
             },
             span,
         }
@@ -141,24 +147,40 @@ where
                     let result = ready!(in_scope(&mut this.track.ledger, || future.poll(cx)));
                     let has_request = this.request.is_some();
                     match on_result(this.kit, this.track, has_request, result) {
-                        Next::Done(output) => return Poll::Ready(output),
-                        Next::Wait(delay) if delay.is_zero() => this.state.set(State::Ready),
-                        Next::Wait(delay) => this.state.set(State::Waiting {
-                            sleep: Box::pin(tokio::time::sleep(delay)),
-                        }),
+                        Step::Done(output) => return Poll::Ready(output),
+                        Step::Wait(delay) => {
+                            this.track.sleep_for(delay);
+                            this.state.set(State::Backoff);
+                        }
                     }
                 }
-                StateProj::Waiting { sleep } => {
-                    ready!(sleep.as_mut().poll(cx));
+                StateProj::Backoff => {
+                    if let Some(sleep) = this.track.sleep.as_mut() {
+                        ready!(sleep.as_mut().poll(cx));
+                    }
+                    // From here the sleep is the deadline's, if the operation has one.
+                    let deadline = this.track.op(this.kit, |op| op.deadline());
+                    this.track.sleep_until(deadline);
                     this.state.set(State::Ready);
                 }
                 StateProj::Ready => {
                     let kit = &**this.kit;
                     let service = this.service.get_or_insert_with(|| kit.service());
                     let ready = in_scope(&mut this.track.ledger, || service.poll_ready(cx));
-                    if let Err(e) = ready!(ready) {
+                    let ready = match ready {
+                        Poll::Ready(ready) => ready,
+                        Poll::Pending => {
+                            // Not ready: the retry is abandoned if the deadline passes first.
+                            if let Some(sleep) = this.track.sleep.as_mut() {
+                                ready!(sleep.as_mut().poll(cx));
+                                return Poll::Ready(Err(deadline_passed(kit, this.track)));
+                            }
+                            return Poll::Pending;
+                        }
+                    };
+                    if let Err(e) = ready {
                         let attempts = this.track.op(kit, |op| {
-                            op.closed = Some(ErrorCode::Unavailable);
+                            op.close(ErrorCode::Unavailable);
                             op.attempts()
                         });
                         let err = into_tool_error(e, ErrorCode::Unavailable)
@@ -189,23 +211,29 @@ impl Track {
             &mut self.ledger,
             || {
                 let policy = &kit.policy;
-                let mut state = OpState::new(policy.max_attempts(), policy.class(), false, None);
-                state.retries = attempts.saturating_sub(1);
-                state
+                OpState::new(policy.max_attempts(), policy.class(), false, None)
+                    .with_retries(attempts.saturating_sub(1))
             },
             f,
         )
     }
-}
 
-/// What the operation looks like from this layer when a failure arrives.
-struct View {
-    class: ToolClass,
-    keyed: bool,
-    closed: bool,
-    attempts: u32,
-    max_attempts: u32,
-    deadline: Option<Instant>,
+    fn sleep_for(&mut self, delay: Duration) {
+        let at = Instant::now() + delay;
+        match self.sleep.as_mut() {
+            Some(sleep) => sleep.as_mut().reset(at),
+            None if delay.is_zero() => {}
+            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+    }
+
+    fn sleep_until(&mut self, deadline: Option<Instant>) {
+        match (deadline, self.sleep.as_mut()) {
+            (None, _) => self.sleep = None,
+            (Some(at), Some(sleep)) => sleep.as_mut().reset(at),
+            (Some(at), None) => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+    }
 }
 
 fn on_result<S, C, R, Req>(
@@ -213,7 +241,7 @@ fn on_result<S, C, R, Req>(
     track: &mut Track,
     has_request: bool,
     result: Result<S::Response, S::Error>,
-) -> Next<S::Response>
+) -> Step<S::Response>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
@@ -224,196 +252,219 @@ where
         // The head has arrived: the response is committed and goes to the caller.
         ClassifiedResponse::RequiresEos(_) => Classification::success(),
     };
-    let failure = match classification.verdict() {
-        Verdict::Success | Verdict::Empty => {
-            if track.owner {
-                kit.budget.deposit();
-            }
-            return Next::Done(result.map_err(|e| {
-                let attempts = track.op(kit, |op| op.attempts());
-                hand_back(e, &classification, None, attempts)
-            }));
+    let Verdict::Failure(failure) = classification.verdict() else {
+        // Credit each budget once per operation: not if the layer below credited this one.
+        let budget = kit.budget.id();
+        if track.op(kit, |op| op.note_deposit(budget)) {
+            kit.budget.deposit();
         }
-        Verdict::Failure(failure) => failure,
+        return Step::Done(result.map_err(|e| {
+            let attempts = track.op(kit, |op| op.attempts());
+            hand_back(e, &classification, None, attempts)
+        }));
     };
 
-    let own_class = kit.policy.class();
-    let view = track.op(kit, |op| View {
-        class: op.class.strictest(own_class),
-        keyed: op.keyed,
-        closed: op.closed.is_some(),
+    let (own_class, layer_attempts) = (kit.policy.class(), track.attempts);
+    let now = Instant::now();
+    let view = track.op(kit, |op| OperationView {
+        class: op.class().strictest(own_class),
+        keyed: op.keyed(),
+        closed: op.closed().is_some(),
         attempts: op.attempts(),
-        max_attempts: op.max_attempts,
-        deadline: op.deadline,
+        max_attempts: op.max_attempts(),
+        layer_attempts,
+        replayable: has_request,
+        time_left: op.deadline().map(|d| d.saturating_duration_since(now)),
     });
-    let code = classification.code().unwrap_or(ErrorCode::Internal);
-    let give_up = |track: &mut Track, code: ErrorCode, reason: &'static str, result| {
-        Next::Done(Err(give_up(
-            kit,
-            track,
-            view.class,
-            &classification,
-            failure,
-            code,
-            reason,
-            result,
-        )))
-    };
-
-    if view.closed {
-        // A layer below gave up on this operation: hand its answer back untouched.
-        return Next::Done(result_back(result, &classification, failure, view.attempts));
-    }
-    if classification.hint() == ServerHint::DoNotRetry {
-        return match result {
-            Err(e) => Next::Done(Err(hand_back(
-                e,
-                &classification,
-                Some(failure),
-                view.attempts,
-            ))),
-            ok => give_up(track, code, "server_pushback", ok),
-        };
-    }
-    match view.class.decide(failure, view.keyed) {
-        Decision::Retry => {}
-        Decision::Return => {
-            return Next::Done(result_back(result, &classification, failure, view.attempts))
-        }
-        Decision::Escalate(code) => {
-            telemetry::escalated(view.class, code.as_str());
-            return give_up(track, code, "escalate", result);
-        }
-    }
-    if !has_request {
-        return give_up(track, code, "not_replayable", result);
-    }
-    if view.attempts >= view.max_attempts || track.attempts >= kit.policy.max_attempts() {
-        return give_up(track, code, "max_attempts", result);
-    }
-    let delay = match classification.hint() {
-        ServerHint::RetryAfter(after) => after.min(kit.policy.max_server_delay()),
-        _ => track
-            .backoff
+    let backoff = &mut track.backoff;
+    let next = decide(&view, &classification, &kit.policy, || {
+        backoff
             .get_or_insert_with(|| Box::new(kit.policy.backoff().state(kit.budget.next_seed())))
-            .next_delay(),
+            .next_delay()
+    });
+    let next = match next {
+        Next::Retry { delay, throttled } => settle(
+            next,
+            if throttled {
+                kit.budget.try_withdraw_throttled(delay)
+            } else {
+                kit.budget.try_withdraw(delay)
+            },
+        ),
+        next => next,
     };
-    if let Some(deadline) = view.deadline {
-        if Instant::now() + delay > deadline {
-            return give_up(track, ErrorCode::DeadlineExceeded, "deadline", result);
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    match next {
+        // `decide` answers a failure with one of the others; hand it back if it ever does not.
+        Next::Success | Next::HandBack => Step::Done(
+            result.map_err(|e| hand_back(e, &classification, Some(failure), view.attempts)),
+        ),
+        Next::PassUp => {
+            Step::Done(result.map_err(|e| pass_up(e, &classification, failure, view.attempts)))
+        }
+        Next::GiveUp(why) => {
+            let ending = Ending {
+                why,
+                class: view.class,
+                failure,
+                classification: &classification,
+            };
+            Step::Done(Err(give_up(kit, track, ending, result)))
+        }
+        Next::Retry { delay, .. } => {
+            track.op(kit, |op| op.grant_retry());
+            track.last = Some((failure, code));
+            telemetry::retry_granted(view.class, failure.as_str());
+            tracing::debug!(
+                layer = %kit.name,
+                attempt = view.attempts + 1,
+                failure = failure.as_str(),
+                code = code.as_str(),
+                delay_ms = delay.as_millis() as u64,
+                "retrying"
+            );
+            Step::Wait(delay)
         }
     }
-    // A throttled call the server scheduled costs the ratio budget less (see
-    // `RetryBudget::try_withdraw_throttled`): the dependency is up and said when to come back.
-    // Only when the retry waits what the server asked: not a zero delay, not one clamped short.
-    let throttled = code == ErrorCode::RateLimited
-        && matches!(classification.hint(),
-            ServerHint::RetryAfter(after) if !after.is_zero() && after <= kit.policy.max_server_delay());
-    let withdrawn = if throttled {
-        kit.budget.try_withdraw_throttled(delay)
-    } else {
-        kit.budget.try_withdraw(delay)
-    };
-    if let Err(refusal) = withdrawn {
-        let reason = match refusal {
-            Refusal::RunBudget => "run_budget",
-            _ => "retry_budget",
-        };
-        return give_up(track, refusal.code(), reason, result);
-    }
-    track.op(kit, |op| op.retries += 1);
-    telemetry::retry_granted(view.class, failure.as_str());
-    tracing::debug!(
-        layer = %kit.name,
-        attempt = view.attempts + 1,
-        failure = failure.as_str(),
-        code = code.as_str(),
-        delay_ms = delay.as_millis() as u64,
-        "retrying"
-    );
-    Next::Wait(delay)
+}
+
+/// Why and on what an operation ends.
+struct Ending<'a> {
+    why: GiveUp,
+    class: ToolClass,
+    failure: FailureClass,
+    classification: &'a Classification,
 }
 
 /// Ends the operation: records why, closes the ledger so no other layer retries it, and builds
-/// the non-retryable error.
-#[allow(clippy::too_many_arguments)]
-fn give_up<S, C, R, Res, E: Into<BoxError>>(
+/// the non-retryable error, keeping the dependency's own error as its source.
+fn give_up<S, C, R, Req>(
     kit: &Kit<S, C, R>,
     track: &mut Track,
-    class: ToolClass,
-    classification: &Classification,
-    failure: FailureClass,
-    code: ErrorCode,
-    reason: &'static str,
-    result: Result<Res, E>,
-) -> ToolError {
+    ending: Ending<'_>,
+    result: Result<S::Response, S::Error>,
+) -> ToolError
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
+    let Ending {
+        why,
+        class,
+        failure,
+        classification,
+    } = ending;
+    let last = classification.code().unwrap_or(ErrorCode::Internal);
+    let code = why.code(last);
     let attempts = track.op(kit, |op| {
-        op.closed = Some(code);
+        op.close(code);
         op.attempts()
     });
-    if reason != "escalate" {
-        telemetry::retry_refused(class, reason);
+    match why {
+        GiveUp::Escalate(code) => telemetry::escalated(class, code.as_str()),
+        why => telemetry::retry_refused(class, why.reason()),
     }
     tracing::info!(
         layer = %kit.name,
         code = code.as_str(),
         attempts,
-        reason,
+        reason = why.reason(),
         "giving up"
     );
+    let source = match result {
+        Err(e) => match e.into().downcast::<ToolError>() {
+            // An error from below that asked not to be retried (an open circuit, an operation a
+            // layer across a task boundary ended) is the answer itself.
+            Ok(tool) if why == GiveUp::ServerPushback => {
+                return if tool.attempts() >= attempts {
+                    *tool
+                } else {
+                    tool.with_attempts(attempts)
+                };
+            }
+            Ok(tool) => Some(tool as BoxError),
+            Err(other) => Some(other),
+        },
+        Ok(response) => kit
+            .classifier
+            .dependency_error(&response)
+            .map(|e| Box::new(e) as BoxError),
+    };
+    let retry_after = match classification.hint() {
+        ServerHint::RetryAfter(after) => Some(after),
+        _ => None,
+    };
+    let hint: std::borrow::Cow<'static, str> = match why {
+        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, failure).into(),
+        GiveUp::ServerPushback => hint::pushed_back(code, failure).into(),
+        GiveUp::NotReplayable => hint::not_replayable(code, failure).into(),
+        // Not an outage: the dependency is up and throttling this client.
+        GiveUp::Budget(Refusal::RetryBudget) if last == ErrorCode::RateLimited => {
+            hint::throttled_budget(retry_after).into()
+        }
+        _ => hint::of(code),
+    };
     let mut err = ToolError::new(code)
         .with_class(failure)
         .with_attempts(attempts)
-        .with_retryable(false);
-    if reason == "max_attempts" {
-        err = err.with_hint(format!(
-            "the call failed {attempts} times ({code}); the retries of this operation are spent, do not repeat it now: {}",
-            if failure == FailureClass::Ambiguous {
-                "the last attempt may have taken effect, check before acting again"
-            } else {
-                "report the failure or try again later"
-            }
-        ));
-    }
-    let last = classification.code();
-    if reason == "retry_budget" && last == Some(ErrorCode::RateLimited) {
-        // Not an outage: the dependency is up and throttling this client.
-        let wait = match classification.hint() {
-            ServerHint::RetryAfter(after) => {
-                format!(
-                    "wait {} s, then ",
-                    after.as_secs_f64().ceil().max(1.0) as u64
-                )
-            }
-            _ => String::new(),
-        };
-        err = err.with_hint(format!(
-            "the dependency is rate limiting these calls and the retry budget is spent; {wait}\
-             send fewer calls at a time"
-        ));
-    }
-    if let ServerHint::RetryAfter(after) = classification.hint() {
+        .with_retryable(false)
+        .with_hint(hint);
+    if let Some(after) = retry_after {
         err = err.with_retry_after(after);
     }
-    match result {
-        Err(e) => err.with_source(e),
-        Ok(_) => err,
+    match source {
+        Some(source) => err.with_source(source),
+        None => err,
     }
 }
 
-/// Hands a result back without retrying: `Ok` unchanged, `Err` as a `ToolError`.
-fn result_back<Res, E: Into<BoxError>>(
-    result: Result<Res, E>,
+/// The deadline passed while a granted retry waited for its service to be ready.
+fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) -> ToolError {
+    let code = ErrorCode::DeadlineExceeded;
+    let attempts = track.op(kit, |op| {
+        op.close(code);
+        op.attempts()
+    });
+    telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
+    tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "giving up");
+    let mut err = ToolError::new(code)
+        .with_attempts(attempts)
+        .with_retryable(false);
+    if let Some((failure, _)) = track.last {
+        err = err.with_class(failure);
+    }
+    err
+}
+
+/// A nested layer's own attempts are spent and the operation's are not: the failure goes to the
+/// layer above as a retryable `ToolError` that keeps its class, code and server delay.
+fn pass_up<E: Into<BoxError>>(
+    e: E,
     classification: &Classification,
     failure: FailureClass,
     attempts: u32,
-) -> Result<Res, ToolError> {
-    result.map_err(|e| hand_back(e, classification, Some(failure), attempts))
+) -> ToolError {
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    match e.into().downcast::<ToolError>() {
+        Ok(tool) => tool.with_attempts(attempts),
+        Err(other) => {
+            let mut err = ToolError::new(code)
+                .with_class(failure)
+                .with_attempts(attempts)
+                .with_retryable(true)
+                .with_source(other);
+            if let ServerHint::RetryAfter(after) = classification.hint() {
+                err = err.with_retry_after(after);
+            }
+            err
+        }
+    }
 }
 
 /// An error handed back without a retry: a `ToolError` from below keeps its code and flag (its
-/// attempt count is brought up to date); anything else
-/// becomes a non-retryable `ToolError` with the classification's code.
+/// attempt count is brought up to date); anything else becomes a non-retryable `ToolError` with
+/// the classification's code.
 fn hand_back<E: Into<BoxError>>(
     e: E,
     classification: &Classification,
@@ -445,7 +496,7 @@ where
         f.debug_struct("ResponseFuture")
             .field("name", &self.kit.name)
             .field("attempts", &self.track.attempts)
-            .field("owner", &self.track.owner)
+            .field("owner", &self.track.ledger.is_some())
             .finish()
     }
 }

@@ -3,7 +3,7 @@ use crate::budget::RetryBudget;
 use crate::class::{ClassPolicy, ToolClass};
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use tower_layer::Layer;
 
 /// Applies [`Retry`] to a service. Every clone of the layer, and every service it makes, shares
@@ -56,8 +56,25 @@ impl<C, R> RetryLayer<C, R> {
         self
     }
 
-    /// Declares that this layer's requests are their own logical operation (an auth-token refresh
-    /// inside a tool call): it opens a new ledger instead of joining the current one.
+    /// Declares that this layer's requests are their own logical operation: it opens a new ledger
+    /// instead of joining the current one, with its own attempts, class and deadline.
+    ///
+    /// Use it for a call made *inside* a tool that is not part of the tool's action: an
+    /// auth-token refresh (a POST, `UnkeyedWrite`) inside a `Read` would otherwise make the read
+    /// an unkeyed write, so that its first timeout is escalated after one call; each branch of a
+    /// fan-out (four parallel reads inside one tool would otherwise share its 3 attempts). A
+    /// layer that joins with a stricter class without it logs a WARN and counts
+    /// `stormguard_class_tightened_total`.
+    ///
+    /// ```
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    ///
+    /// let budget = RetryBudget::default();
+    /// // The tool's own layer, and the token refresh its client makes when a token expires.
+    /// let tool = RetryLayer::new(ToolClass::Read, budget.clone()).name("search");
+    /// let refresh = RetryLayer::new(ToolClass::UnkeyedWrite, budget).name("oauth-refresh").own_operation();
+    /// # let _ = (tool, refresh);
+    /// ```
     pub fn own_operation(mut self) -> Self {
         self.own_operation = true;
         self
@@ -92,17 +109,15 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
     type Service = Retry<S, C, R>;
 
     fn layer(&self, inner: S) -> Retry<S, C, R> {
-        Retry {
-            kit: Arc::new(Kit {
-                template: Mutex::new(inner.clone()),
-                policy: self.policy,
-                budget: self.budget.clone(),
-                classifier: self.classifier.clone(),
-                replay: self.replay.clone(),
-                name: self.name.clone(),
-                own_operation: self.own_operation,
-            }),
-            inner,
-        }
+        let kit = Kit {
+            template: Mutex::new(inner.clone()),
+            policy: self.policy,
+            budget: self.budget.clone(),
+            classifier: self.classifier.clone(),
+            replay: self.replay.clone(),
+            name: self.name.clone(),
+            own_operation: self.own_operation,
+        };
+        Retry::new(inner, kit)
     }
 }

@@ -79,12 +79,15 @@
 //!
 //! Amplification is `(operations + retries) / operations`.
 
+mod decide;
 mod future;
 mod layer;
+pub(crate) mod policy;
 mod replay;
 
 pub use future::ResponseFuture;
 pub use layer::RetryLayer;
+pub use policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
 #[cfg(feature = "tonic")]
 pub use replay::GrpcReplay;
 #[cfg(feature = "http")]
@@ -92,10 +95,10 @@ pub use replay::HttpReplay;
 pub use replay::{CloneReplay, Replay};
 
 use crate::budget::RetryBudget;
-use crate::class::ClassPolicy;
+use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
-use crate::operation::ledger::{join_current, Installed, Ledger, OpState};
+use crate::operation::ledger::{join_current, Installed, Joined, Ledger, OpState};
 use crate::telemetry;
 use std::borrow::Cow;
 use std::fmt;
@@ -147,13 +150,19 @@ use tower_service::Service;
 pub struct Retry<S, C = DefaultClassifier, R = CloneReplay> {
     inner: S,
     kit: Arc<Kit<S, C, R>>,
+    /// `get_mut` lent the inner service out: the retry template is refreshed at the next call.
+    stale: bool,
+    /// When the inner service first answered "not ready" before the next call (only with a
+    /// deadline): the operation's deadline counts from then.
+    waiting_since: Option<Instant>,
 }
 
 /// What a retrying future needs besides its request: shared by the service and its futures, so a
 /// call clones one `Arc` and not the service.
 pub(crate) struct Kit<S, C, R> {
-    /// Cloned (on the cold path) for a retry. Behind a mutex so that a `Send` service that is not
-    /// `Sync` still gives a `Send` future.
+    /// Cloned (on the cold path) for a retry: the inner service as it was at the last call that
+    /// followed a `get_mut` (or when the layer was built). Behind a mutex so that a `Send`
+    /// service that is not `Sync` still gives a `Send` future.
     pub(crate) template: Mutex<S>,
     pub(crate) policy: ClassPolicy,
     pub(crate) budget: RetryBudget,
@@ -174,13 +183,55 @@ impl<S: Clone, C, R> Kit<S, C, R> {
 }
 
 impl<S, C, R> Retry<S, C, R> {
+    pub(crate) fn new(inner: S, kit: Kit<S, C, R>) -> Self {
+        Retry {
+            inner,
+            kit: Arc::new(kit),
+            stale: false,
+            waiting_since: None,
+        }
+    }
+
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
-    /// The inner service, mutably.
+    /// The inner service, mutably. Retries use the service as it is at call time, as tower's
+    /// `Retry` does: a change made here reaches the retries of the calls made after it.
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    ///
+    /// /// Refuses the first call it gets, answers with its `region` after that.
+    /// #[derive(Clone)]
+    /// struct Client { region: &'static str, calls: Arc<AtomicU32> }
+    /// impl Service<()> for Client {
+    ///     type Response = &'static str;
+    ///     type Error = std::io::Error;
+    ///     type Future = std::future::Ready<Result<&'static str, std::io::Error>>;
+    ///     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), std::io::Error>> {
+    ///         std::task::Poll::Ready(Ok(()))
+    ///     }
+    ///     fn call(&mut self, _: ()) -> Self::Future {
+    ///         let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+    ///         std::future::ready(if first { Err(std::io::ErrorKind::ConnectionRefused.into()) } else { Ok(self.region) })
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let client = Client { region: "eu", calls: Arc::new(AtomicU32::new(0)) };
+    /// let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(client);
+    /// svc.get_mut().region = "us";
+    /// // The first attempt is refused; the retry goes through the changed service.
+    /// assert_eq!(svc.ready().await.unwrap().call(()).await.unwrap(), "us");
+    /// # }
+    /// ```
     pub fn get_mut(&mut self) -> &mut S {
+        self.stale = true;
         &mut self.inner
     }
 
@@ -200,6 +251,8 @@ impl<S: Clone, C, R> Clone for Retry<S, C, R> {
         Retry {
             inner: self.inner.clone(),
             kit: self.kit.clone(),
+            stale: self.stale,
+            waiting_since: None,
         }
     }
 }
@@ -224,36 +277,62 @@ impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error>,
-    R: Replay<Req>,
+    C: Classify<S::Response, S::Error> + Clone,
+    R: Replay<Req> + Clone,
 {
     type Response = S::Response;
     type Error = ToolError;
     type Future = ResponseFuture<S, C, R, Req>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
-        self.inner
-            .poll_ready(cx)
-            .map_err(|e| into_tool_error(e, ErrorCode::Unavailable))
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => {
+                if self.waiting_since.is_none() && self.kit.policy.deadline().is_some() {
+                    self.waiting_since = Some(Instant::now());
+                }
+                Poll::Pending
+            }
+            Poll::Ready(ready) => {
+                Poll::Ready(ready.map_err(|e| into_tool_error(e, ErrorCode::Unavailable)))
+            }
+        }
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
+        if self.stale {
+            self.refresh_template();
+        }
         let kit = &*self.kit;
         let copy = kit.replay.replay(&req);
         let keyed = kit.replay.carries_key(&req);
         let class = kit.policy.class();
+        let since = self.waiting_since.take();
+        let deadline = kit
+            .policy
+            .deadline()
+            .map(|d| since.unwrap_or_else(Instant::now) + d);
 
-        if !kit.own_operation && join_current(class, keyed) {
-            // Nested: the operation's owner has installed its ledger on this thread.
-            let future = self.inner.call(req);
-            return ResponseFuture::nested(future, self.kit.clone(), copy);
+        if !kit.own_operation {
+            match join_current(class, keyed, deadline) {
+                Joined::No => {}
+                joined => {
+                    if let Joined::Tightened { was } = joined {
+                        if !was.decides_like(class) {
+                            class_tightened(&kit.name, was, class);
+                        }
+                    }
+                    // Nested: the operation's owner has installed its ledger on this thread.
+                    let future = self.inner.call(req);
+                    return ResponseFuture::nested(future, self.kit.clone(), copy);
+                }
+            }
         }
 
         // Outermost (or its own operation): open the ledger and lend it to the inner call.
         telemetry::operation_opened(class);
-        let deadline = kit.policy.deadline().map(|d| Instant::now() + d);
+        let max_attempts = kit.policy.max_attempts();
         let mut ledger = Some(Ledger::inline(OpState::new(
-            kit.policy.max_attempts(),
+            max_attempts,
             class,
             keyed,
             deadline,
@@ -270,4 +349,40 @@ where
         };
         ResponseFuture::owner(future, self.kit.clone(), copy, ledger, span)
     }
+}
+
+impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
+    /// After a `get_mut`: retries of the calls from now on clone the service as it is now. This
+    /// service gets a kit of its own; its clones made before keep theirs.
+    #[cold]
+    fn refresh_template(&mut self) {
+        let kit = &*self.kit;
+        self.kit = Arc::new(Kit {
+            template: Mutex::new(self.inner.clone()),
+            policy: kit.policy,
+            budget: kit.budget.clone(),
+            classifier: kit.classifier.clone(),
+            replay: kit.replay.clone(),
+            name: kit.name.clone(),
+            own_operation: kit.own_operation,
+        });
+        self.stale = false;
+    }
+}
+
+/// A layer joined an operation with a stricter class: the operation is now decided as that
+/// class. Right when the layer's calls are part of the operation (a retry of the whole repeats
+/// them); wrong for a separate operation inside it (an auth refresh): `.own_operation()`.
+#[cold]
+fn class_tightened(layer: &str, was: ToolClass, now: ToolClass) {
+    telemetry::class_tightened(was, now);
+    tracing::warn!(
+        layer,
+        from = was.as_str(),
+        to = now.as_str(),
+        "a nested layer made the operation stricter: it is now retried as {}; if this layer's calls \
+         are an operation of their own (an auth-token refresh, one branch of a fan-out), give it \
+         .own_operation()",
+        now.as_str()
+    );
 }

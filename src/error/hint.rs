@@ -1,0 +1,61 @@
+//! The hints of the errors a `Retry` ends an operation with, built in one place so that each one
+//! agrees with the error's `retryable: false`: none of them tells the reader to retry now.
+
+use super::{ErrorCode, FailureClass};
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// The operation's attempts are spent.
+pub(crate) fn attempts_spent(attempts: u32, code: ErrorCode, failure: FailureClass) -> String {
+    format!(
+        "the call failed {attempts} times ({code}); the retries of this operation are spent, do not repeat it now: {}",
+        if failure == FailureClass::Ambiguous {
+            "the last attempt may have taken effect, check before acting again"
+        } else {
+            "report the failure or try again later"
+        }
+    )
+}
+
+/// The server asked not to be retried (a negative or malformed `grpc-retry-pushback-ms`).
+pub(crate) fn pushed_back(code: ErrorCode, failure: FailureClass) -> String {
+    format!(
+        "the dependency failed ({code}) and asked not to be retried; do not repeat this call now{}",
+        ambiguous_tail(failure)
+    )
+}
+
+/// The request could not be copied for another attempt (a streaming body).
+pub(crate) fn not_replayable(code: ErrorCode, failure: FailureClass) -> String {
+    format!(
+        "the call failed ({code}) and its request cannot be sent again automatically (its body is a stream); do not repeat it now{}",
+        ambiguous_tail(failure)
+    )
+}
+
+/// The ratio budget is spent while the dependency throttles (it is up, not down).
+pub(crate) fn throttled_budget(retry_after: Option<Duration>) -> String {
+    let wait = match retry_after {
+        Some(after) => format!(
+            "wait {} s, then ",
+            after.as_secs_f64().ceil().max(1.0) as u64
+        ),
+        None => String::new(),
+    };
+    format!(
+        "the dependency is rate limiting these calls and the retry budget is spent; {wait}send fewer calls at a time"
+    )
+}
+
+/// The hint of a refusal or an escalation whose code says it all.
+pub(crate) fn of(code: ErrorCode) -> Cow<'static, str> {
+    Cow::Borrowed(code.default_hint())
+}
+
+fn ambiguous_tail(failure: FailureClass) -> &'static str {
+    if failure == FailureClass::Ambiguous {
+        "; it may have taken effect, check before acting again"
+    } else {
+        ""
+    }
+}

@@ -1,0 +1,169 @@
+//! [`ClassPolicy`]: how one tool class is retried (attempts, backoff, server-hint cap, deadline),
+//! next to the decision that reads it ([`decide`](super::decide)). Re-exported from
+//! [`class`](crate::class), where the defaults per class are.
+
+use crate::backoff::Backoff;
+use crate::class::ToolClass;
+use crate::error::ConfigError;
+use std::time::Duration;
+
+/// How one class is retried: attempt cap, backoff, the longest server hint honoured, deadline.
+///
+/// Start from [`ToolClass::policy`] and change what you need; `build` checks the result.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::class::ToolClass;
+///
+/// let policy = ToolClass::Read
+///     .policy()
+///     .into_builder()
+///     .max_attempts(4)
+///     .deadline(Duration::from_secs(20))
+///     .build()
+///     .unwrap();
+/// assert_eq!(policy.max_attempts(), 4);
+///
+/// assert!(ToolClass::Read.policy().into_builder().max_attempts(0).build().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClassPolicy {
+    class: ToolClass,
+    max_attempts: u32,
+    backoff: Backoff,
+    max_server_delay: Duration,
+    deadline: Option<Duration>,
+}
+
+impl ClassPolicy {
+    pub(crate) fn new(class: ToolClass, max_attempts: u32, backoff: Backoff) -> Self {
+        ClassPolicy {
+            class,
+            max_attempts,
+            backoff,
+            max_server_delay: Duration::from_secs(30),
+            deadline: None,
+        }
+    }
+
+    /// A builder starting from this policy.
+    pub fn into_builder(self) -> ClassPolicyBuilder {
+        ClassPolicyBuilder { policy: self }
+    }
+
+    /// The tool class.
+    pub fn class(&self) -> ToolClass {
+        self.class
+    }
+
+    /// Attempts per logical operation, the first one included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// The longest `Retry-After` honoured; a longer hint is clamped to this.
+    pub fn max_server_delay(&self) -> Duration {
+        self.max_server_delay
+    }
+
+    /// The deadline this layer sets on the operation, measured from when the layer is first
+    /// called for it (or, if it had to wait for its inner service first, from when that wait
+    /// began). See [`ClassPolicyBuilder::deadline`].
+    pub fn deadline(&self) -> Option<Duration> {
+        self.deadline
+    }
+}
+
+/// Builds a [`ClassPolicy`]; invalid settings are rejected by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::class::ToolClass;
+///
+/// let builder = ToolClass::KeyedWrite.policy().into_builder();
+/// let err = builder.max_server_delay(Duration::from_secs(7200)).build().unwrap_err();
+/// assert_eq!(err.field(), "max_server_delay");
+/// let err = builder.deadline(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.field(), "deadline");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ClassPolicyBuilder {
+    policy: ClassPolicy,
+}
+
+/// The largest `max_attempts` accepted (gRPC caps at 5; agents rarely need more than 10).
+///
+/// ```
+/// use stormguard::class::{ToolClass, MAX_ATTEMPTS_LIMIT};
+///
+/// let builder = ToolClass::Read.policy().into_builder();
+/// assert!(builder.max_attempts(MAX_ATTEMPTS_LIMIT).build().is_ok());
+/// let err = builder.max_attempts(MAX_ATTEMPTS_LIMIT + 1).build().unwrap_err();
+/// assert_eq!(err.field(), "max_attempts");
+/// ```
+pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
+
+impl ClassPolicyBuilder {
+    /// Attempts per logical operation, the first included: 1 to [`MAX_ATTEMPTS_LIMIT`].
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.policy.max_attempts = n;
+        self
+    }
+
+    /// The backoff between attempts.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// The longest server hint honoured (at most one hour).
+    pub fn max_server_delay(mut self, d: Duration) -> Self {
+        self.policy.max_server_delay = d;
+        self
+    }
+
+    /// A deadline for the whole operation: from when this layer is first called for it (or began
+    /// waiting for its inner service to be ready), at most one day.
+    ///
+    /// Every layer's deadline holds: a nested layer's deadline joins the operation, and the
+    /// earliest one wins. No attempt starts after it: a retry whose backoff would end after it is
+    /// not granted, and a retry still waiting for its service to be ready (a quota, a pool) when
+    /// it passes is abandoned; both end the operation with `deadline_exceeded`. An attempt in
+    /// flight is not cut off (its outcome would become unknown): put a `tower::timeout` layer
+    /// below the `Retry` to bound each attempt.
+    pub fn deadline(mut self, d: Duration) -> Self {
+        self.policy.deadline = Some(d);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<ClassPolicy, ConfigError> {
+        let p = self.policy;
+        if p.max_attempts == 0 || p.max_attempts > MAX_ATTEMPTS_LIMIT {
+            return Err(ConfigError::new(
+                "max_attempts",
+                "must be between 1 and 100 (the first attempt counts)",
+            ));
+        }
+        if p.max_server_delay > Duration::from_secs(3600) {
+            return Err(ConfigError::new(
+                "max_server_delay",
+                "must be at most one hour",
+            ));
+        }
+        if let Some(d) = p.deadline {
+            if d.is_zero() || d > Duration::from_secs(24 * 3600) {
+                return Err(ConfigError::new(
+                    "deadline",
+                    "must be greater than zero and at most one day",
+                ));
+            }
+        }
+        Ok(p)
+    }
+}
