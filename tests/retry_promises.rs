@@ -1,0 +1,463 @@
+//! The promises of `Retry` where two features meet: a server hint and a tool class, a nested
+//! layer's own settings, giving up on an `Ok` response, budgets per layer, runs sharing a budget,
+//! a readiness wait under a deadline, a service changed through `get_mut`.
+mod support;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stormguard::backoff::{Backoff, Jitter};
+use stormguard::budget::{RetryBudget, RunLimits};
+use stormguard::class::{ClassPolicy, ToolClass};
+use stormguard::classify::{FailureClass, HttpClassifier};
+use stormguard::error::{ErrorCode, ToolError};
+use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::retry::{HttpReplay, RetryLayer};
+use support::{call, Dependency, Outcome};
+use tokio::time::Instant;
+use tower::{service_fn, Layer, ServiceBuilder};
+
+type Req = http::Request<String>;
+
+/// A server that answers `status` with `headers` to its first `failures` calls, then 200.
+fn server(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    failures: u32,
+) -> (
+    Arc<AtomicU32>,
+    impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
+        + Clone,
+) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let svc = service_fn(move |_req: Req| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut b = http::Response::builder().status(200);
+            if n < failures {
+                b = headers
+                    .iter()
+                    .fold(b.status(status), |b, (k, v)| b.header(*k, *v));
+            }
+            Ok::<_, Infallible>(b.body(String::new()).unwrap())
+        }
+    });
+    (calls, svc)
+}
+
+fn post() -> Req {
+    http::Request::post("/send").body(String::new()).unwrap()
+}
+
+fn constant(class: ToolClass, ms: u64) -> stormguard::class::ClassPolicyBuilder {
+    let backoff = Backoff::constant(Duration::from_millis(ms))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    class.policy().into_builder().backoff(backoff)
+}
+
+fn no_floor() -> RetryBudget {
+    RetryBudget::builder()
+        .floor(0, Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// A hint never skips escalation: an ambiguous failure of an unkeyed write ends as
+/// `outcome_unknown`, whatever the server said about retrying.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_never_skips_the_escalation_of_an_ambiguous_write() {
+    for pushback in ["-1", "abc", "250"] {
+        let headers: &'static [(&str, &str)] = match pushback {
+            "-1" => &[("grpc-retry-pushback-ms", "-1")],
+            "abc" => &[("grpc-retry-pushback-ms", "abc")],
+            _ => &[("grpc-retry-pushback-ms", "250")],
+        };
+        let (calls, dep) = server(502, headers, 10);
+        let mut svc = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
+            .classifier(HttpClassifier)
+            .replay(HttpReplay)
+            .layer(dep);
+        let err = call(&mut svc, post()).await.unwrap_err();
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "pushback {pushback}");
+        assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "pushback {pushback}");
+        assert!(!err.retryable());
+        assert!(err.hint().contains("escalate"), "{}", err.hint());
+    }
+}
+
+/// The same for a non-retryable `ToolError` classed `Ambiguous` (from a tool, or from a
+/// stormguard layer that lost the operation), on an unkeyed write and a keyless keyed write.
+#[tokio::test(start_paused = true)]
+async fn a_non_retryable_ambiguous_tool_error_is_escalated() {
+    for (class, code) in [
+        (ToolClass::UnkeyedWrite, ErrorCode::OutcomeUnknown),
+        (ToolClass::MultiStep, ErrorCode::OutcomeUnknown),
+        (ToolClass::KeyedWrite, ErrorCode::MissingIdempotencyKey),
+    ] {
+        let dep = service_fn(|_: u32| async {
+            Err::<u32, _>(
+                ToolError::new(ErrorCode::Unavailable)
+                    .with_class(FailureClass::Ambiguous)
+                    .with_retryable(false)
+                    .with_hint("the upstream reset the connection after the request was sent"),
+            )
+        });
+        let mut svc = RetryLayer::new(class, RetryBudget::default()).layer(dep);
+        let err = call(&mut svc, 1).await.unwrap_err();
+        assert_eq!(err.code(), code, "{class:?}");
+        assert!(!err.retryable());
+        // The dependency's own error is the cause.
+        let cause = err.cause().expect("the tool's error is kept");
+        assert_eq!(cause.code(), ErrorCode::Unavailable);
+        assert_eq!(err.to_json()["cause"]["code"], "unavailable");
+    }
+}
+
+/// A malformed pushback means "do not retry" (gRFC A6): one call, and a hint that does not say
+/// "retry later".
+#[tokio::test(start_paused = true)]
+async fn a_malformed_pushback_means_do_not_retry() {
+    for bad in ["abc", "1.5", "", "99999999999"] {
+        let headers: &'static [(&str, &str)] = Box::leak(Box::new([(
+            "grpc-retry-pushback-ms",
+            Box::leak(bad.to_string().into_boxed_str()) as &str,
+        )]));
+        let (calls, dep) = server(503, headers, 10);
+        let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+            .classifier(HttpClassifier)
+            .layer(dep);
+        let err = call(&mut svc, post()).await.unwrap_err();
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "pushback {bad:?}");
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        assert!(!err.retryable());
+        assert!(!err.hint().contains("retry later"), "{}", err.hint());
+        assert!(
+            err.hint().contains("asked not to be retried"),
+            "{}",
+            err.hint()
+        );
+    }
+}
+
+/// Giving up on an `Ok` response classified as a failure keeps the evidence: the real attempt
+/// count, a hint that agrees with `retryable: false`, and what the dependency answered.
+#[tokio::test(start_paused = true)]
+async fn giving_up_on_a_response_keeps_the_evidence() {
+    let (calls, dep) = server(503, &[], 100);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, post()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert!(!err.retryable());
+    assert!(
+        err.hint().contains("do not repeat it now"),
+        "{}",
+        err.hint()
+    );
+    let cause = err.cause().expect("the response's status is kept");
+    assert!(cause.hint().contains("503"), "{}", cause.hint());
+
+    // Three nested layers, only the innermost reading HTTP: the count is the operation's.
+    let (calls, dep) = server(503, &[], 100);
+    let budget = RetryBudget::default();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier))
+        .service(dep);
+    let err = call(&mut stack, post()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(err.attempts(), 3);
+    assert!(err.cause().is_some());
+
+    // Every way of giving up says not to retry now.
+    let json = err.to_json();
+    assert_eq!(json["retryable"], false);
+    assert_eq!(json["attempts"], 3);
+}
+
+/// A nested layer's own deadline holds: the earliest deadline of the operation wins.
+#[tokio::test(start_paused = true)]
+async fn a_nested_layers_deadline_holds() {
+    let budget = RetryBudget::default();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let inner = constant(ToolClass::Read, 2_000)
+        .deadline(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget)
+                .policy(inner)
+                .name("client"),
+        )
+        .service(dep.clone());
+    let start = Instant::now();
+    let err = call(&mut stack, 1u32).await.unwrap_err();
+    assert_eq!(
+        dep.calls(),
+        1,
+        "a 2 s backoff cannot fit in the client's 1 s deadline"
+    );
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+
+    // An outer deadline binds the inner layer that does the retrying.
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let outer = constant(ToolClass::Read, 10)
+        .deadline(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let budget = RetryBudget::default();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(outer))
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget)
+                .policy(constant(ToolClass::Read, 700).build().unwrap()),
+        )
+        .service(dep.clone());
+    let err = call(&mut stack, 1u32).await.unwrap_err();
+    assert_eq!(
+        dep.calls(),
+        2,
+        "0 ms and 700 ms; 1,400 ms is past the deadline"
+    );
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+}
+
+/// The deadline counts readiness waits: a retry that would wait past it for its service (a
+/// quota, a pool) is abandoned with `deadline_exceeded`.
+#[tokio::test(start_paused = true)]
+async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
+    let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+    let policy = ToolClass::Read
+        .policy()
+        .into_builder()
+        .deadline(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).policy(policy))
+        .layer(QuotaLayer::new(Quota::per_second(1).build().unwrap()))
+        .service(dep.clone());
+    let start = Instant::now();
+    let err = call(&mut svc, 1u32).await.unwrap_err();
+    assert_eq!(dep.calls(), 1);
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+
+    // Without a deadline the retry waits for the quota and succeeds.
+    let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
+        .layer(QuotaLayer::new(Quota::per_second(1).build().unwrap()))
+        .service(dep.clone());
+    assert!(call(&mut svc, 1u32).await.is_ok());
+    assert_eq!(dep.calls(), 2);
+}
+
+/// Every budget a retry draws from is credited, once per operation.
+#[tokio::test(start_paused = true)]
+async fn every_budget_is_credited_once_per_operation() {
+    // One budget per layer, as when each client brings its own.
+    let budgets: Vec<RetryBudget> = (0..3).map(|_| no_floor()).collect();
+    let dep = Dependency::always(Outcome::Ok);
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budgets[0].clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budgets[1].clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budgets[2].clone()))
+        .service(dep);
+    for n in 0..10 {
+        call(&mut stack, n).await.unwrap();
+    }
+    for (i, b) in budgets.iter().enumerate() {
+        assert!(
+            (b.balance() - 2.0).abs() < 1e-9,
+            "budget {i}: {}",
+            b.balance()
+        );
+    }
+
+    // One shared budget: credited once per operation, not three times.
+    let shared = no_floor();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+        .service(Dependency::always(Outcome::Ok));
+    for n in 0..10 {
+        call(&mut stack, n).await.unwrap();
+    }
+    assert!(
+        (shared.balance() - 2.0).abs() < 1e-9,
+        "{}",
+        shared.balance()
+    );
+
+    // Outer budget A over two layers sharing B: each credited once.
+    let (a, b) = (no_floor(), no_floor());
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, a.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, b.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, b.clone()))
+        .service(Dependency::always(Outcome::Ok));
+    for n in 0..10 {
+        call(&mut stack, n).await.unwrap();
+    }
+    assert!((a.balance() - 2.0).abs() < 1e-9 && (b.balance() - 2.0).abs() < 1e-9);
+}
+
+/// A run in an outage borrows at most its share of the shared balance; a healthy run keeps its
+/// retries.
+#[tokio::test(start_paused = true)]
+async fn a_run_in_an_outage_cannot_starve_a_healthy_run() {
+    let shared = RetryBudget::builder()
+        .floor(0, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let healthy = shared.for_run(RunLimits::new());
+    let down = shared.for_run(RunLimits::new());
+    let mut good =
+        RetryLayer::new(ToolClass::Read, healthy.clone()).layer(Dependency::always(Outcome::Ok));
+    for n in 0..500 {
+        call(&mut good, n).await.unwrap();
+    }
+    assert!((shared.balance() - 100.0).abs() < 1e-9); // 500 x 0.2, at the cap
+    let outage = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut bad = RetryLayer::new(ToolClass::Read, down.clone()).layer(outage.clone());
+    for n in 0..100 {
+        let _ = call(&mut bad, n).await;
+    }
+    // 100 operations; 10 retries borrowed (the default run share), then none.
+    assert_eq!(outage.calls(), 110);
+    assert!(
+        (shared.balance() - 90.0).abs() < 1e-9,
+        "{}",
+        shared.balance()
+    );
+    assert_eq!(down.run_credit(), Some(-10.0));
+    // The healthy run still retries on what it deposited.
+    let flaky = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+    let mut good = RetryLayer::new(ToolClass::Read, healthy).layer(flaky.clone());
+    assert!(call(&mut good, 1).await.is_ok());
+    assert_eq!(flaky.calls(), 2);
+}
+
+/// A nested layer's own `max_attempts` caps its own attempts in a row; the operation's cap is
+/// the outermost layer's, so raising it there gives the operation more attempts.
+#[tokio::test(start_paused = true)]
+async fn the_outermost_layer_sets_the_operations_attempts() {
+    let budget = RetryBudget::default();
+    let five = ToolClass::Read
+        .policy()
+        .into_builder()
+        .max_attempts(5)
+        .build()
+        .unwrap();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(dep.clone());
+    let err = call(&mut stack, 1u32).await.unwrap_err();
+    assert_eq!(dep.calls(), 5);
+    assert_eq!(err.attempts(), 5);
+    assert!(!err.retryable());
+
+    // An inner layer that makes one attempt leaves the retrying to the layer above.
+    let once: ClassPolicy = ToolClass::Read
+        .policy()
+        .into_builder()
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget).policy(once))
+        .service(dep.clone());
+    assert!(call(&mut stack, 1u32).await.is_ok());
+    assert_eq!(dep.calls(), 2);
+}
+
+/// A token refresh (an unkeyed write) joined into a read makes the read an unkeyed write: its
+/// ambiguous failure is escalated after one call. With `.own_operation()` the read keeps its
+/// class and retries.
+#[tokio::test(start_paused = true)]
+async fn a_refresh_inside_a_read_needs_its_own_operation() {
+    for own in [false, true] {
+        let budget = RetryBudget::default();
+        let mut refresh_layer = RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone());
+        if own {
+            refresh_layer = refresh_layer.own_operation();
+        }
+        let refresh = refresh_layer.layer(Dependency::always(Outcome::Ok));
+        let read_dep = Dependency::script([Outcome::Fail(FailureClass::Ambiguous)], Outcome::Ok);
+        let tool = {
+            let read_dep = read_dep.clone();
+            service_fn(move |arg: u32| {
+                let (mut refresh, mut read_dep) = (refresh.clone(), read_dep.clone());
+                async move {
+                    call(&mut refresh, 0u32).await?;
+                    call(&mut read_dep, arg)
+                        .await
+                        .map_err(stormguard::error::BoxError::from)
+                }
+            })
+        };
+        let mut stack = RetryLayer::new(ToolClass::Read, budget).layer(tool);
+        let result = call(&mut stack, 1).await;
+        if own {
+            assert!(result.is_ok(), "{result:?}");
+            assert_eq!(read_dep.calls(), 2);
+        } else {
+            assert_eq!(result.unwrap_err().code(), ErrorCode::OutcomeUnknown);
+            assert_eq!(read_dep.calls(), 1);
+        }
+    }
+}
+
+/// Retries go through the service as it is now: a change made through `get_mut` reaches them.
+#[tokio::test(start_paused = true)]
+async fn retries_use_the_service_as_get_mut_left_it() {
+    #[derive(Clone)]
+    struct Region(&'static str, Arc<AtomicU32>);
+    impl tower::Service<u32> for Region {
+        type Response = &'static str;
+        type Error = std::io::Error;
+        type Future = std::future::Ready<Result<&'static str, std::io::Error>>;
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), std::io::Error>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn call(&mut self, _: u32) -> Self::Future {
+            let n = self.1.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(if n % 2 == 0 {
+                Err(std::io::ErrorKind::ConnectionRefused.into())
+            } else {
+                Ok(self.0)
+            })
+        }
+    }
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .layer(Region("eu", Arc::new(AtomicU32::new(0))));
+    assert_eq!(call(&mut svc, 1).await.unwrap(), "eu");
+    let clone = svc.clone();
+    svc.get_mut().0 = "us";
+    assert_eq!(call(&mut svc, 1).await.unwrap(), "us");
+    // A clone made before the change keeps its own service, as with tower's `Retry`.
+    let mut clone = clone;
+    assert_eq!(call(&mut clone, 1).await.unwrap(), "eu");
+}
