@@ -19,7 +19,12 @@
 //!   calls fail;
 //! - `recovery` at 100 requests/s for 90 s: every call fails for 30 s, then the dependency heals;
 //!   `recovery_ms` is the time from healing to the first success a caller sees;
-//! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s.
+//! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s;
+//! - `fairness`: two agent runs share one budget (defaults) for 300 s, each with its own
+//!   three-layer stack over its own dependency: run `a` in an outage at 10 requests/s, run `b`
+//!   at 100/s with 10 % transient failures; `b-alone` is run `b` with nobody else on the budget.
+//!   `stormguard-nested` gives each run its own handle (`RetryBudget::for_run`);
+//!   `stormguard-nested-one-run` shares plain clones, so both runs are one to the budget.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -34,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
-use stormguard::budget::RetryBudget;
+use stormguard::budget::{RetryBudget, RunLimits};
 use stormguard::class::ToolClass;
 use stormguard::classify::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
@@ -332,6 +337,9 @@ impl Stack {
             }
             Stack::StormguardNested | Stack::StormguardBreaker => {
                 let budget = stormguard_budget();
+                if matches!(self, Stack::StormguardNested) {
+                    return (stormguard_nested(leaf, classifier, &budget), None);
+                }
                 let layer = |name: &'static str| {
                     RetryLayer::new(ToolClass::Read, budget.clone())
                         .name(name)
@@ -341,10 +349,6 @@ impl Stack {
                     .layer(layer("agent-loop"))
                     .layer(layer("tool-wrapper"))
                     .layer(layer("client"));
-                if matches!(self, Stack::StormguardNested) {
-                    let svc = nested.service(leaf);
-                    return (BoxService::new(svc.map_err(tower::BoxError::from)), None);
-                }
                 let breaker = Breaker::new("dependency", BreakerConfig::default());
                 let svc = nested
                     .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone()))
@@ -356,6 +360,117 @@ impl Stack {
             }
         }
     }
+}
+
+/// Three stormguard `Retry` layers (agent loop, tool wrapper, client) on `budget` over `leaf`.
+fn stormguard_nested<S, Req, Res, C>(
+    leaf: S,
+    classifier: C,
+    budget: &RetryBudget,
+) -> BoxService<Req, Res>
+where
+    S: Service<Req, Response = Res> + Clone + Send + 'static,
+    S::Error: Into<tower::BoxError> + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    Req: Clone + Send + 'static,
+    Res: Send + 'static,
+    C: Classify<Res, S::Error> + Classify<Res, ToolError> + Clone + Send + Sync + 'static,
+{
+    let layer = |name: &'static str| {
+        RetryLayer::new(ToolClass::Read, budget.clone())
+            .name(name)
+            .classifier(classifier.clone())
+    };
+    let svc = ServiceBuilder::new()
+        .layer(layer("agent-loop"))
+        .layer(layer("tool-wrapper"))
+        .layer(layer("client"))
+        .service(leaf);
+    BoxService::new(svc.map_err(tower::BoxError::from))
+}
+
+/// The `fairness` scenario: run `a` in an outage and run `b` healthy-but-flaky on one budget,
+/// given per-run handles (`runs`) or plain clones; and `b` alone on a budget of its own.
+fn fairness() -> Vec<Row> {
+    let (secs, rate_a, rate_b) = (300, 10.0, 100.0);
+    let mut rows = Vec::new();
+    for (stack, runs) in [
+        ("stormguard-nested", true),
+        ("stormguard-nested-one-run", false),
+    ] {
+        let wall = std::time::Instant::now();
+        let rt = paused_runtime();
+        let (dep_a, dep_b) = (
+            Dependency::new(Failing::Always),
+            Dependency::new(Failing::WithProbability(0.1)),
+        );
+        let (ok_a, ok_b) = rt.block_on(async {
+            let shared = stormguard_budget();
+            let handle = |shared: &RetryBudget| {
+                if runs {
+                    shared.for_run(RunLimits::new())
+                } else {
+                    shared.clone()
+                }
+            };
+            let a = stormguard_nested(dep_a.clone(), DemoClassifier, &handle(&shared));
+            let b = stormguard_nested(dep_b.clone(), DemoClassifier, &handle(&shared));
+            let count_a = (rate_a * secs as f64) as u64;
+            let count_b = (rate_b * secs as f64) as u64;
+            tokio::join!(
+                drive(a, |i| i, rate_a, count_a),
+                drive(b, |i| i, rate_b, count_b)
+            )
+        });
+        for (run, dep, ok, rate) in [("a", &dep_a, ok_a, rate_a), ("b", &dep_b, ok_b, rate_b)] {
+            rows.push(Row {
+                scenario: "fairness",
+                stack,
+                run: Some(run),
+                rate,
+                logical: (rate * secs as f64) as u64,
+                calls: dep.calls(),
+                successes: ok,
+                max_per_op: dep.max_per_op(),
+                breaker_opens: 0,
+                recovery: None,
+                elapsed: wall.elapsed(),
+            });
+        }
+    }
+    let wall = std::time::Instant::now();
+    let rt = paused_runtime();
+    let dep_b = Dependency::new(Failing::WithProbability(0.1));
+    let ok = rt.block_on(async {
+        let b = stormguard_nested(
+            dep_b.clone(),
+            DemoClassifier,
+            &stormguard_budget().for_run(RunLimits::new()),
+        );
+        drive(b, |i| i, rate_b, (rate_b * secs as f64) as u64).await
+    });
+    rows.push(Row {
+        scenario: "fairness",
+        stack: "stormguard-nested",
+        run: Some("b-alone"),
+        rate: rate_b,
+        logical: (rate_b * secs as f64) as u64,
+        calls: dep_b.calls(),
+        successes: ok,
+        max_per_op: dep_b.max_per_op(),
+        breaker_opens: 0,
+        recovery: None,
+        elapsed: wall.elapsed(),
+    });
+    rows
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
 }
 
 /// Sends `count` requests at `rate` per second, each on its own task; returns the successes.
@@ -393,6 +508,8 @@ where
 struct Row {
     scenario: &'static str,
     stack: &'static str,
+    /// Which agent run the row is about (the `fairness` scenario), if any.
+    run: Option<&'static str>,
     rate: f64,
     logical: u64,
     calls: u64,
@@ -416,6 +533,7 @@ impl Row {
         serde_json::json!({
             "scenario": self.scenario,
             "stack": self.stack,
+            "run": self.run,
             "rate_per_sec": self.rate,
             "logical": self.logical,
             "dependency_calls": self.calls,
@@ -433,11 +551,7 @@ impl Row {
 
 fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, secs: u64) -> Row {
     let wall = std::time::Instant::now();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
+    let rt = paused_runtime();
     let dep = Dependency::new(failing);
     let count = (rate * secs as f64) as u64;
     let (successes, breaker) = rt.block_on(async {
@@ -447,6 +561,7 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
     Row {
         scenario,
         stack: stack.name(),
+        run: None,
         rate,
         logical: count,
         calls: dep.calls(),
@@ -574,6 +689,7 @@ fn outage_http(stack: Stack) -> Row {
     Row {
         scenario: "outage-http",
         stack: stack.name(),
+        run: None,
         rate,
         logical: count,
         calls: received.calls.load(Ordering::Relaxed),
@@ -630,11 +746,14 @@ fn main() {
     for stack in Stack::ALL {
         emit(outage_http(stack));
     }
+    for row in fairness() {
+        emit(row);
+    }
     if !json {
         println!(
-            "{:<14} {:<21} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12}",
+            "{:<14} {:<33} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12}",
             "scenario",
-            "stack",
+            "stack (run)",
             "rate/s",
             "logical",
             "dep calls",
@@ -646,9 +765,12 @@ fn main() {
         );
         for r in &rows {
             println!(
-                "{:<14} {:<21} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12}",
+                "{:<14} {:<33} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12}",
                 r.scenario,
-                r.stack,
+                match r.run {
+                    Some(run) => format!("{} ({run})", r.stack),
+                    None => r.stack.to_string(),
+                },
                 r.rate,
                 r.logical,
                 r.calls,
