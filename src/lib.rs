@@ -50,6 +50,10 @@
 //! | `Ambiguous` | retry | retry | retry, same key | `missing_idempotency_key` | `outcome_unknown` | `outcome_unknown` |
 //! | `ModelRecoverable`, `Permanent`, `Policy` | return | return | return | return | return | return |
 //!
+//! An escalation in this table holds whatever came with the failure: a server hint, a
+//! non-retryable error from below, a spent budget. The order of the other checks is in the
+//! [`retry`] module docs.
+//!
 //! # Example
 //!
 //! ```
@@ -97,7 +101,7 @@
     rust_2018_idioms,
     unreachable_pub
 )]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
 pub mod breaker;

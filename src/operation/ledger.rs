@@ -488,6 +488,37 @@ pub(crate) fn in_scope<R>(slot: &mut Option<Ledger>, f: impl FnOnce() -> R) -> R
     f()
 }
 
+/// [`OpState::note_deposit`] on `own`'s ledger, else the thread's: bit operations on the packed
+/// word, so that a first-try success pays a couple of moves for it. With no operation at all
+/// (one lost across a task boundary) the answer is `true`: credit the budget.
+#[inline]
+pub(crate) fn note_deposit(own: &mut Option<Ledger>, budget: usize) -> bool {
+    match own {
+        Some(Ledger::Inline(inline)) => {
+            let fresh = inline.word & HAS_DEPOSIT == 0 || inline.deposited != budget;
+            inline.word |= HAS_DEPOSIT;
+            inline.deposited = budget;
+            fresh
+        }
+        Some(Ledger::Shared(shared)) => lock(shared).note_deposit(budget),
+        None => {
+            let word = CURRENT.get();
+            match tag(word) {
+                INLINE => {
+                    if word & HAS_DEPOSIT != 0 && DEPOSITED.get() == budget {
+                        return false;
+                    }
+                    DEPOSITED.set(budget);
+                    CURRENT.set(word | HAS_DEPOSIT);
+                    true
+                }
+                SHARED_TAG => with_current(|op| op.note_deposit(budget)).unwrap_or(true),
+                _ => true,
+            }
+        }
+    }
+}
+
 /// Runs `f` on `own`'s ledger if it holds one, else on the thread's, else on a new ledger made by
 /// `make` and kept in `own` from then on.
 pub(crate) fn with_current_or<R>(

@@ -8,7 +8,7 @@ use crate::budget::Refusal;
 use crate::class::ToolClass;
 use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
 use crate::error::{hint, BoxError, ErrorCode, FailureClass, ToolError};
-use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
+use crate::operation::ledger::{in_scope, note_deposit, with_current_or, Ledger, OpState};
 use crate::telemetry;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -236,6 +236,7 @@ impl Track {
     }
 }
 
+#[inline]
 fn on_result<S, C, R, Req>(
     kit: &Kit<S, C, R>,
     track: &mut Track,
@@ -254,16 +255,45 @@ where
     };
     let Verdict::Failure(failure) = classification.verdict() else {
         // Credit each budget once per operation: not if the layer below credited this one.
-        let budget = kit.budget.id();
-        if track.op(kit, |op| op.note_deposit(budget)) {
+        if note_deposit(&mut track.ledger, kit.budget.id()) {
             kit.budget.deposit();
         }
-        return Step::Done(result.map_err(|e| {
-            let attempts = track.op(kit, |op| op.attempts());
-            hand_back(e, &classification, None, attempts)
-        }));
+        return match result {
+            Ok(response) => Step::Done(Ok(response)),
+            Err(e) => Step::Done(Err(answered_err(kit, track, e, &classification))),
+        };
     };
+    on_failure(kit, track, has_request, result, classification, failure)
+}
 
+/// An `Err` the classifier called a success or an empty answer, as a `ToolError`.
+#[inline(never)]
+fn answered_err<S, C, R, E: Into<BoxError>>(
+    kit: &Kit<S, C, R>,
+    track: &mut Track,
+    e: E,
+    classification: &Classification,
+) -> ToolError {
+    let attempts = track.op(kit, |op| op.attempts());
+    hand_back(e, classification, None, attempts)
+}
+
+/// The cold half of [`on_result`]: a failure, decided by [`decide`] and carried out. Kept out of
+/// line so that the first-try path stays small.
+#[inline(never)]
+fn on_failure<S, C, R, Req>(
+    kit: &Kit<S, C, R>,
+    track: &mut Track,
+    has_request: bool,
+    result: Result<S::Response, S::Error>,
+    classification: Classification,
+    failure: FailureClass,
+) -> Step<S::Response>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
     let (own_class, layer_attempts) = (kit.policy.class(), track.attempts);
     let now = Instant::now();
     let view = track.op(kit, |op| OperationView {
@@ -299,9 +329,13 @@ where
         Next::Success | Next::HandBack => Step::Done(
             result.map_err(|e| hand_back(e, &classification, Some(failure), view.attempts)),
         ),
-        Next::PassUp => {
-            Step::Done(result.map_err(|e| pass_up(e, &classification, failure, view.attempts)))
-        }
+        Next::PassUp => Step::Done(Err(pass_up(
+            kit,
+            result,
+            &classification,
+            failure,
+            view.attempts,
+        ))),
         Next::GiveUp(why) => {
             let ending = Ending {
                 why,
@@ -438,27 +472,42 @@ fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) -> ToolError 
 }
 
 /// A nested layer's own attempts are spent and the operation's are not: the failure goes to the
-/// layer above as a retryable `ToolError` that keeps its class, code and server delay.
-fn pass_up<E: Into<BoxError>>(
-    e: E,
+/// layer above as a retryable `ToolError` that keeps its class, code and server delay. An `Ok`
+/// response classified as a failure becomes one too (with what the dependency answered as its
+/// cause), so that a layer above with another classifier still sees a failure.
+fn pass_up<S, C, R, Req>(
+    kit: &Kit<S, C, R>,
+    result: Result<S::Response, S::Error>,
     classification: &Classification,
     failure: FailureClass,
     attempts: u32,
-) -> ToolError {
+) -> ToolError
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
     let code = classification.code().unwrap_or(ErrorCode::Internal);
-    match e.into().downcast::<ToolError>() {
-        Ok(tool) => tool.with_attempts(attempts),
-        Err(other) => {
-            let mut err = ToolError::new(code)
-                .with_class(failure)
-                .with_attempts(attempts)
-                .with_retryable(true)
-                .with_source(other);
-            if let ServerHint::RetryAfter(after) = classification.hint() {
-                err = err.with_retry_after(after);
-            }
-            err
-        }
+    let source = match result {
+        Err(e) => match e.into().downcast::<ToolError>() {
+            Ok(tool) => return tool.with_attempts(attempts),
+            Err(other) => Some(other),
+        },
+        Ok(response) => kit
+            .classifier
+            .dependency_error(&response)
+            .map(|e| Box::new(e) as BoxError),
+    };
+    let mut err = ToolError::new(code)
+        .with_class(failure)
+        .with_attempts(attempts)
+        .with_retryable(true);
+    if let ServerHint::RetryAfter(after) = classification.hint() {
+        err = err.with_retry_after(after);
+    }
+    match source {
+        Some(source) => err.with_source(source),
+        None => err,
     }
 }
 

@@ -1,23 +1,55 @@
 //! Retries that follow the tool's class, share one budget, and never multiply when nested.
 //!
-//! [`Retry`] decides each retry from four things: the tool class × the failure class
-//! ([`ToolClass::decide`](crate::class::ToolClass::decide)), the operation's ledger (attempts
-//! across all nested layers, see [`operation`](crate::operation)), the shared
-//! [`RetryBudget`], and the operation's deadline. The delay is the
-//! class's backoff, or the server's `Retry-After` / `grpc-retry-pushback-ms` clamped to the
-//! policy's maximum.
+//! [`Retry`] decides each retry from the tool class × the failure class
+//! ([`ToolClass::decide`](crate::class::ToolClass::decide)), the server's hint, the operation's
+//! ledger (attempts across all nested layers, see [`operation`](crate::operation)), the shared
+//! [`RetryBudget`], and the operation's deadline, in one pure function whose order is the
+//! contract:
 //!
-//! Every failure that leaves it is a [`ToolError`]:
+//! 1. a success or an empty answer is handed back, and credited to the budget once per
+//!    operation (each distinct budget of the nested layers once);
+//! 2. an operation a layer below ended is handed back untouched;
+//! 3. the class table: **an ambiguous failure of an unkeyed write, or of a keyed write without
+//!    its key, ends as `outcome_unknown` / `missing_idempotency_key` whatever came with it** (a
+//!    server hint, a non-retryable error from below, a spent budget); a failure retrying cannot
+//!    help (a bad argument, a bad credential) is handed back: an `Ok` response stays `Ok`, an
+//!    `Err` becomes a non-retryable `ToolError`;
+//! 4. the server asked not to retry (a negative or malformed `grpc-retry-pushback-ms`, gRFC A6),
+//!    or a `ToolError` from below forbids it (an open circuit: it passes through as it is);
+//! 5. the request could not be copied (a streaming body);
+//! 6. the operation's attempts are spent: the cap of the layer that opened it (the outermost);
+//! 7. this layer's own attempts are spent (its `max_attempts` caps the attempts it makes in a
+//!    row): a nested layer hands the failure up as a retryable `ToolError`, and the layer above
+//!    decides with the operation's cap;
+//! 8. the delay (the class's backoff, or the server's `Retry-After` / pushback clamped to the
+//!    policy's maximum) would end at or after the deadline;
+//! 9. the budget refuses.
 //!
-//! - a failure it gave up on (attempts, budget, deadline) is marked `retryable: false`, with the
-//!   code of the last failure (`unavailable`, `rate_limited`, ...) or of the refusal
-//!   (`retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), and the operation is
-//!   closed, so no layer above retries it again;
-//! - an ambiguous failure it may not retry ends as `outcome_unknown` or `missing_idempotency_key`;
-//! - a failure retrying cannot help (a bad argument, a bad credential) is returned unchanged:
-//!   an `Ok` response stays `Ok`, an `Err` becomes a non-retryable `ToolError`;
-//! - a `ToolError` from below that forbids retrying (an open circuit, an exhausted nested layer)
-//!   passes through as it is.
+//! Every ending of steps 3-9 (but 7) closes the operation, so no layer above retries it, and is
+//! a [`ToolError`] with `retryable: false`, the operation's attempt count, the code of the last
+//! failure (`unavailable`, `rate_limited`, ...) or of the ending (`outcome_unknown`,
+//! `retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), a hint that agrees
+//! with `retryable: false`, and the dependency's own error as its
+//! [`cause`](crate::error::ToolError::cause) (the error itself, or what
+//! [`Classify::dependency_error`](crate::classify::Classify::dependency_error) reads from a
+//! response, such as its HTTP status).
+//!
+//! # Deadlines
+//!
+//! Each layer's [`deadline`](crate::class::ClassPolicyBuilder::deadline) joins the operation; the
+//! earliest wins. It counts from the layer's `call`, or from when its `poll_ready` first waited.
+//! A retry whose delay would end past it is refused, and a granted retry that is still waiting
+//! for its service to be ready (a quota, a pool) when it passes is abandoned: both end as
+//! `deadline_exceeded`. An attempt in flight is not cut off; put a `tower::timeout` layer below
+//! the `Retry` for that (a timeout is then an ambiguous failure, decided as above).
+//!
+//! # Classes of nested layers
+//!
+//! A joining layer with a stricter class makes the whole operation that class (a retry of the
+//! whole repeats its calls). When that changes a decision (a `Read` operation becomes an
+//! `UnkeyedWrite`) it logs a WARN and counts `stormguard_class_tightened_total`: a call that is a
+//! logical operation of its own (an auth-token refresh, each branch of a fan-out) belongs in a
+//! layer with [`RetryLayer::own_operation`].
 //!
 //! # Example: three nested layers, one budget
 //!
@@ -74,8 +106,9 @@
 //! |---|---|---|
 //! | `stormguard_operations_total` | `class` | logical operations (by the outermost layer) |
 //! | `stormguard_retries_total` | `class`, `failure` | retries granted, by any layer |
-//! | `stormguard_retry_refusals_total` | `class`, `reason` | retries refused: `max_attempts`, `retry_budget`, `run_budget`, `deadline`, `not_replayable`, `server_pushback` |
+//! | `stormguard_retry_refusals_total` | `class`, `reason` | retries refused: `max_attempts`, `retry_budget`, `run_budget`, `deadline`, `not_replayable`, `server_pushback` (also an open circuit or a non-retryable error from below) |
 //! | `stormguard_escalations_total` | `class`, `code` | `outcome_unknown` and `missing_idempotency_key` endings |
+//! | `stormguard_class_tightened_total` | `from`, `to` | joins that made an operation's class stricter, changing a decision |
 //!
 //! Amplification is `(operations + retries) / operations`.
 

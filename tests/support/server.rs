@@ -77,3 +77,41 @@ impl Service<http::Request<Body>> for HttpClient {
         Box::pin(async move { Ok(client.request(req).await?) })
     }
 }
+
+/// Starts a server like [`serve`] that also records each request's `idempotency-key` header.
+pub async fn serve_keys(
+    answer: impl Fn(u32) -> http::Response<Body> + Send + Sync + 'static,
+) -> (
+    SocketAddr,
+    Arc<AtomicU32>,
+    Arc<std::sync::Mutex<Vec<Option<String>>>>,
+) {
+    let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicU32::new(0));
+    let answer = Arc::new(answer);
+    let (counter, seen) = (count.clone(), keys.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (answer, counter, seen) = (answer.clone(), counter.clone(), seen.clone());
+            tokio::spawn(async move {
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let key = req
+                            .headers()
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string);
+                        seen.lock().unwrap().push(key);
+                        let resp = answer(counter.fetch_add(1, Ordering::SeqCst));
+                        async move { Ok::<_, Infallible>(resp) }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, count, keys)
+}

@@ -1,0 +1,314 @@
+//! Every ```rust snippet of README.md, run against real servers on 127.0.0.1, with asserts for
+//! what the text around it claims. The first test checks that each snippet's lines stand here
+//! verbatim (as consecutive lines), so the README cannot drift from the code that is tested.
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use stormguard::error::{BoxError, ErrorCode};
+use support::server::{self, Body};
+
+#[test]
+fn every_readme_snippet_is_the_code_tested_here() {
+    let readme = include_str!("../README.md");
+    let this: Vec<&str> = include_str!("readme.rs")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let mut snippets = 0;
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        if !line.starts_with("```rust") {
+            continue;
+        }
+        let block: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        snippets += 1;
+        let found = this.windows(block.len()).any(|w| w == block.as_slice());
+        assert!(
+            found,
+            "README snippet {snippets} is not in tests/readme.rs verbatim:\n{}",
+            block.join("\n")
+        );
+    }
+    assert!(snippets >= 5, "found only {snippets} snippets");
+}
+
+/// The hyper client as the snippets' `http_client`: takes `http::Request<String>`, and sends
+/// every request to `addr` whatever host its URI names (a proxy in front of the test server).
+fn http_client(
+    addr: std::net::SocketAddr,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<hyper::body::Incoming>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    tower::ServiceBuilder::new()
+        .map_request(move |req: http::Request<String>| {
+            let (mut parts, body) = req.into_parts();
+            let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            parts.uri = format!("http://{addr}{path}").parse().unwrap();
+            http::Request::from_parts(parts, Body::from(body))
+        })
+        .service(server::HttpClient::new())
+}
+
+/// "Example": the snippet as written, over `http_client`.
+#[rustfmt::skip]
+async fn send_invoice_example(
+    http_client: impl tower::Service<
+            http::Request<String>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone,
+) -> Result<serde_json::Value, BoxError> {
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+
+    // One budget for every layer that guards this dependency (clones share it).
+    let budget = RetryBudget::default();
+
+    let mut send_invoice = ServiceBuilder::new()
+        // the tool wrapper: a keyed write, retried after an ambiguous failure (a 502) only when its
+        // request carries an Idempotency-Key (HttpReplay copies the request and looks for the key)
+        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).replay(HttpReplay).name("send_invoice"))
+        // the HTTP client's own layer joins the same operation: 3 attempts in all, not 9
+        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier).name("billing-api"))
+        .service(http_client);
+
+    let request = http::Request::post("http://billing.test/invoices/4471/send")
+        .header("idempotency-key", "run-81f2:step-2:send_invoice:d4842b79")
+        .body(String::new())?;
+    let tool_result = match send_invoice.ready().await?.call(request).await {
+        Ok(response) => serde_json::json!({ "status": response.status().as_u16() }),
+        // what the model sees: {"code":"unavailable","retryable":false,"hint":"...","attempts":3,...}
+        Err(err) => err.to_mcp_result(),
+    };
+    Ok(tool_result)
+}
+
+#[tokio::test]
+async fn the_example_retries_a_keyed_502_and_makes_3_calls_not_9() {
+    // Two 502s, then the invoice is sent: retried with its key.
+    let (addr, calls) = server::serve(|n| server::status(if n < 2 { 502 } else { 200 }, &[])).await;
+    let result = send_invoice_example(http_client(addr)).await.unwrap();
+    assert_eq!(result["status"], 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // Down for good: 3 calls across the two layers, and the JSON the comment shows.
+    let (addr, calls) = server::serve(|_| server::status(502, &[])).await;
+    let result = send_invoice_example(http_client(addr)).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let error = &result["structuredContent"];
+    assert_eq!(result["isError"], true);
+    assert_eq!(error["code"], "unavailable");
+    assert_eq!(error["retryable"], false);
+    assert_eq!(error["attempts"], 3);
+}
+
+#[tokio::test]
+async fn the_example_without_its_key_ends_after_one_call() {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let (addr, calls) = server::serve(|_| server::status(502, &[])).await;
+    let budget = RetryBudget::default();
+    let mut send_invoice = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).replay(HttpReplay))
+        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier))
+        .service(http_client(addr));
+    let request = http::Request::post("http://billing.test/invoices/4471/send")
+        .body(String::new())
+        .unwrap();
+    let err = send_invoice
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(err.code(), ErrorCode::MissingIdempotencyKey);
+}
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::RetryLayer;
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    let run = async move {
+        // Five attempts for this operation, whatever the layers below allow each time they are called.
+        let five = ToolClass::Read.policy().into_builder().max_attempts(5).build()?;
+        let mut search = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five).name("agent-loop"))
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
+            .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier).name("client"))
+            .service(http_client);
+        let req = http::Request::get("http://search.test/?q=storm").body(String::new())?;
+        let err = search.ready().await?.call(req).await.unwrap_err();
+        Ok::<_, BoxError>(err)
+    };
+    let err = run.await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(err.attempts(), 5);
+    assert!(!err.retryable());
+}
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send() {
+    use serde::{Deserialize, Serialize};
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+    use stormguard::class::ToolClass;
+    use stormguard::key::{IdempotencyKey, KeyStamp};
+    use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+
+    #[derive(Clone)]
+    struct SendInvoice {
+        email: serde_json::Value,
+        key: Option<String>,
+    }
+    impl KeyStamp for SendInvoice {
+        fn stamped_key(&self) -> Option<&str> {
+            self.key.as_deref()
+        }
+        fn stamp_key(&mut self, key: &IdempotencyKey) {
+            self.key = Some(key.to_string());
+        }
+    }
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Sent {
+        message_id: String,
+    }
+
+    let dir = std::env::temp_dir().join(format!("stormguard-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::fs::remove_file(dir.join("receipts.db"));
+    let sends = Arc::new(AtomicU32::new(0));
+    let email = |body: &str| SendInvoice {
+        email: serde_json::json!({"invoice_id": 4471, "to": "ap@acme.test", "body": body}),
+        key: None,
+    };
+    let mut answers = Vec::new();
+    for (attempt, body) in [(0, "Dear customer"), (1, "Hello, here is your invoice"), (2, "Hi")] {
+        let counter = sends.clone();
+        let email_client = service_fn(move |req: SendInvoice| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            assert!(req.key.is_some(), "the key is stamped before the send");
+            async move { Ok::<_, std::io::Error>(Sent { message_id: "msg-4471-3".into() }) }
+        });
+        // Each pass opens the file anew, as a resumed process would.
+        let mut send_invoice = {
+            let run = || -> Result<_, BoxError> {
+                use stormguard::receipt::{Action, Durability, ReceiptLayer, SqliteStore};
+
+                let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
+                let mut send_invoice = ServiceBuilder::new()
+                    .layer(ReceiptLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
+                        // the key covers invoice_id; the fingerprint covers invoice_id and recipient;
+                        // the body the model writes belongs to neither, so a reworded body is the same action
+                        Action::task("run-81f2", "step-2", "send_invoice", &req.email, &["invoice_id"], &["invoice_id", "to"])
+                    }))
+                    .service(email_client);
+                let _ = &mut send_invoice;
+                Ok(send_invoice)
+            };
+            run().unwrap()
+        };
+        let sent = send_invoice.ready().await.unwrap().call(email(body)).await.unwrap();
+        answers.push(sent);
+        assert_eq!(sends.load(Ordering::SeqCst), 1, "pass {attempt}");
+    }
+    assert!(answers.iter().all(|a| a.message_id == "msg-4471-3"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    use stormguard::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerLayer};
+
+    let breakers = BreakerRegistry::new(BreakerConfig::default());
+    let mut billing = ServiceBuilder::new()
+        // reads a 503 as a failure (HttpClassifier) and never retries circuit_open
+        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
+        .layer(CircuitBreakerLayer::new(breakers.get("billing-api")).classifier(HttpClassifier))
+        .service(http_client);
+    // With receipts, put the breaker below the ReceiptLayer: a stored receipt says nothing about
+    // the dependency's health (see the crate docs, "Where each layer goes").
+
+    let charge = || http::Request::post("http://billing.test/charges").body(String::new()).unwrap();
+    for _ in 0..3 {
+        let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 9, "3 calls each, 9 failures in a row");
+    // The 10th failure opens the breaker; the retry after it is rejected, and not retried.
+    let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert!(err.retry_after().is_some_and(|d| d > Duration::ZERO));
+    assert_eq!(calls.load(Ordering::SeqCst), 10, "rejected without reaching the API");
+}
+
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_reqwest_example_retries_a_502_with_the_same_key() {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    fn order_id_of(req: &reqwest::Request) -> String {
+        req.url().path().rsplit('/').next().unwrap_or_default().to_string()
+    }
+    let (addr, calls, keys) =
+        server::serve_keys(|n| server::status(if n == 0 { 502 } else { 200 }, &[])).await;
+    let budget = RetryBudget::default();
+    let run = async move {
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+        let mut charge = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay))
+            .layer(IdempotencyKeyLayer::new(|req: &reqwest::Request| {
+                IdempotencyKey::derive("run-81f2", "step-3", "charge", &order_id_of(req))
+            }))
+            .service(client);
+        let url = format!("http://{addr}/orders/7781").parse()?;
+        let req = reqwest::Request::new(reqwest::Method::POST, url);
+        let resp = charge.ready().await?.call(req).await?;
+        Ok::<_, BoxError>(resp.status().as_u16())
+    };
+    assert_eq!(run.await.unwrap(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert!(keys[0].as_deref().is_some_and(|k| k.starts_with("run-81f2:step-3:charge:")));
+    assert_eq!(keys[0], keys[1], "one key on both attempts");
+}
