@@ -409,9 +409,7 @@ async fn a_refresh_inside_a_read_needs_its_own_operation() {
                 let (mut refresh, mut read_dep) = (refresh.clone(), read_dep.clone());
                 async move {
                     call(&mut refresh, 0u32).await?;
-                    call(&mut read_dep, arg)
-                        .await
-                        .map_err(stormguard::error::BoxError::from)
+                    call(&mut read_dep, arg).await
                 }
             })
         };

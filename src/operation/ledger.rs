@@ -600,12 +600,6 @@ mod tests {
         };
         let state = *lock(&shared);
         assert_eq!((state.retries, state.deposited), (2, 9));
-        inner = Some(Ledger::inline(OpState::new(
-            5,
-            ToolClass::Read,
-            false,
-            None,
-        )));
         assert_eq!(
             outer
                 .as_mut()
