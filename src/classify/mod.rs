@@ -8,7 +8,7 @@
 //! Unlike tower-http, the classifier sees the real error as `&(dyn Error + 'static)`
 //! ([`AsDynError`]), so it walks [`source()`](std::error::Error::source) and downcasts instead of
 //! parsing strings: [`classify_error`] finds a [`std::io::Error`], tower's or tokio's `Elapsed`,
-//! or a [`ToolError`](crate::error::ToolError) anywhere in the chain.
+//! or a [`ToolError`] anywhere in the chain.
 //!
 //! | verdict | meaning | retried? | counted by a breaker? |
 //! |---|---|---|---|

@@ -31,7 +31,7 @@
 //! `retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), a hint that agrees
 //! with `retryable: false`, and the dependency's own error as its
 //! [`cause`](crate::error::ToolError::cause) (the error itself, or what
-//! [`Classify::dependency_error`](crate::classify::Classify::dependency_error) reads from a
+//! [`Classify::dependency_error`] reads from a
 //! response, such as its HTTP status).
 //!
 //! # Deadlines
