@@ -3,7 +3,6 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
@@ -12,11 +11,19 @@ use stormguard::retry::RetryLayer;
 use tower::{service_fn, Service, ServiceBuilder};
 
 struct Counting;
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    // Per thread: the test harness allocates on its own threads while a test runs.
+    static ALLOCATIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(|n| n.get())
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::SeqCst);
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -56,10 +63,41 @@ fn a_first_try_success_allocates_nothing() {
     for n in 0..100 {
         run(n); // warm-up: thread-locals, metrics and tracing callsites
     }
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     for n in 0..10_000 {
         assert_eq!(run(n), n + 1);
     }
-    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let allocations = allocations() - before;
     assert_eq!(allocations, 0, "{allocations} allocations in 10,000 calls");
+}
+
+/// Why `Retry` does not carry the operation in the request by itself: attaching it to an
+/// `http::Request` (what `AttachLayer` does) costs allocations on every call, where the
+/// thread-local ledger costs none (the test above). Measured, not assumed.
+#[test]
+fn carrying_the_operation_in_an_http_request_allocates() {
+    use stormguard::operation::{AttachLayer, Carrier, Operation};
+    let leaf = service_fn(|req: http::Request<()>| {
+        std::future::ready(Ok::<_, std::io::Error>(req.operation().is_some()))
+    });
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
+        .layer(AttachLayer::new())
+        .service(leaf);
+    let mut run = || {
+        poll_now(std::future::poll_fn(|cx| stack.poll_ready(cx))).unwrap();
+        poll_now(stack.call(http::Request::new(()))).unwrap()
+    };
+    for _ in 0..100 {
+        assert!(run(), "the operation travels in the request");
+    }
+    let before = allocations();
+    for _ in 0..1_000 {
+        run();
+    }
+    let per_call = (allocations() - before) as f64 / 1_000.0;
+    eprintln!("AttachLayer on an http::Request: {per_call} allocations per call");
+    // The ledger moves to the heap (an Arc), and the extensions map is allocated.
+    assert!(per_call >= 2.0, "{per_call} allocations per call");
+    let _: fn(&mut http::Request<()>, Operation) = Carrier::attach;
 }
