@@ -339,28 +339,37 @@ fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
 
 /// Joins the operation installed on this thread, if there is one (see [`OpState::join`]). Bit
 /// operations on the packed word for a layer without a deadline; no unpacking on the hot path.
-#[inline]
+#[inline(always)]
 pub(crate) fn join_current(class: ToolClass, keyed: bool, deadline: Option<Instant>) -> Joined {
     let word = CURRENT.get();
-    match tag(word) {
-        INLINE if deadline.is_none() => {
-            let current = (word & CLASS) >> 32;
-            let strictest = current.max(class as u64);
-            let word = (word & !CLASS) | strictest << 32 | if keyed { KEYED } else { 0 };
-            CURRENT.set(word);
-            if strictest == current {
-                Joined::Yes
-            } else {
-                let was = ToolClass::ALL.get(current as usize).copied();
-                Joined::Tightened {
-                    was: was.unwrap_or(ToolClass::MultiStep),
-                }
-            }
-        }
-        INLINE | SHARED_TAG => {
-            with_current(|op| op.join(class, keyed, deadline)).unwrap_or(Joined::No)
-        }
-        _ => Joined::No,
+    if tag(word) == EMPTY {
+        return Joined::No;
+    }
+    if tag(word) != INLINE || deadline.is_some() {
+        return join_slow(class, keyed, deadline);
+    }
+    let current = (word & CLASS) >> 32;
+    let strictest = current.max(class as u64);
+    CURRENT.set((word & !CLASS) | strictest << 32 | if keyed { KEYED } else { 0 });
+    if strictest == current {
+        Joined::Yes
+    } else {
+        tightened(current)
+    }
+}
+
+#[inline(never)]
+fn join_slow(class: ToolClass, keyed: bool, deadline: Option<Instant>) -> Joined {
+    with_current(|op| op.join(class, keyed, deadline)).unwrap_or(Joined::No)
+}
+
+#[cold]
+fn tightened(was: u64) -> Joined {
+    Joined::Tightened {
+        was: ToolClass::ALL
+            .get(was as usize)
+            .copied()
+            .unwrap_or(ToolClass::MultiStep),
     }
 }
 
@@ -381,30 +390,39 @@ pub(crate) fn share_current() -> Option<SharedState> {
     }
 }
 
-/// The side slots of the ledger installed before, saved where its word used them.
+/// The bits of a word that say a side slot holds something.
+const SIDES: u64 = HAS_DEADLINE | HAS_KEY | HAS_DEPOSIT;
+
+/// The side slots of the ledger installed before, saved when its word used them.
 struct Saved {
-    deadline: Option<Option<Instant>>,
-    key: Option<u64>,
-    deposited: Option<usize>,
+    deadline: Option<Instant>,
+    key: u64,
+    deposited: usize,
 }
 
 /// Lends `slot`'s ledger to this thread until dropped, then takes it back and restores whatever
-/// was installed before (also when the inner call panics).
+/// was installed before (also when the inner call panics). Without a deadline, key or deposit on
+/// either side this is two moves of the packed word.
 pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
     previous: u64,
-    saved: Saved,
+    saved: Option<Saved>,
     previous_shared: Option<SharedState>,
 }
 
 impl<'a> Installed<'a> {
     #[inline]
     pub(crate) fn new(slot: &'a mut Option<Ledger>) -> Self {
+        let previous = CURRENT.get();
+        // A side slot is read only through a word with its bit: save the previous word's before
+        // ours overwrites them.
+        let saved = (previous & SIDES != 0).then(save_sides);
         let mut shared = None;
-        let mut sides = None;
         let next = match slot {
             Some(Ledger::Inline(inline)) => {
-                sides = Some((inline.deadline, inline.key, inline.deposited));
+                if inline.word & SIDES != 0 {
+                    write_inline_sides(inline);
+                }
                 inline.word
             }
             Some(Ledger::Shared(_)) => {
@@ -415,25 +433,7 @@ impl<'a> Installed<'a> {
             }
             None => EMPTY,
         };
-        let previous = CURRENT.replace(next);
-        // A side slot is read only through a word with its bit: save it when the previous word
-        // relies on it, write it when ours does.
-        let saved = Saved {
-            deadline: (previous & HAS_DEADLINE != 0).then(|| DEADLINE.get()),
-            key: (previous & HAS_KEY != 0).then(|| KEY.get()),
-            deposited: (previous & HAS_DEPOSIT != 0).then(|| DEPOSITED.get()),
-        };
-        if let Some((deadline, key, deposited)) = sides {
-            if next & HAS_DEADLINE != 0 {
-                DEADLINE.set(deadline);
-            }
-            if next & HAS_KEY != 0 {
-                KEY.set(key);
-            }
-            if next & HAS_DEPOSIT != 0 {
-                DEPOSITED.set(deposited);
-            }
-        }
+        CURRENT.set(next);
         let previous_shared = if shared.is_some() || tag(previous) == SHARED_TAG {
             SHARED.replace(shared)
         } else {
@@ -448,29 +448,60 @@ impl<'a> Installed<'a> {
     }
 }
 
+#[cold]
+fn save_sides() -> Saved {
+    Saved {
+        deadline: DEADLINE.get(),
+        key: KEY.get(),
+        deposited: DEPOSITED.get(),
+    }
+}
+
+#[cold]
+fn write_inline_sides(inline: &Inline) {
+    let word = inline.word;
+    if word & HAS_DEADLINE != 0 {
+        DEADLINE.set(inline.deadline);
+    }
+    if word & HAS_KEY != 0 {
+        KEY.set(inline.key);
+    }
+    if word & HAS_DEPOSIT != 0 {
+        DEPOSITED.set(inline.deposited);
+    }
+}
+
+#[cold]
+fn read_inline_sides(inline: &mut Inline) {
+    let (deadline, key, deposited) = read_sides(inline.word);
+    inline.deadline = deadline;
+    inline.key = key;
+    inline.deposited = deposited;
+}
+
+#[cold]
+fn restore_sides(saved: &Saved) {
+    DEADLINE.set(saved.deadline);
+    KEY.set(saved.key);
+    DEPOSITED.set(saved.deposited);
+}
+
 impl Drop for Installed<'_> {
     #[inline]
     fn drop(&mut self) {
         let mine = CURRENT.replace(self.previous);
         match (tag(mine), &mut *self.slot) {
             (INLINE, Some(Ledger::Inline(inline))) => {
-                let (deadline, key, deposited) = read_sides(mine);
                 inline.word = mine;
-                inline.deadline = deadline;
-                inline.key = key;
-                inline.deposited = deposited;
+                if mine & SIDES != 0 {
+                    read_inline_sides(inline);
+                }
             }
             (SHARED_TAG, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
         }
-        if let Some(deadline) = self.saved.deadline.take() {
-            DEADLINE.set(deadline);
-        }
-        if let Some(key) = self.saved.key.take() {
-            KEY.set(key);
-        }
-        if let Some(deposited) = self.saved.deposited.take() {
-            DEPOSITED.set(deposited);
+        if let Some(saved) = &self.saved {
+            restore_sides(saved);
         }
         if let Some(previous) = self.previous_shared.take() {
             SHARED.set(Some(previous));
@@ -491,31 +522,34 @@ pub(crate) fn in_scope<R>(slot: &mut Option<Ledger>, f: impl FnOnce() -> R) -> R
 /// [`OpState::note_deposit`] on `own`'s ledger, else the thread's: bit operations on the packed
 /// word, so that a first-try success pays a couple of moves for it. With no operation at all
 /// (one lost across a task boundary) the answer is `true`: credit the budget.
-#[inline]
+#[inline(always)]
 pub(crate) fn note_deposit(own: &mut Option<Ledger>, budget: usize) -> bool {
-    match own {
-        Some(Ledger::Inline(inline)) => {
-            let fresh = inline.word & HAS_DEPOSIT == 0 || inline.deposited != budget;
-            inline.word |= HAS_DEPOSIT;
-            inline.deposited = budget;
-            fresh
-        }
-        Some(Ledger::Shared(shared)) => lock(shared).note_deposit(budget),
-        None => {
-            let word = CURRENT.get();
-            match tag(word) {
-                INLINE => {
-                    if word & HAS_DEPOSIT != 0 && DEPOSITED.get() == budget {
-                        return false;
-                    }
-                    DEPOSITED.set(budget);
-                    CURRENT.set(word | HAS_DEPOSIT);
-                    true
-                }
-                SHARED_TAG => with_current(|op| op.note_deposit(budget)).unwrap_or(true),
-                _ => true,
+    if let Some(Ledger::Inline(inline)) = own {
+        let fresh = inline.word & HAS_DEPOSIT == 0 || inline.deposited != budget;
+        inline.word |= HAS_DEPOSIT;
+        inline.deposited = budget;
+        return fresh;
+    }
+    note_deposit_elsewhere(own, budget)
+}
+
+#[inline(never)]
+fn note_deposit_elsewhere(own: &mut Option<Ledger>, budget: usize) -> bool {
+    if let Some(Ledger::Shared(shared)) = own {
+        return lock(shared).note_deposit(budget);
+    }
+    let word = CURRENT.get();
+    match tag(word) {
+        INLINE => {
+            if word & HAS_DEPOSIT != 0 && DEPOSITED.get() == budget {
+                return false;
             }
+            DEPOSITED.set(budget);
+            CURRENT.set(word | HAS_DEPOSIT);
+            true
         }
+        SHARED_TAG => with_current(|op| op.note_deposit(budget)).unwrap_or(true),
+        _ => true,
     }
 }
 

@@ -72,12 +72,18 @@ struct Track {
     ledger: Option<Ledger>,
     /// Attempts this layer has made in a row for this call.
     attempts: u32,
-    /// Boxed: made only when a retry is granted, and kept out of the future's size.
-    backoff: Option<Box<BackoffState>>,
-    /// The backoff's sleep, then the deadline's while the service gets ready: made on a retry.
+    /// What only a retry needs: boxed, made on the first failure, kept out of the future's size
+    /// (nested futures contain each other, and are moved whole).
+    retry: Option<Box<Retrying>>,
+}
+
+/// The state of a layer that is retrying.
+#[derive(Default)]
+struct Retrying {
+    backoff: Option<BackoffState>,
+    /// The backoff's sleep, then the deadline's while the service gets ready.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// The class of the failure the pending retry follows, for the error if the deadline passes
-    /// first.
+    /// The failure the pending retry follows, for the error if the deadline passes first.
     last: Option<(FailureClass, ErrorCode)>,
 }
 
@@ -120,9 +126,7 @@ where
             track: Track {
                 ledger,
                 attempts: 1,
-                backoff: None,
-                sleep: None,
-                last: None,
+                retry: None,
             },
             span,
         }
@@ -155,7 +159,7 @@ where
                     }
                 }
                 StateProj::Backoff => {
-                    if let Some(sleep) = this.track.sleep.as_mut() {
+                    if let Some(sleep) = this.track.sleep() {
                         ready!(sleep.as_mut().poll(cx));
                     }
                     // From here the sleep is the deadline's, if the operation has one.
@@ -171,7 +175,7 @@ where
                         Poll::Ready(ready) => ready,
                         Poll::Pending => {
                             // Not ready: the retry is abandoned if the deadline passes first.
-                            if let Some(sleep) = this.track.sleep.as_mut() {
+                            if let Some(sleep) = this.track.sleep() {
                                 ready!(sleep.as_mut().poll(cx));
                                 return Poll::Ready(Err(deadline_passed(kit, this.track)));
                             }
@@ -218,20 +222,30 @@ impl Track {
         )
     }
 
+    fn retrying(&mut self) -> &mut Retrying {
+        self.retry.get_or_insert_with(Box::default)
+    }
+
+    fn sleep(&mut self) -> Option<&mut Pin<Box<Sleep>>> {
+        self.retry.as_mut()?.sleep.as_mut()
+    }
+
     fn sleep_for(&mut self, delay: Duration) {
         let at = Instant::now() + delay;
-        match self.sleep.as_mut() {
+        let retrying = self.retrying();
+        match retrying.sleep.as_mut() {
             Some(sleep) => sleep.as_mut().reset(at),
             None if delay.is_zero() => {}
-            None => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+            None => retrying.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
         }
     }
 
     fn sleep_until(&mut self, deadline: Option<Instant>) {
-        match (deadline, self.sleep.as_mut()) {
-            (None, _) => self.sleep = None,
+        let retrying = self.retrying();
+        match (deadline, retrying.sleep.as_mut()) {
+            (None, _) => retrying.sleep = None,
             (Some(at), Some(sleep)) => sleep.as_mut().reset(at),
-            (Some(at), None) => self.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
+            (Some(at), None) => retrying.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
         }
     }
 }
@@ -306,10 +320,11 @@ where
         replayable: has_request,
         time_left: op.deadline().map(|d| d.saturating_duration_since(now)),
     });
-    let backoff = &mut track.backoff;
+    let retrying = track.retrying();
     let next = decide(&view, &classification, &kit.policy, || {
-        backoff
-            .get_or_insert_with(|| Box::new(kit.policy.backoff().state(kit.budget.next_seed())))
+        retrying
+            .backoff
+            .get_or_insert_with(|| kit.policy.backoff().state(kit.budget.next_seed()))
             .next_delay()
     });
     let next = match next {
@@ -347,7 +362,7 @@ where
         }
         Next::Retry { delay, .. } => {
             track.op(kit, |op| op.grant_retry());
-            track.last = Some((failure, code));
+            track.retrying().last = Some((failure, code));
             telemetry::retry_granted(view.class, failure.as_str());
             tracing::debug!(
                 layer = %kit.name,
@@ -465,7 +480,7 @@ fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) -> ToolError 
     let mut err = ToolError::new(code)
         .with_attempts(attempts)
         .with_retryable(false);
-    if let Some((failure, _)) = track.last {
+    if let Some((failure, _)) = track.retry.as_ref().and_then(|r| r.last) {
         err = err.with_class(failure);
     }
     err
