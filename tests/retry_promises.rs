@@ -314,6 +314,29 @@ async fn every_budget_is_credited_once_per_operation() {
         call(&mut stack, n).await.unwrap();
     }
     assert!((a.balance() - 2.0).abs() < 1e-9 && (b.balance() - 2.0).abs() < 1e-9);
+
+    // The outer layer on A retries through an inner layer on B that makes one attempt a call:
+    // the success of the second attempt credits both, once.
+    let (a, b) = (no_floor(), no_floor());
+    for _ in 0..5 {
+        a.deposit(); // 5 x 0.2: one retry for A to spend
+    }
+    let once = ToolClass::Read
+        .policy()
+        .into_builder()
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, a.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, b.clone()).policy(once))
+        .service(Dependency::script(
+            [Outcome::Fail(FailureClass::Transient)],
+            Outcome::Ok,
+        ));
+    call(&mut stack, 1).await.unwrap();
+    assert!((a.balance() - 0.2).abs() < 1e-9, "A: {}", a.balance());
+    assert!((b.balance() - 0.2).abs() < 1e-9, "B: {}", b.balance());
 }
 
 /// A run in an outage borrows at most its share of the shared balance; a healthy run keeps its

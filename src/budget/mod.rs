@@ -186,13 +186,15 @@ impl RetryBudget {
     }
 
     /// Who is credited by [`deposit`](Self::deposit): the run's handle, or the shared balance for
-    /// a handle without a run. Never 0. Nested layers use it to credit each budget once per
-    /// operation.
+    /// a handle without a run. A 24-bit number, never 0, unique among the budgets and run
+    /// handles of a process until 16,777,215 of them have been made (then numbers repeat, and
+    /// two nested layers on two budgets with one number credit only the outer one). Nested layers
+    /// use it to credit each budget once per operation.
     #[inline]
-    pub(crate) fn id(&self) -> usize {
+    pub(crate) fn id(&self) -> u32 {
         match &self.run {
-            Some(run) => Arc::as_ptr(run) as *const () as usize,
-            None => Arc::as_ptr(&self.ratio) as *const () as usize,
+            Some(run) => run.id(),
+            None => self.ratio.id(),
         }
     }
 
@@ -425,6 +427,17 @@ impl RetryBudgetBuilder {
             )),
             run: self.run.map(|limits| Arc::new(Run::new(limits))),
         })
+    }
+}
+
+/// The next budget id: 24 bits, never 0 (see [`RetryBudget::id`]).
+pub(crate) fn next_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    loop {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0xff_ffff;
+        if id != 0 {
+            return id;
+        }
     }
 }
 

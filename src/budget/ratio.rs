@@ -28,6 +28,7 @@ pub(super) struct Ratio {
     started: Instant,
     seed: u64,
     operations: AtomicU64,
+    id: u32,
 }
 
 impl Ratio {
@@ -50,6 +51,7 @@ impl Ratio {
             started: Instant::now(),
             seed,
             operations: AtomicU64::new(0),
+            id: super::next_id(),
         }
     }
 
@@ -109,6 +111,10 @@ impl Ratio {
     /// How far one run may draw beyond its own deposits (milli-retries).
     pub(super) fn share(&self) -> i64 {
         self.share
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.id
     }
 
     pub(super) fn balance(&self) -> f64 {

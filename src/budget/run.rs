@@ -73,6 +73,7 @@ pub(super) struct Run {
     /// What the run has deposited into the shared balance minus what it drew from it, in
     /// milli-retries: at most the balance's cap, at least minus the run share.
     credit: AtomicI64,
+    id: u32,
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -86,7 +87,12 @@ impl Run {
             retries: AtomicU32::new(0),
             nanos: AtomicU64::new(0),
             credit: AtomicI64::new(0),
+            id: super::next_id(),
         }
+    }
+
+    pub(super) fn id(&self) -> u32 {
+        self.id
     }
 
     /// Credits the run with one deposit of `amount`, up to `cap`.

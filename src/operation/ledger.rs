@@ -32,8 +32,10 @@ pub(crate) struct OpState {
     deadline: Option<Instant>,
     /// A fingerprint of the idempotency key its first attempt carried (0: none yet).
     key: u64,
-    /// The budget the operation's success was last credited to (0: none yet).
-    deposited: usize,
+    /// The budget id (24 bits) of the layer calling into the stack now: a layer that joins
+    /// credits its own budget on success only if it differs from this one, so a run of nested
+    /// layers on one budget credits it once (0: none).
+    caller: u32,
 }
 
 /// What joining an operation did to it.
@@ -62,8 +64,14 @@ impl OpState {
             closed: None,
             deadline,
             key: 0,
-            deposited: 0,
+            caller: 0,
         }
+    }
+
+    /// The layer that opened the operation draws on budget `id`.
+    pub(crate) fn with_caller(mut self, id: u32) -> Self {
+        self.caller = id & BUDGET_ID_MASK;
+        self
     }
 
     /// Attempts made so far, by every layer.
@@ -98,24 +106,37 @@ impl OpState {
         self
     }
 
-    /// A layer joins: the stricter class wins, a key is noted, the earlier deadline wins.
+    /// A layer on budget `budget` joins: the stricter class wins, a key is noted, the earlier
+    /// deadline wins, and it becomes the caller. The `bool` says whether its budget differs from
+    /// its caller's, so that it credits it on success.
     pub(crate) fn join(
         &mut self,
         class: ToolClass,
         keyed: bool,
         deadline: Option<Instant>,
-    ) -> Joined {
+        budget: u32,
+    ) -> (Joined, bool) {
+        let budget = budget & BUDGET_ID_MASK;
+        let credits = self.caller != budget;
+        self.caller = budget;
         let was = self.class;
         self.class = was.strictest(class);
         self.keyed |= keyed;
         if let Some(deadline) = deadline {
             self.tighten_deadline(deadline);
         }
-        if self.class == was {
+        let joined = if self.class == was {
             Joined::Yes
         } else {
             Joined::Tightened { was }
-        }
+        };
+        (joined, credits)
+    }
+
+    /// The layer on budget `budget` calls into the stack again (a retry): the layers below
+    /// compare their budgets with its.
+    pub(crate) fn set_caller(&mut self, budget: u32) {
+        self.caller = budget & BUDGET_ID_MASK;
     }
 
     /// The deadline becomes `deadline` if that is earlier.
@@ -142,14 +163,6 @@ impl OpState {
         }
         self.key == fingerprint
     }
-
-    /// Whether the operation's success should now be credited to `budget` (an identity that is
-    /// never 0): not if the layer just below credited the same one. Records it.
-    pub(crate) fn note_deposit(&mut self, budget: usize) -> bool {
-        let fresh = self.deposited != budget;
-        self.deposited = budget;
-        fresh
-    }
 }
 
 pub(crate) type SharedState = Arc<Mutex<OpState>>;
@@ -161,7 +174,6 @@ pub(crate) struct Inline {
     word: u64,
     deadline: Option<Instant>,
     key: u64,
-    deposited: usize,
 }
 
 /// Where an operation's state lives while a future holds it.
@@ -180,19 +192,17 @@ impl Ledger {
             word: pack(&state),
             deadline: state.deadline,
             key: state.key,
-            deposited: state.deposited,
         })
     }
 
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut OpState) -> R) -> R {
         match self {
             Ledger::Inline(inline) => {
-                let mut state = unpack(inline.word, inline.deadline, inline.key, inline.deposited);
+                let mut state = unpack(inline.word, inline.deadline, inline.key);
                 let out = f(&mut state);
                 inline.word = pack(&state);
                 inline.deadline = state.deadline;
                 inline.key = state.key;
-                inline.deposited = state.deposited;
                 out
             }
             Ledger::Shared(shared) => f(&mut lock(shared)),
@@ -207,23 +217,27 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-// The thread-local slot holds the packed word, and three side slots that are read only when the
-// word's bit says they hold something: the deadline, the key fingerprint and the budget last
-// deposited. Lending the ledger is a couple of register moves: no destructor runs, nothing is
-// allocated, no lock is taken.
+// The thread-local slot holds the packed word, and two side slots that are read only when the
+// word's bit says they hold something: the deadline and the key fingerprint. Lending the ledger
+// is a couple of register moves: no destructor runs, nothing is allocated, no lock is taken.
 //
-// word: bits 0-15 retries, 16-31 max_attempts, 32-39 class, 40 keyed, 41 has a deadline (in
-//       `DEADLINE`), 42 has a key fingerprint (in `KEY`), 43 has a deposit (in `DEPOSITED`),
-//       48-55 closed code + 1 (0 = open), 62-63 tag.
+// word: bits 0-7 retries, 8-15 max_attempts (both at most `MAX_ATTEMPTS_LIMIT` = 100),
+//       16-23 class, 24 keyed, 25 has a deadline (in `DEADLINE`), 26 has a key fingerprint (in
+//       `KEY`), 27-34 closed code + 1 (0 = open), 35-58 the caller's budget id, 62-63 tag.
 const TAG_SHIFT: u32 = 62;
 const EMPTY: u64 = 0;
 const INLINE: u64 = 1;
 const SHARED_TAG: u64 = 2;
-const KEYED: u64 = 1 << 40;
-const HAS_DEADLINE: u64 = 1 << 41;
-const HAS_KEY: u64 = 1 << 42;
-const HAS_DEPOSIT: u64 = 1 << 43;
-const CLASS: u64 = 0xff << 32;
+const CLASS_SHIFT: u32 = 16;
+const CLASS: u64 = 0xff << CLASS_SHIFT;
+const KEYED: u64 = 1 << 24;
+const HAS_DEADLINE: u64 = 1 << 25;
+const HAS_KEY: u64 = 1 << 26;
+const CLOSED_SHIFT: u32 = 27;
+const CALLER_SHIFT: u32 = 35;
+/// Budget ids are 24 bits (see `RetryBudget::id`).
+pub(crate) const BUDGET_ID_MASK: u32 = 0xff_ffff;
+const CALLER: u64 = (BUDGET_ID_MASK as u64) << CALLER_SHIFT;
 
 #[inline]
 fn tag(word: u64) -> u64 {
@@ -234,24 +248,24 @@ fn tag(word: u64) -> u64 {
 fn pack(state: &OpState) -> u64 {
     let closed = state.closed.map_or(0, |code| code as u64 + 1);
     let flag = |set: bool, bit: u64| if set { bit } else { 0 };
-    u64::from(state.retries.min(0xffff))
-        | u64::from(state.max_attempts.min(0xffff)) << 16
-        | (state.class as u64) << 32
+    u64::from(state.retries.min(0xff))
+        | u64::from(state.max_attempts.min(0xff)) << 8
+        | (state.class as u64) << CLASS_SHIFT
         | flag(state.keyed, KEYED)
         | flag(state.deadline.is_some(), HAS_DEADLINE)
         | flag(state.key != 0, HAS_KEY)
-        | flag(state.deposited != 0, HAS_DEPOSIT)
-        | closed << 48
+        | closed << CLOSED_SHIFT
+        | u64::from(state.caller & BUDGET_ID_MASK) << CALLER_SHIFT
         | INLINE << TAG_SHIFT
 }
 
 #[inline]
-fn unpack(word: u64, deadline: Option<Instant>, key: u64, deposited: usize) -> OpState {
+fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
     let class = ToolClass::ALL
-        .get(((word >> 32) & 0xff) as usize)
+        .get(((word & CLASS) >> CLASS_SHIFT) as usize)
         .copied()
         .unwrap_or(ToolClass::MultiStep);
-    let closed = match ((word >> 48) & 0xff) as usize {
+    let closed = match ((word >> CLOSED_SHIFT) & 0xff) as usize {
         0 => None,
         n => Some(
             ErrorCode::ALL
@@ -261,18 +275,14 @@ fn unpack(word: u64, deadline: Option<Instant>, key: u64, deposited: usize) -> O
         ),
     };
     OpState {
-        retries: (word & 0xffff) as u32,
-        max_attempts: ((word >> 16) & 0xffff) as u32,
+        retries: (word & 0xff) as u32,
+        max_attempts: ((word >> 8) & 0xff) as u32,
         class,
         keyed: word & KEYED != 0,
         closed,
         deadline: deadline.filter(|_| word & HAS_DEADLINE != 0),
         key: if word & HAS_KEY != 0 { key } else { 0 },
-        deposited: if word & HAS_DEPOSIT != 0 {
-            deposited
-        } else {
-            0
-        },
+        caller: ((word & CALLER) >> CALLER_SHIFT) as u32,
     }
 }
 
@@ -280,13 +290,12 @@ thread_local! {
     static CURRENT: Cell<u64> = const { Cell::new(EMPTY) };
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
     static KEY: Cell<u64> = const { Cell::new(0) };
-    static DEPOSITED: Cell<usize> = const { Cell::new(0) };
     static SHARED: RefCell<Option<SharedState>> = const { RefCell::new(None) };
 }
 
 /// The side slots of an installed inline word: each read only when the word's bit is set.
 #[inline]
-fn read_sides(word: u64) -> (Option<Instant>, u64, usize) {
+fn read_sides(word: u64) -> (Option<Instant>, u64) {
     (
         if word & HAS_DEADLINE != 0 {
             DEADLINE.get()
@@ -294,11 +303,6 @@ fn read_sides(word: u64) -> (Option<Instant>, u64, usize) {
             None
         },
         if word & HAS_KEY != 0 { KEY.get() } else { 0 },
-        if word & HAS_DEPOSIT != 0 {
-            DEPOSITED.get()
-        } else {
-            0
-        },
     )
 }
 
@@ -310,9 +314,6 @@ fn write_sides(state: &OpState) {
     }
     if state.key != 0 {
         KEY.set(state.key);
-    }
-    if state.deposited != 0 {
-        DEPOSITED.set(state.deposited);
     }
 }
 
@@ -329,38 +330,56 @@ pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
 
 #[inline]
 fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
-    let (deadline, key, deposited) = read_sides(word);
-    let mut state = unpack(word, deadline, key, deposited);
+    let (deadline, key) = read_sides(word);
+    let mut state = unpack(word, deadline, key);
     let out = f(&mut state);
     write_sides(&state);
     CURRENT.set(pack(&state));
     out
 }
 
-/// Joins the operation installed on this thread, if there is one (see [`OpState::join`]). Bit
-/// operations on the packed word for a layer without a deadline; no unpacking on the hot path.
+/// Joins the operation installed on this thread, if there is one (see [`OpState::join`]), for
+/// a layer on budget `budget`; the `bool` says whether the layer credits its budget on success.
+/// Bit operations on the packed word for a layer without a deadline; no unpacking.
 #[inline(always)]
-pub(crate) fn join_current(class: ToolClass, keyed: bool, deadline: Option<Instant>) -> Joined {
+pub(crate) fn join_current(
+    class: ToolClass,
+    keyed: bool,
+    deadline: Option<Instant>,
+    budget: u32,
+) -> (Joined, bool) {
     let word = CURRENT.get();
     if tag(word) == EMPTY {
-        return Joined::No;
+        return (Joined::No, true);
     }
     if tag(word) != INLINE || deadline.is_some() {
-        return join_slow(class, keyed, deadline);
+        return join_slow(class, keyed, deadline, budget);
     }
-    let current = (word & CLASS) >> 32;
+    let budget = u64::from(budget & BUDGET_ID_MASK);
+    let credits = (word & CALLER) >> CALLER_SHIFT != budget;
+    let current = (word & CLASS) >> CLASS_SHIFT;
     let strictest = current.max(class as u64);
-    CURRENT.set((word & !CLASS) | strictest << 32 | if keyed { KEYED } else { 0 });
+    CURRENT.set(
+        (word & !(CLASS | CALLER))
+            | strictest << CLASS_SHIFT
+            | budget << CALLER_SHIFT
+            | if keyed { KEYED } else { 0 },
+    );
     if strictest == current {
-        Joined::Yes
+        (Joined::Yes, credits)
     } else {
-        tightened(current)
+        (tightened(current), credits)
     }
 }
 
 #[inline(never)]
-fn join_slow(class: ToolClass, keyed: bool, deadline: Option<Instant>) -> Joined {
-    with_current(|op| op.join(class, keyed, deadline)).unwrap_or(Joined::No)
+fn join_slow(
+    class: ToolClass,
+    keyed: bool,
+    deadline: Option<Instant>,
+    budget: u32,
+) -> (Joined, bool) {
+    with_current(|op| op.join(class, keyed, deadline, budget)).unwrap_or((Joined::No, true))
 }
 
 #[cold]
@@ -379,8 +398,8 @@ pub(crate) fn share_current() -> Option<SharedState> {
     match tag(word) {
         SHARED_TAG => SHARED.with_borrow(Clone::clone),
         INLINE => {
-            let (deadline, key, deposited) = read_sides(word);
-            let shared = Arc::new(Mutex::new(unpack(word, deadline, key, deposited)));
+            let (deadline, key) = read_sides(word);
+            let shared = Arc::new(Mutex::new(unpack(word, deadline, key)));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
             CURRENT.set(SHARED_TAG << TAG_SHIFT);
@@ -391,17 +410,16 @@ pub(crate) fn share_current() -> Option<SharedState> {
 }
 
 /// The bits of a word that say a side slot holds something.
-const SIDES: u64 = HAS_DEADLINE | HAS_KEY | HAS_DEPOSIT;
+const SIDES: u64 = HAS_DEADLINE | HAS_KEY;
 
 /// The side slots of the ledger installed before, saved when its word used them.
 struct Saved {
     deadline: Option<Instant>,
     key: u64,
-    deposited: usize,
 }
 
 /// Lends `slot`'s ledger to this thread until dropped, then takes it back and restores whatever
-/// was installed before (also when the inner call panics). Without a deadline, key or deposit on
+/// was installed before (also when the inner call panics). Without a deadline or key on
 /// either side this is two moves of the packed word.
 pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
@@ -453,7 +471,6 @@ fn save_sides() -> Saved {
     Saved {
         deadline: DEADLINE.get(),
         key: KEY.get(),
-        deposited: DEPOSITED.get(),
     }
 }
 
@@ -466,24 +483,19 @@ fn write_inline_sides(inline: &Inline) {
     if word & HAS_KEY != 0 {
         KEY.set(inline.key);
     }
-    if word & HAS_DEPOSIT != 0 {
-        DEPOSITED.set(inline.deposited);
-    }
 }
 
 #[cold]
 fn read_inline_sides(inline: &mut Inline) {
-    let (deadline, key, deposited) = read_sides(inline.word);
+    let (deadline, key) = read_sides(inline.word);
     inline.deadline = deadline;
     inline.key = key;
-    inline.deposited = deposited;
 }
 
 #[cold]
 fn restore_sides(saved: &Saved) {
     DEADLINE.set(saved.deadline);
     KEY.set(saved.key);
-    DEPOSITED.set(saved.deposited);
 }
 
 impl Drop for Installed<'_> {
@@ -519,40 +531,6 @@ pub(crate) fn in_scope<R>(slot: &mut Option<Ledger>, f: impl FnOnce() -> R) -> R
     f()
 }
 
-/// [`OpState::note_deposit`] on `own`'s ledger, else the thread's: bit operations on the packed
-/// word, so that a first-try success pays a couple of moves for it. With no operation at all
-/// (one lost across a task boundary) the answer is `true`: credit the budget.
-#[inline(always)]
-pub(crate) fn note_deposit(own: &mut Option<Ledger>, budget: usize) -> bool {
-    if let Some(Ledger::Inline(inline)) = own {
-        let fresh = inline.word & HAS_DEPOSIT == 0 || inline.deposited != budget;
-        inline.word |= HAS_DEPOSIT;
-        inline.deposited = budget;
-        return fresh;
-    }
-    note_deposit_elsewhere(own, budget)
-}
-
-#[inline(never)]
-fn note_deposit_elsewhere(own: &mut Option<Ledger>, budget: usize) -> bool {
-    if let Some(Ledger::Shared(shared)) = own {
-        return lock(shared).note_deposit(budget);
-    }
-    let word = CURRENT.get();
-    match tag(word) {
-        INLINE => {
-            if word & HAS_DEPOSIT != 0 && DEPOSITED.get() == budget {
-                return false;
-            }
-            DEPOSITED.set(budget);
-            CURRENT.set(word | HAS_DEPOSIT);
-            true
-        }
-        SHARED_TAG => with_current(|op| op.note_deposit(budget)).unwrap_or(true),
-        _ => true,
-    }
-}
-
 /// Runs `f` on `own`'s ledger if it holds one, else on the thread's, else on a new ledger made by
 /// `make` and kept in `own` from then on.
 pub(crate) fn with_current_or<R>(
@@ -577,19 +555,29 @@ pub(crate) fn with_current_or<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    fn read_op() -> Option<Ledger> {
+        Some(Ledger::inline(
+            OpState::new(3, ToolClass::Read, false, None).with_caller(1),
+        ))
+    }
 
     #[test]
     fn pack_round_trips_every_class_and_code() {
         for class in ToolClass::ALL {
             for closed in std::iter::once(None).chain(ErrorCode::ALL.map(Some)) {
                 for keyed in [false, true] {
-                    let mut state = OpState::new(7, class, keyed, None).with_retries(4);
+                    let mut state = OpState::new(100, class, keyed, None)
+                        .with_retries(99)
+                        .with_caller(BUDGET_ID_MASK);
                     state.closed = closed;
-                    let back = unpack(pack(&state), None, 0, 0);
+                    let back = unpack(pack(&state), None, 0);
                     assert_eq!(back.class, class);
                     assert_eq!(back.closed, closed);
                     assert_eq!(back.keyed, keyed);
-                    assert_eq!((back.retries, back.max_attempts), (4, 7));
+                    assert_eq!((back.retries, back.max_attempts), (99, 100));
+                    assert_eq!(back.caller, BUDGET_ID_MASK);
                 }
             }
         }
@@ -597,12 +585,7 @@ mod tests {
 
     #[test]
     fn nested_installs_restore_the_outer_operation() {
-        let mut outer = Some(Ledger::inline(OpState::new(
-            3,
-            ToolClass::Read,
-            false,
-            None,
-        )));
+        let mut outer = read_op();
         let mut inner = Some(Ledger::inline(OpState::new(
             5,
             ToolClass::UnkeyedWrite,
@@ -613,77 +596,61 @@ mod tests {
             with_current(|op| {
                 op.grant_retry();
                 op.note_key(42);
-                op.note_deposit(7);
+                op.set_caller(7);
             });
             in_scope(&mut inner, || {
                 assert_eq!(with_current(|op| op.max_attempts), Some(5));
                 let shared = share_current().unwrap();
                 lock(&shared).retries = 2;
-                // The inner operation's sides never leak into the outer one.
-                lock(&shared).note_deposit(9);
+                // The inner operation's state never leaks into the outer one.
+                lock(&shared).set_caller(9);
+                lock(&shared).note_key(43);
             });
             assert_eq!(
-                with_current(|op| (op.max_attempts, op.retries, op.key, op.deposited)),
+                with_current(|op| (op.max_attempts, op.retries, op.key, op.caller)),
                 Some((3, 1, 42, 7))
             );
         });
         assert!(with_current(|_| ()).is_none());
-        assert!(matches!(inner, Some(Ledger::Shared(_))));
         let Some(Ledger::Shared(shared)) = inner.take() else {
             unreachable!("shared above")
         };
         let state = *lock(&shared);
-        assert_eq!((state.retries, state.deposited), (2, 9));
-        assert_eq!(
-            outer
-                .as_mut()
-                .unwrap()
-                .with(|op| (op.retries, op.key, op.deposited)),
-            (1, 42, 7)
-        );
+        assert_eq!((state.retries, state.caller, state.key), (2, 9, 43));
+        let outer = outer
+            .as_mut()
+            .unwrap()
+            .with(|op| (op.retries, op.key, op.caller));
+        assert_eq!(outer, (1, 42, 7));
     }
 
     #[test]
     fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
         let now = Instant::now();
-        let outer_deadline = now + std::time::Duration::from_secs(10);
+        let outer_deadline = now + Duration::from_secs(10);
         let mut outer = Some(Ledger::inline(OpState::new(
             3,
             ToolClass::Read,
             false,
             Some(outer_deadline),
         )));
-        let mut inner = Some(Ledger::inline(OpState::new(
-            3,
-            ToolClass::Read,
-            false,
-            None,
-        )));
+        let mut inner = read_op();
         in_scope(&mut outer, || {
             // A later deadline does not loosen it; an earlier one tightens it.
             join_current(
                 ToolClass::Read,
                 false,
-                Some(now + std::time::Duration::from_secs(20)),
+                Some(now + Duration::from_secs(20)),
+                1,
             );
             assert_eq!(with_current(|op| op.deadline), Some(Some(outer_deadline)));
             in_scope(&mut inner, || {
                 // Inside an operation of its own (no deadline), a layer sets one.
-                let joined = join_current(
-                    ToolClass::UnkeyedWrite,
-                    true,
-                    Some(now + std::time::Duration::from_secs(1)),
-                );
-                assert_eq!(
-                    joined,
-                    Joined::Tightened {
-                        was: ToolClass::Read
-                    }
-                );
-                assert_eq!(
-                    with_current(|op| op.deadline),
-                    Some(Some(now + std::time::Duration::from_secs(1)))
-                );
+                let soon = Some(now + Duration::from_secs(1));
+                let (joined, _) = join_current(ToolClass::UnkeyedWrite, true, soon, 1);
+                let was = ToolClass::Read;
+                assert_eq!(joined, Joined::Tightened { was });
+                assert_eq!(with_current(|op| op.deadline), Some(soon));
             });
             // The outer operation keeps its own deadline and class.
             assert_eq!(
@@ -691,41 +658,51 @@ mod tests {
                 Some((Some(outer_deadline), ToolClass::Read, false))
             );
         });
-        assert_eq!(
-            inner
-                .as_mut()
-                .unwrap()
-                .with(|op| (op.deadline, op.class, op.keyed)),
-            (
-                Some(now + std::time::Duration::from_secs(1)),
-                ToolClass::UnkeyedWrite,
-                true
-            )
-        );
+        let inner = inner
+            .as_mut()
+            .unwrap()
+            .with(|op| (op.deadline, op.class, op.keyed));
+        let soon = Some(now + Duration::from_secs(1));
+        assert_eq!(inner, (soon, ToolClass::UnkeyedWrite, true));
     }
 
     #[test]
     fn the_hot_path_join_reports_a_tightened_class() {
-        let mut op = Some(Ledger::inline(OpState::new(
-            3,
-            ToolClass::Read,
-            false,
-            None,
-        )));
+        let mut op = read_op();
         in_scope(&mut op, || {
-            assert_eq!(join_current(ToolClass::Read, false, None), Joined::Yes);
+            assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
+            let (joined, _) = join_current(ToolClass::KeyedWrite, true, None, 1);
             assert_eq!(
-                join_current(ToolClass::KeyedWrite, true, None),
+                joined,
                 Joined::Tightened {
                     was: ToolClass::Read
                 }
             );
-            assert_eq!(join_current(ToolClass::Read, false, None), Joined::Yes);
+            assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
         });
+        let op = op.as_mut().unwrap().with(|op| (op.class, op.keyed));
+        assert_eq!(op, (ToolClass::KeyedWrite, true));
+        assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::No);
+    }
+
+    #[test]
+    fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
+        // Opened on budget 1; layers join on 1, 2, 2, then a layer on 1 below them.
+        let mut op = read_op();
+        in_scope(&mut op, || {
+            assert!(!join_current(ToolClass::Read, false, None, 1).1);
+            assert!(join_current(ToolClass::Read, false, None, 2).1);
+            assert!(!join_current(ToolClass::Read, false, None, 2).1);
+            assert!(join_current(ToolClass::Read, false, None, 1).1);
+            // The slow path (a deadline) decides the same.
+            let soon = Some(Instant::now() + Duration::from_secs(1));
+            assert!(!join_current(ToolClass::Read, false, soon, 1).1);
+            assert!(join_current(ToolClass::Read, false, soon, 3).1);
+        });
+        // With nothing installed, a layer opens its own operation and credits its budget.
         assert_eq!(
-            op.as_mut().unwrap().with(|op| (op.class, op.keyed)),
-            (ToolClass::KeyedWrite, true)
+            join_current(ToolClass::Read, false, None, 1),
+            (Joined::No, true)
         );
-        assert_eq!(join_current(ToolClass::Read, false, None), Joined::No);
     }
 }

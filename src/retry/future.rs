@@ -8,7 +8,7 @@ use crate::budget::Refusal;
 use crate::class::ToolClass;
 use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
 use crate::error::{hint, BoxError, ErrorCode, FailureClass, ToolError};
-use crate::operation::ledger::{in_scope, note_deposit, with_current_or, Ledger, OpState};
+use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
 use crate::telemetry;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -72,6 +72,9 @@ struct Track {
     ledger: Option<Ledger>,
     /// Attempts this layer has made in a row for this call.
     attempts: u32,
+    /// Whether a success credits this layer's budget: the outermost layer's always, a nested
+    /// one's when its budget differs from its caller's (decided when it joined).
+    credits: bool,
     /// What only a retry needs: boxed, made on the first failure, kept out of the future's size
     /// (nested futures contain each other, and are moved whole).
     retry: Option<Box<Retrying>>,
@@ -104,11 +107,16 @@ where
         ledger: Option<Ledger>,
         span: Span,
     ) -> Self {
-        Self::new(future, kit, request, ledger, span)
+        Self::new(future, kit, request, ledger, true, span)
     }
 
-    pub(super) fn nested(future: S::Future, kit: Arc<Kit<S, C, R>>, request: Option<Req>) -> Self {
-        Self::new(future, kit, request, None, Span::none())
+    pub(super) fn nested(
+        future: S::Future,
+        kit: Arc<Kit<S, C, R>>,
+        request: Option<Req>,
+        credits: bool,
+    ) -> Self {
+        Self::new(future, kit, request, None, credits, Span::none())
     }
 
     fn new(
@@ -116,6 +124,7 @@ where
         kit: Arc<Kit<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
+        credits: bool,
         span: Span,
     ) -> Self {
         ResponseFuture {
@@ -126,6 +135,7 @@ where
             track: Track {
                 ledger,
                 attempts: 1,
+                credits,
                 retry: None,
             },
             span,
@@ -197,6 +207,9 @@ where
                         return Poll::Ready(Err(ToolError::new(ErrorCode::Internal)));
                     };
                     *this.request = kit.replay.replay(&request);
+                    // The layers below compare their budgets with this one's again.
+                    let budget = kit.budget.id();
+                    this.track.op(kit, |op| op.set_caller(budget));
                     let future = in_scope(&mut this.track.ledger, || service.call(request));
                     this.track.attempts += 1;
                     this.state.set(State::Called { future });
@@ -268,8 +281,8 @@ where
         ClassifiedResponse::RequiresEos(_) => Classification::success(),
     };
     let Verdict::Failure(failure) = classification.verdict() else {
-        // Credit each budget once per operation: not if the layer below credited this one.
-        if note_deposit(&mut track.ledger, kit.budget.id()) {
+        // Each budget once per operation: not if the layer above draws on the same one.
+        if track.credits {
             kit.budget.deposit();
         }
         return match result {

@@ -346,9 +346,9 @@ where
             .map(|d| since.unwrap_or_else(Instant::now) + d);
 
         if !kit.own_operation {
-            match join_current(class, keyed, deadline) {
-                Joined::No => {}
-                joined => {
+            match join_current(class, keyed, deadline, kit.budget.id()) {
+                (Joined::No, _) => {}
+                (joined, credits) => {
                     if let Joined::Tightened { was } = joined {
                         if !was.decides_like(class) {
                             class_tightened(&kit.name, was, class);
@@ -356,7 +356,7 @@ where
                     }
                     // Nested: the operation's owner has installed its ledger on this thread.
                     let future = self.inner.call(req);
-                    return ResponseFuture::nested(future, self.kit.clone(), copy);
+                    return ResponseFuture::nested(future, self.kit.clone(), copy, credits);
                 }
             }
         }
@@ -364,12 +364,8 @@ where
         // Outermost (or its own operation): open the ledger and lend it to the inner call.
         telemetry::operation_opened(class);
         let max_attempts = kit.policy.max_attempts();
-        let mut ledger = Some(Ledger::inline(OpState::new(
-            max_attempts,
-            class,
-            keyed,
-            deadline,
-        )));
+        let state = OpState::new(max_attempts, class, keyed, deadline).with_caller(kit.budget.id());
+        let mut ledger = Some(Ledger::inline(state));
         let span = tracing::debug_span!(
             "stormguard.operation",
             layer = %kit.name,
