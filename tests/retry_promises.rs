@@ -482,3 +482,78 @@ async fn retries_use_the_service_as_get_mut_left_it() {
     let mut clone = clone;
     assert_eq!(call(&mut clone, 1).await.unwrap(), "eu");
 }
+
+/// Cancelling an operation at any await point (here: in its backoff, and while a retry waits
+/// for readiness) leaves nothing behind: the next operation on the thread starts clean.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_operation_leaves_the_next_one_clean() {
+    let budget = RetryBudget::default();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(dep.clone());
+    // Dropped during its first backoff.
+    let cut = tokio::time::timeout(Duration::from_millis(1), call(&mut stack, 1u32)).await;
+    assert!(cut.is_err(), "still backing off");
+    assert_eq!(dep.calls(), 1);
+    // A new read operation: its own class and attempts, not the cancelled write's.
+    let read = Dependency::script([Outcome::Fail(FailureClass::Ambiguous)], Outcome::Ok);
+    let mut reads = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget))
+        .service(read.clone());
+    assert!(call(&mut reads, 1u32).await.is_ok());
+    assert_eq!(read.calls(), 2, "an ambiguous read is retried");
+}
+
+/// A nested layer's deadline also holds when the operation travels to a spawned task
+/// (`carry`): the shared ledger takes the earliest deadline.
+#[tokio::test(start_paused = true)]
+async fn a_carried_operation_takes_the_spawned_layers_deadline() {
+    use stormguard::operation::carry;
+    let budget = RetryBudget::default();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let inner_policy = constant(ToolClass::Read, 2_000)
+        .deadline(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let inner = RetryLayer::new(ToolClass::Read, budget.clone())
+        .policy(inner_policy)
+        .layer(dep.clone());
+    let tool = service_fn(move |arg: u32| {
+        let mut inner = inner.clone();
+        async move {
+            tokio::spawn(carry(async move { call(&mut inner, arg).await }))
+                .await
+                .unwrap()
+        }
+    });
+    let mut stack = RetryLayer::new(ToolClass::Read, budget).layer(tool);
+    let start = Instant::now();
+    let err = call(&mut stack, 1).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(dep.calls(), 1);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+/// The largest attempt cap a policy accepts fits the operation's ledger.
+#[tokio::test(start_paused = true)]
+async fn the_largest_attempt_cap_is_honoured_exactly() {
+    use stormguard::class::MAX_ATTEMPTS_LIMIT;
+    let most = constant(ToolClass::Read, 1)
+        .max_attempts(MAX_ATTEMPTS_LIMIT)
+        .build()
+        .unwrap();
+    let budget = RetryBudget::builder()
+        .floor(1000, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(most))
+        .layer(RetryLayer::new(ToolClass::Read, budget).policy(most))
+        .service(dep.clone());
+    let err = call(&mut stack, 1u32).await.unwrap_err();
+    assert_eq!(dep.calls(), MAX_ATTEMPTS_LIMIT);
+    assert_eq!(err.attempts(), MAX_ATTEMPTS_LIMIT);
+}
