@@ -177,3 +177,38 @@ async fn a_key_that_changes_between_attempts_is_refused() {
         "refused at the second attempt"
     );
 }
+
+/// A key read back from a checkpoint is checked like one parsed: a space or a newline is refused,
+/// not carried into a header that would drop it.
+#[test]
+fn a_key_read_back_is_checked_like_a_key_parsed() {
+    let key = stormguard::key::IdempotencyKey::derive("run-1", "step-2", "send", &7).unwrap();
+    let saved = serde_json::to_string(&key).unwrap();
+    assert_eq!(
+        serde_json::from_str::<stormguard::key::IdempotencyKey>(&saved).unwrap(),
+        key
+    );
+    for bad in ["\"run-1:step 2\"", "\"run-1:step\\n2\"", "\"\""] {
+        assert!(
+            serde_json::from_str::<stormguard::key::IdempotencyKey>(bad).is_err(),
+            "{bad}"
+        );
+    }
+}
+
+/// A missing or misspelled identity field is an error, not `null`: invoice 2 is never taken
+/// for invoice 1.
+#[test]
+fn a_missing_identity_field_is_an_error_not_null() {
+    use stormguard::receipt::Action;
+    let one = serde_json::json!({"invoice": 1, "to": "a@b.test"});
+    let two = serde_json::json!({"invoice": 2, "to": "a@b.test"});
+    let fields = ["invoice_id"]; // misspelled: the arguments say "invoice"
+    for args in [&one, &two] {
+        let err = Action::task("run-1", "step-2", "send", args, &fields, &fields).unwrap_err();
+        assert_eq!(err.part(), "args");
+    }
+    let a = Action::task("run-1", "step-2", "send", &one, &["invoice"], &["invoice"]).unwrap();
+    let b = Action::task("run-1", "step-2", "send", &two, &["invoice"], &["invoice"]).unwrap();
+    assert_ne!(a.key(), b.key());
+}

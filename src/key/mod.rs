@@ -76,10 +76,29 @@ pub const MAX_PART: usize = 64;
 /// assert!(a.as_str().starts_with("run-81f2:step-2:send_invoice:"));
 /// assert!(!a.as_str().contains("example.com"));
 /// assert_eq!(IdempotencyKey::parse(a.as_str()).unwrap(), a);
+///
+/// // Read back from a checkpoint, a key is checked as `parse` checks it.
+/// let back: IdempotencyKey = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+/// assert_eq!(back, a);
+/// assert!(serde_json::from_str::<IdempotencyKey>("\"run 1:step\\n2\"").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[serde(try_from = "String", into = "String")]
 pub struct IdempotencyKey(String);
+
+impl From<IdempotencyKey> for String {
+    fn from(key: IdempotencyKey) -> String {
+        key.0
+    }
+}
+
+impl TryFrom<String> for IdempotencyKey {
+    type Error = KeyError;
+
+    fn try_from(key: String) -> Result<Self, KeyError> {
+        IdempotencyKey::parse(&key)
+    }
+}
 
 /// Why a key could not be made.
 ///
@@ -149,8 +168,21 @@ impl IdempotencyKey {
         Self::from_value(run, step, tool, &value)
     }
 
-    /// The key covering only the named top-level fields of `args` (a missing field counts as
-    /// `null`): for task-shaped tools whose other fields (free text) may be reworded.
+    /// The key covering only the named top-level fields of `args`: for task-shaped tools whose
+    /// other fields (free text) may be reworded. `args` must be a JSON object holding every named
+    /// field (a field that is there with the value `null` counts); a missing or misspelled field
+    /// is an error, never `null`, so two actions that lack it cannot share a key.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use stormguard::key::IdempotencyKey;
+    ///
+    /// let args = json!({"invoice_id": 4471, "body": "Dear customer"});
+    /// assert!(IdempotencyKey::derive_fields("run-1", "step-2", "send", &args, &["invoice_id"]).is_ok());
+    /// let err = IdempotencyKey::derive_fields("run-1", "step-2", "send", &args, &["invoice"]).unwrap_err();
+    /// assert_eq!(err.part(), "args");
+    /// assert!(IdempotencyKey::derive_fields("run-1", "step-2", "send", &4471, &["invoice_id"]).is_err());
+    /// ```
     pub fn derive_fields(
         run: &str,
         step: &str,
@@ -159,15 +191,22 @@ impl IdempotencyKey {
         fields: &[&str],
     ) -> Result<IdempotencyKey, KeyError> {
         let value = to_value(args)?;
-        let picked: serde_json::Map<String, Value> = fields
+        let Value::Object(object) = &value else {
+            return Err(KeyError {
+                part: "args",
+                reason: "must be a JSON object to pick identity fields from",
+            });
+        };
+        let picked = fields
             .iter()
-            .map(|f| {
-                (
-                    (*f).to_string(),
-                    value.get(*f).cloned().unwrap_or(Value::Null),
-                )
+            .map(|f| match object.get(*f) {
+                Some(v) => Ok(((*f).to_string(), v.clone())),
+                None => Err(KeyError {
+                    part: "args",
+                    reason: "lacks a field the key covers (missing or misspelled)",
+                }),
             })
-            .collect();
+            .collect::<Result<serde_json::Map<String, Value>, KeyError>>()?;
         Self::from_value(run, step, tool, &Value::Object(picked))
     }
 
