@@ -7,15 +7,8 @@ use stormguard::class::ToolClass;
 use stormguard::classify::FailureClass;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
-use support::{call, Dependency, Outcome};
+use support::{call, no_floor, Dependency, Outcome};
 use tower::ServiceBuilder;
-
-fn no_floor() -> RetryBudget {
-    RetryBudget::builder()
-        .floor(0, Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
 
 #[tokio::test(start_paused = true)]
 async fn nested_layers_deposit_once_per_logical_operation() {

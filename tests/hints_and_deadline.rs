@@ -13,11 +13,10 @@ use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
 use support::call;
 use tokio::time::Instant;
-use tower::{service_fn, Layer};
+use tower::Layer;
 
 type Req = http::Request<String>;
 
-/// A server that answers `status` with `headers` to the first `failures` calls, then 200.
 fn server(
     status: u16,
     headers: &'static [(&'static str, &'static str)],
@@ -27,23 +26,7 @@ fn server(
     impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
         + Clone,
 ) {
-    let calls = Arc::new(AtomicU32::new(0));
-    let counter = calls.clone();
-    let svc = service_fn(move |_req: Req| {
-        let n = counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let mut b = http::Response::builder();
-            b = if n < failures {
-                headers
-                    .iter()
-                    .fold(b.status(status), |b, (k, v)| b.header(*k, *v))
-            } else {
-                b.status(200)
-            };
-            Ok::<_, Infallible>(b.body(String::new()).unwrap())
-        }
-    });
-    (calls, svc)
+    support::http_script(status, headers, failures)
 }
 
 fn req() -> Req {

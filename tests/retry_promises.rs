@@ -14,13 +14,12 @@ use stormguard::classify::{FailureClass, HttpClassifier};
 use stormguard::error::{ErrorCode, ToolError};
 use stormguard::quota::{Quota, QuotaLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use support::{call, Dependency, Outcome};
+use support::{call, no_floor, Dependency, Outcome};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder};
 
 type Req = http::Request<String>;
 
-/// A server that answers `status` with `headers` to its first `failures` calls, then 200.
 fn server(
     status: u16,
     headers: &'static [(&'static str, &'static str)],
@@ -30,21 +29,7 @@ fn server(
     impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
         + Clone,
 ) {
-    let calls = Arc::new(AtomicU32::new(0));
-    let counter = calls.clone();
-    let svc = service_fn(move |_req: Req| {
-        let n = counter.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let mut b = http::Response::builder().status(200);
-            if n < failures {
-                b = headers
-                    .iter()
-                    .fold(b.status(status), |b, (k, v)| b.header(*k, *v));
-            }
-            Ok::<_, Infallible>(b.body(String::new()).unwrap())
-        }
-    });
-    (calls, svc)
+    support::http_script(status, headers, failures)
 }
 
 fn post() -> Req {
@@ -57,13 +42,6 @@ fn constant(class: ToolClass, ms: u64) -> stormguard::class::ClassPolicyBuilder 
         .build()
         .unwrap();
     class.policy().into_builder().backoff(backoff)
-}
-
-fn no_floor() -> RetryBudget {
-    RetryBudget::builder()
-        .floor(0, Duration::from_secs(60))
-        .build()
-        .unwrap()
 }
 
 /// A hint never skips escalation: an ambiguous failure of an unkeyed write ends as

@@ -109,3 +109,43 @@ pub async fn call<S: Service<Req>, Req>(svc: &mut S, req: Req) -> Result<S::Resp
     use tower::ServiceExt;
     ServiceExt::<Req>::ready(svc).await?.call(req).await
 }
+
+/// A budget with no floor: only deposits pay for retries.
+pub fn no_floor() -> stormguard::budget::RetryBudget {
+    stormguard::budget::RetryBudget::builder()
+        .floor(0, std::time::Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// An in-process HTTP service that answers `status` with `headers` to its first `failures`
+/// calls, then 200; and the count of its calls.
+pub fn http_script(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    failures: u32,
+) -> (
+    Arc<AtomicU32>,
+    impl Service<
+            http::Request<String>,
+            Response = http::Response<String>,
+            Error = std::convert::Infallible,
+            Future: Send,
+        > + Clone,
+) {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let svc = tower::service_fn(move |_req: http::Request<String>| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut b = http::Response::builder().status(200);
+            if n < failures {
+                b = headers
+                    .iter()
+                    .fold(b.status(status), |b, (k, v)| b.header(*k, *v));
+            }
+            Ok::<_, std::convert::Infallible>(b.body(String::new()).unwrap())
+        }
+    });
+    (calls, svc)
+}
