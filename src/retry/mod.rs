@@ -113,6 +113,7 @@
 //! Amplification is `(operations + retries) / operations`.
 
 mod decide;
+mod ending;
 mod future;
 mod layer;
 pub(crate) mod policy;

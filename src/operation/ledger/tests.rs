@@ -1,0 +1,152 @@
+//! The packed ledger: round trips, nested installs, joins.
+use super::*;
+use std::time::Duration;
+
+fn read_op() -> Option<Ledger> {
+    Some(Ledger::inline(
+        OpState::new(3, ToolClass::Read, false, None).with_caller(1),
+    ))
+}
+
+#[test]
+fn pack_round_trips_every_class_and_code() {
+    for class in ToolClass::ALL {
+        for closed in std::iter::once(None).chain(ErrorCode::ALL.map(Some)) {
+            for keyed in [false, true] {
+                let mut state = OpState::new(100, class, keyed, None)
+                    .with_retries(99)
+                    .with_caller(BUDGET_ID_MASK);
+                state.closed = closed;
+                let back = unpack(pack(&state), None, 0);
+                assert_eq!(back.class, class);
+                assert_eq!(back.closed, closed);
+                assert_eq!(back.keyed, keyed);
+                assert_eq!((back.retries, back.max_attempts), (99, 100));
+                assert_eq!(back.caller, BUDGET_ID_MASK);
+            }
+        }
+    }
+}
+
+#[test]
+fn nested_installs_restore_the_outer_operation() {
+    let mut outer = read_op();
+    let mut inner = Some(Ledger::inline(OpState::new(
+        5,
+        ToolClass::UnkeyedWrite,
+        false,
+        Some(Instant::now()),
+    )));
+    in_scope(&mut outer, || {
+        with_current(|op| {
+            op.grant_retry();
+            op.note_key(42);
+            op.set_caller(7);
+        });
+        in_scope(&mut inner, || {
+            assert_eq!(with_current(|op| op.max_attempts), Some(5));
+            let shared = share_current().unwrap();
+            lock(&shared).retries = 2;
+            // The inner operation's state never leaks into the outer one.
+            lock(&shared).set_caller(9);
+            lock(&shared).note_key(43);
+        });
+        assert_eq!(
+            with_current(|op| (op.max_attempts, op.retries, op.key, op.caller)),
+            Some((3, 1, 42, 7))
+        );
+    });
+    assert!(with_current(|_| ()).is_none());
+    let Some(Ledger::Shared(shared)) = inner.take() else {
+        unreachable!("shared above")
+    };
+    let state = *lock(&shared);
+    assert_eq!((state.retries, state.caller, state.key), (2, 9, 43));
+    let outer = outer
+        .as_mut()
+        .unwrap()
+        .with(|op| (op.retries, op.key, op.caller));
+    assert_eq!(outer, (1, 42, 7));
+}
+
+#[test]
+fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
+    let now = Instant::now();
+    let outer_deadline = now + Duration::from_secs(10);
+    let mut outer = Some(Ledger::inline(OpState::new(
+        3,
+        ToolClass::Read,
+        false,
+        Some(outer_deadline),
+    )));
+    let mut inner = read_op();
+    in_scope(&mut outer, || {
+        // A later deadline does not loosen it; an earlier one tightens it.
+        join_current(
+            ToolClass::Read,
+            false,
+            Some(now + Duration::from_secs(20)),
+            1,
+        );
+        assert_eq!(with_current(|op| op.deadline), Some(Some(outer_deadline)));
+        in_scope(&mut inner, || {
+            // Inside an operation of its own (no deadline), a layer sets one.
+            let soon = Some(now + Duration::from_secs(1));
+            let (joined, _) = join_current(ToolClass::UnkeyedWrite, true, soon, 1);
+            let was = ToolClass::Read;
+            assert_eq!(joined, Joined::Tightened { was });
+            assert_eq!(with_current(|op| op.deadline), Some(soon));
+        });
+        // The outer operation keeps its own deadline and class.
+        assert_eq!(
+            with_current(|op| (op.deadline, op.class, op.keyed)),
+            Some((Some(outer_deadline), ToolClass::Read, false))
+        );
+    });
+    let inner = inner
+        .as_mut()
+        .unwrap()
+        .with(|op| (op.deadline, op.class, op.keyed));
+    let soon = Some(now + Duration::from_secs(1));
+    assert_eq!(inner, (soon, ToolClass::UnkeyedWrite, true));
+}
+
+#[test]
+fn the_hot_path_join_reports_a_tightened_class() {
+    let mut op = read_op();
+    in_scope(&mut op, || {
+        assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
+        let (joined, _) = join_current(ToolClass::KeyedWrite, true, None, 1);
+        assert_eq!(
+            joined,
+            Joined::Tightened {
+                was: ToolClass::Read
+            }
+        );
+        assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
+    });
+    let op = op.as_mut().unwrap().with(|op| (op.class, op.keyed));
+    assert_eq!(op, (ToolClass::KeyedWrite, true));
+    assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::No);
+}
+
+#[test]
+fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
+    // Opened on budget 1; layers join on 1, 2, 2, then a layer on 1 below them.
+    let mut op = read_op();
+    in_scope(&mut op, || {
+        assert!(!join_current(ToolClass::Read, false, None, 1).1);
+        assert!(join_current(ToolClass::Read, false, None, 2).1);
+        assert!(!join_current(ToolClass::Read, false, None, 2).1);
+        assert!(join_current(ToolClass::Read, false, None, 1).1);
+        // The slow path (a deadline) decides the same.
+        let soon = Some(Instant::now() + Duration::from_secs(1));
+        assert!(!join_current(ToolClass::Read, false, soon, 1).1);
+        assert!(join_current(ToolClass::Read, false, soon, 3).1);
+    });
+    // With nothing installed, a layer opens its own operation and credits its budget.
+    assert_eq!(
+        join_current(ToolClass::Read, false, None, 1),
+        (Joined::No, true)
+    );
+}

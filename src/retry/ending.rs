@@ -1,0 +1,188 @@
+//! How a retrying layer's part of an operation ends: the errors it gives up with, hands up to
+//! the layer above, or hands back, each keeping the evidence (attempts, class, the dependency's
+//! own error as `cause`) and a hint that agrees with its `retryable` flag.
+
+use super::decide::GiveUp;
+use super::future::Track;
+use super::Kit;
+use crate::budget::Refusal;
+use crate::class::ToolClass;
+use crate::classify::{Classification, Classify, ServerHint};
+use crate::error::{hint, BoxError, ErrorCode, FailureClass, ToolError};
+use crate::telemetry;
+use tower_service::Service;
+
+/// Why and on what an operation ends.
+pub(super) struct Ending<'a> {
+    pub(super) why: GiveUp,
+    pub(super) class: ToolClass,
+    pub(super) failure: FailureClass,
+    pub(super) classification: &'a Classification,
+}
+
+/// Ends the operation: records why, closes the ledger so no other layer retries it, and builds
+/// the non-retryable error, keeping the dependency's own error as its source.
+pub(super) fn give_up<S, C, R, Req>(
+    kit: &Kit<S, C, R>,
+    track: &mut Track,
+    ending: Ending<'_>,
+    result: Result<S::Response, S::Error>,
+) -> ToolError
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
+    let Ending {
+        why,
+        class,
+        failure,
+        classification,
+    } = ending;
+    let last = classification.code().unwrap_or(ErrorCode::Internal);
+    let code = why.code(last);
+    let attempts = track.op(kit, |op| {
+        op.close(code);
+        op.attempts()
+    });
+    match why {
+        GiveUp::Escalate(code) => telemetry::escalated(class, code.as_str()),
+        why => telemetry::retry_refused(class, why.reason()),
+    }
+    tracing::info!(
+        layer = %kit.name,
+        code = code.as_str(),
+        attempts,
+        reason = why.reason(),
+        "giving up"
+    );
+    let source = match result {
+        Err(e) => match e.into().downcast::<ToolError>() {
+            // An error from below that asked not to be retried (an open circuit, an operation a
+            // layer across a task boundary ended) is the answer itself.
+            Ok(tool) if why == GiveUp::ServerPushback => {
+                return if tool.attempts() >= attempts {
+                    *tool
+                } else {
+                    tool.with_attempts(attempts)
+                };
+            }
+            Ok(tool) => Some(tool as BoxError),
+            Err(other) => Some(other),
+        },
+        Ok(response) => kit
+            .classifier
+            .dependency_error(&response)
+            .map(|e| Box::new(e) as BoxError),
+    };
+    let retry_after = match classification.hint() {
+        ServerHint::RetryAfter(after) => Some(after),
+        _ => None,
+    };
+    let hint: std::borrow::Cow<'static, str> = match why {
+        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, failure).into(),
+        GiveUp::ServerPushback => hint::pushed_back(code, failure).into(),
+        GiveUp::NotReplayable => hint::not_replayable(code, failure).into(),
+        // Not an outage: the dependency is up and throttling this client.
+        GiveUp::Budget(Refusal::RetryBudget) if last == ErrorCode::RateLimited => {
+            hint::throttled_budget(retry_after).into()
+        }
+        _ => hint::of(code),
+    };
+    let mut err = ToolError::new(code)
+        .with_class(failure)
+        .with_attempts(attempts)
+        .with_retryable(false)
+        .with_hint(hint);
+    if let Some(after) = retry_after {
+        err = err.with_retry_after(after);
+    }
+    match source {
+        Some(source) => err.with_source(source),
+        None => err,
+    }
+}
+
+/// The deadline passed while a granted retry waited for its service to be ready.
+pub(super) fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) -> ToolError {
+    let code = ErrorCode::DeadlineExceeded;
+    let attempts = track.op(kit, |op| {
+        op.close(code);
+        op.attempts()
+    });
+    telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
+    tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "giving up");
+    let mut err = ToolError::new(code)
+        .with_attempts(attempts)
+        .with_retryable(false);
+    if let Some((failure, _)) = track.last() {
+        err = err.with_class(failure);
+    }
+    err
+}
+
+/// A nested layer's own attempts are spent and the operation's are not: the failure goes to the
+/// layer above as a retryable `ToolError` that keeps its class, code and server delay. An `Ok`
+/// response classified as a failure becomes one too (with what the dependency answered as its
+/// cause), so that a layer above with another classifier still sees a failure.
+pub(super) fn pass_up<S, C, R, Req>(
+    kit: &Kit<S, C, R>,
+    result: Result<S::Response, S::Error>,
+    classification: &Classification,
+    failure: FailureClass,
+    attempts: u32,
+) -> ToolError
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    let source = match result {
+        Err(e) => match e.into().downcast::<ToolError>() {
+            Ok(tool) => return tool.with_attempts(attempts),
+            Err(other) => Some(other),
+        },
+        Ok(response) => kit
+            .classifier
+            .dependency_error(&response)
+            .map(|e| Box::new(e) as BoxError),
+    };
+    let mut err = ToolError::new(code)
+        .with_class(failure)
+        .with_attempts(attempts)
+        .with_retryable(true);
+    if let ServerHint::RetryAfter(after) = classification.hint() {
+        err = err.with_retry_after(after);
+    }
+    match source {
+        Some(source) => err.with_source(source),
+        None => err,
+    }
+}
+
+/// An error handed back without a retry: a `ToolError` from below keeps its code and flag (its
+/// attempt count is brought up to date); anything else becomes a non-retryable `ToolError` with
+/// the classification's code.
+pub(super) fn hand_back<E: Into<BoxError>>(
+    e: E,
+    classification: &Classification,
+    failure: Option<FailureClass>,
+    attempts: u32,
+) -> ToolError {
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    match e.into().downcast::<ToolError>() {
+        Ok(tool) if tool.attempts() >= attempts => *tool,
+        Ok(tool) => tool.with_attempts(attempts),
+        Err(other) => {
+            let mut err = ToolError::new(code)
+                .with_attempts(attempts)
+                .with_retryable(false)
+                .with_source(other);
+            if let Some(failure) = failure {
+                err = err.with_class(failure);
+            }
+            err
+        }
+    }
+}
