@@ -535,3 +535,37 @@ async fn the_largest_attempt_cap_is_honoured_exactly() {
     assert_eq!(dep.calls(), MAX_ATTEMPTS_LIMIT);
     assert_eq!(err.attempts(), MAX_ATTEMPTS_LIMIT);
 }
+
+/// An escalation keeps the attempts made below it (across a boundary the operation did not
+/// cross): whoever verifies the write learns it was sent 3 times, not once. (Outside review.)
+#[tokio::test(start_paused = true)]
+async fn an_escalation_keeps_the_attempts_made_below() {
+    let below = service_fn(|_: u32| async {
+        Err::<u32, _>(
+            ToolError::new(ErrorCode::Unavailable)
+                .with_class(FailureClass::Ambiguous)
+                .with_retryable(false)
+                .with_attempts(3),
+        )
+    });
+    let mut svc = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default()).layer(below);
+    let err = call(&mut svc, 1).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert_eq!(err.attempts(), 3);
+}
+
+/// No hint of an error a `Retry` gives up with invites the reader to try again. (Outside review.)
+#[tokio::test(start_paused = true)]
+async fn a_final_hint_never_invites_a_retry() {
+    let (_, dep) = server(503, &[], 100);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .classifier(HttpClassifier)
+        .layer(dep);
+    let err = call(&mut svc, post()).await.unwrap_err();
+    assert!(!err.retryable());
+    for phrase in ["try again", "try later", "retry later"] {
+        assert!(!err.hint().contains(phrase), "{}", err.hint());
+    }
+    let budget = ErrorCode::RetryBudgetExhausted.default_hint();
+    assert!(!budget.contains("try later"), "{budget}");
+}

@@ -171,7 +171,7 @@ impl ErrorCode {
                 "a guardrail stopped this call; do not retry, halt and report"
             }
             ErrorCode::RetryBudgetExhausted => {
-                "the dependency keeps failing and its retry budget is spent; do not retry now, report the outage or try later"
+                "the dependency keeps failing and its retry budget is spent; do not retry now, report the outage"
             }
             ErrorCode::RunBudgetExhausted => {
                 "this run has spent its retry budget; do not retry, finish with what you have or escalate"

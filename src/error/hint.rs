@@ -12,7 +12,7 @@ pub(crate) fn attempts_spent(attempts: u32, code: ErrorCode, failure: FailureCla
         if failure == FailureClass::Ambiguous {
             "the last attempt may have taken effect, check before acting again"
         } else {
-            "report the failure or try again later"
+            "report the failure instead of repeating the call"
         }
     )
 }

@@ -17,9 +17,11 @@
 //! at its slot; a caller dropped while waiting leaves its slot unused. Readiness reserves the
 //! room before the inner service is ready, so put the layer directly above the transport (not
 //! above a `Buffer` or a concurrency limit that could hold reserved calls and release them
-//! together). A wait for the quota is not a backoff: the operation deadline of
-//! [`Retry`](crate::retry::Retry) does not bound it; bound the whole call with tower's
-//! `Timeout` if you need to.
+//! together). A retry's wait for the quota counts against the operation deadline of
+//! [`Retry`](crate::retry::Retry): a retry still waiting when the deadline passes ends as
+//! `deadline_exceeded`. The first attempt's wait happens before the `Retry` is called (in its
+//! `poll_ready`) and starts the deadline's clock there; bound the whole call with tower's
+//! `Timeout` if you need a hard limit.
 //!
 //! Put it below the retrying layers, so retries wait for the quota too:
 //!

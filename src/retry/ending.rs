@@ -41,7 +41,7 @@ where
     } = ending;
     let last = classification.code().unwrap_or(ErrorCode::Internal);
     let code = why.code(last);
-    let attempts = track.op(kit, |op| {
+    let mut attempts = track.op(kit, |op| {
         op.close(code);
         op.attempts()
     });
@@ -67,7 +67,11 @@ where
                     tool.with_attempts(attempts)
                 };
             }
-            Ok(tool) => Some(tool as BoxError),
+            Ok(tool) => {
+                // Attempts made below (across a boundary the operation did not cross) count.
+                attempts = attempts.max(tool.attempts());
+                Some(tool as BoxError)
+            }
             Err(other) => Some(other),
         },
         Ok(response) => kit

@@ -25,14 +25,15 @@
 //!    policy's maximum) would end at or after the deadline;
 //! 9. the budget refuses.
 //!
-//! Every ending of steps 3-9 (but 7) closes the operation, so no layer above retries it, and is
-//! a [`ToolError`] with `retryable: false`, the operation's attempt count, the code of the last
+//! Every ending of steps 3-9 (but 7, and an open circuit's `circuit_open`, which passes through
+//! as it is, `retryable: true` with the time left as `retry_after`) closes the operation, so no
+//! layer above retries it, and is a [`ToolError`] with `retryable: false`, the operation's attempt count, the code of the last
 //! failure (`unavailable`, `rate_limited`, ...) or of the ending (`outcome_unknown`,
 //! `retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), a hint that agrees
-//! with `retryable: false`, and the dependency's own error as its
-//! [`cause`](crate::error::ToolError::cause) (the error itself, or what
-//! [`Classify::dependency_error`] reads from a
-//! response, such as its HTTP status).
+//! with `retryable: false`, and the dependency's own structured error as its
+//! [`cause`](crate::error::ToolError::cause) (a `ToolError` in the error's chain, or what
+//! [`Classify::dependency_error`] reads from a response, such as its HTTP status); any other
+//! error stays reachable through `source()`.
 //!
 //! # Deadlines
 //!
@@ -231,8 +232,10 @@ impl<S, C, R> Retry<S, C, R> {
         &self.inner
     }
 
-    /// The inner service, mutably. Retries use the service as it is at call time, as tower's
-    /// `Retry` does: a change made here reaches the retries of the calls made after it.
+    /// The inner service, mutably: a change made here reaches the retries of the calls made
+    /// after it. (Retries clone a copy of the service taken when the layer was built or at the
+    /// first call after a `get_mut`, not the service at every call as tower's `Retry` does: state
+    /// a service changes inside its own `call` is not seen by retries; keep it behind an `Arc`.)
     ///
     /// ```
     /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
