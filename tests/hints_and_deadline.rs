@@ -1,9 +1,7 @@
 //! Server hints (Retry-After, grpc-retry-pushback-ms) and the operation deadline.
 mod support;
 
-use std::convert::Infallible;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use stormguard::backoff::{Backoff, Jitter};
 use stormguard::budget::RetryBudget;
@@ -11,23 +9,11 @@ use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
-use support::call;
+use support::{call, http_script};
 use tokio::time::Instant;
 use tower::Layer;
 
 type Req = http::Request<String>;
-
-fn server(
-    status: u16,
-    headers: &'static [(&'static str, &'static str)],
-    failures: u32,
-) -> (
-    Arc<AtomicU32>,
-    impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
-        + Clone,
-) {
-    support::http_script(status, headers, failures)
-}
 
 fn req() -> Req {
     http::Request::get("/").body(String::new()).unwrap()
@@ -49,7 +35,7 @@ fn constant(ms: u64) -> stormguard::class::ClassPolicy {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_replaces_the_backoff() {
-    let (calls, dep) = server(429, &[("retry-after", "7")], 1);
+    let (calls, dep) = http_script(429, &[("retry-after", "7")], 1);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .policy(constant(10))
         .classifier(HttpClassifier)
@@ -63,7 +49,7 @@ async fn retry_after_replaces_the_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn a_huge_retry_after_is_clamped_to_the_policy_maximum() {
-    let (_, dep) = server(503, &[("retry-after", "86400")], 1);
+    let (_, dep) = http_script(503, &[("retry-after", "86400")], 1);
     let policy = constant(10)
         .into_builder()
         .max_server_delay(Duration::from_secs(20))
@@ -80,7 +66,7 @@ async fn a_huge_retry_after_is_clamped_to_the_policy_maximum() {
 
 #[tokio::test(start_paused = true)]
 async fn a_malformed_retry_after_is_ignored() {
-    let (_, dep) = server(503, &[("retry-after", "in a while")], 1);
+    let (_, dep) = http_script(503, &[("retry-after", "in a while")], 1);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .policy(constant(10))
         .classifier(HttpClassifier)
@@ -92,7 +78,7 @@ async fn a_malformed_retry_after_is_ignored() {
 
 #[tokio::test(start_paused = true)]
 async fn a_negative_pushback_forbids_the_retry() {
-    let (calls, dep) = server(503, &[("grpc-retry-pushback-ms", "-1")], 5);
+    let (calls, dep) = http_script(503, &[("grpc-retry-pushback-ms", "-1")], 5);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
@@ -104,7 +90,7 @@ async fn a_negative_pushback_forbids_the_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_retry_reports_the_servers_delay() {
-    let (_, dep) = server(429, &[("retry-after", "3")], 10);
+    let (_, dep) = http_script(429, &[("retry-after", "3")], 10);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
@@ -116,7 +102,7 @@ async fn a_failed_retry_reports_the_servers_delay() {
 
 #[tokio::test(start_paused = true)]
 async fn no_retry_starts_whose_backoff_would_pass_the_deadline() {
-    let (calls, dep) = server(503, &[("retry-after", "4")], 10);
+    let (calls, dep) = http_script(503, &[("retry-after", "4")], 10);
     let policy = constant(10)
         .into_builder()
         .max_attempts(5)
@@ -138,7 +124,7 @@ async fn no_retry_starts_whose_backoff_would_pass_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn a_404_is_an_answer_not_a_failure() {
-    let (calls, dep) = server(404, &[], 10);
+    let (calls, dep) = http_script(404, &[], 10);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
@@ -150,7 +136,7 @@ async fn a_404_is_an_answer_not_a_failure() {
 #[tokio::test(start_paused = true)]
 async fn a_500_on_an_unkeyed_write_escalates_and_a_keyed_one_retries() {
     use stormguard::retry::HttpReplay;
-    let (calls, dep) = server(500, &[], 1);
+    let (calls, dep) = http_script(500, &[], 1);
     let mut unkeyed = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
         .classifier(HttpClassifier)
         .replay(HttpReplay)
@@ -164,7 +150,7 @@ async fn a_500_on_an_unkeyed_write_escalates_and_a_keyed_one_retries() {
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
-    let (calls, dep) = server(500, &[], 1);
+    let (calls, dep) = http_script(500, &[], 1);
     let mut keyed = RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
         .classifier(HttpClassifier)
         .replay(HttpReplay)
@@ -205,7 +191,7 @@ async fn two_failures(
     status: u16,
     headers: &'static [(&'static str, &'static str)],
 ) -> (u32, Option<ErrorCode>) {
-    let (calls, dep) = server(status, headers, 2);
+    let (calls, dep) = http_script(status, headers, 2);
     let mut svc = RetryLayer::new(ToolClass::Read, one_retry_budget())
         .classifier(HttpClassifier)
         .layer(dep);
@@ -215,7 +201,7 @@ async fn two_failures(
 
 #[tokio::test(start_paused = true)]
 async fn a_budget_spent_on_throttling_says_so_and_when_to_come_back() {
-    let (_, dep) = server(429, &[("retry-after", "2")], 10);
+    let (_, dep) = http_script(429, &[("retry-after", "2")], 10);
     let budget = RetryBudget::builder()
         .floor(0, Duration::from_secs(60))
         .build()

@@ -3,7 +3,6 @@
 //! a readiness wait under a deadline, a service changed through `get_mut`.
 mod support;
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,23 +13,11 @@ use stormguard::classify::{FailureClass, HttpClassifier};
 use stormguard::error::{ErrorCode, ToolError};
 use stormguard::quota::{Quota, QuotaLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use support::{call, no_floor, Dependency, Outcome};
+use support::{call, http_script, no_floor, Dependency, Outcome};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder};
 
 type Req = http::Request<String>;
-
-fn server(
-    status: u16,
-    headers: &'static [(&'static str, &'static str)],
-    failures: u32,
-) -> (
-    Arc<AtomicU32>,
-    impl tower::Service<Req, Response = http::Response<String>, Error = Infallible, Future: Send>
-        + Clone,
-) {
-    support::http_script(status, headers, failures)
-}
 
 fn post() -> Req {
     http::Request::post("/send").body(String::new()).unwrap()
@@ -54,7 +41,7 @@ async fn a_pushback_never_skips_the_escalation_of_an_ambiguous_write() {
             "abc" => &[("grpc-retry-pushback-ms", "abc")],
             _ => &[("grpc-retry-pushback-ms", "250")],
         };
-        let (calls, dep) = server(502, headers, 10);
+        let (calls, dep) = http_script(502, headers, 10);
         let mut svc = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
             .classifier(HttpClassifier)
             .replay(HttpReplay)
@@ -104,7 +91,7 @@ async fn a_malformed_pushback_means_do_not_retry() {
             "grpc-retry-pushback-ms",
             Box::leak(bad.to_string().into_boxed_str()) as &str,
         )]));
-        let (calls, dep) = server(503, headers, 10);
+        let (calls, dep) = http_script(503, headers, 10);
         let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
             .classifier(HttpClassifier)
             .layer(dep);
@@ -125,7 +112,7 @@ async fn a_malformed_pushback_means_do_not_retry() {
 /// count, a hint that agrees with `retryable: false`, and what the dependency answered.
 #[tokio::test(start_paused = true)]
 async fn giving_up_on_a_response_keeps_the_evidence() {
-    let (calls, dep) = server(503, &[], 100);
+    let (calls, dep) = http_script(503, &[], 100);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
@@ -143,7 +130,7 @@ async fn giving_up_on_a_response_keeps_the_evidence() {
     assert!(cause.hint().contains("503"), "{}", cause.hint());
 
     // Three nested layers, only the innermost reading HTTP: the count is the operation's.
-    let (calls, dep) = server(503, &[], 100);
+    let (calls, dep) = http_script(503, &[], 100);
     let budget = RetryBudget::default();
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
@@ -557,7 +544,7 @@ async fn an_escalation_keeps_the_attempts_made_below() {
 /// No hint of an error a `Retry` gives up with invites the reader to try again. (Outside review.)
 #[tokio::test(start_paused = true)]
 async fn a_final_hint_never_invites_a_retry() {
-    let (_, dep) = server(503, &[], 100);
+    let (_, dep) = http_script(503, &[], 100);
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
