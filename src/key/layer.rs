@@ -41,11 +41,25 @@ pub trait KeyStamp {
     fn stamped_key(&self) -> Option<&str>;
     /// Puts `key` on the request.
     fn stamp_key(&mut self, key: &IdempotencyKey);
+
+    /// Whether the request carries a key that cannot be read as one (a header that is not
+    /// visible ASCII): such a request is refused, never silently given another key. The
+    /// default: `false` (a typed field cannot hold an unreadable key).
+    fn carries_unreadable_key(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(feature = "http")]
 fn header_key(headers: &http::HeaderMap) -> Option<&str> {
     headers.get("idempotency-key").and_then(|v| v.to_str().ok())
+}
+
+#[cfg(feature = "http")]
+fn unreadable_header(headers: &http::HeaderMap) -> bool {
+    headers
+        .get("idempotency-key")
+        .is_some_and(|v| v.to_str().map_or(true, |k| super::IdempotencyKey::parse(k).is_err()))
 }
 
 #[cfg(feature = "http")]
@@ -62,6 +76,10 @@ impl<B> KeyStamp for http::Request<B> {
         header_key(self.headers())
     }
 
+    fn carries_unreadable_key(&self) -> bool {
+        unreadable_header(self.headers())
+    }
+
     fn stamp_key(&mut self, key: &IdempotencyKey) {
         stamp_header(self.headers_mut(), key);
     }
@@ -71,6 +89,10 @@ impl<B> KeyStamp for http::Request<B> {
 impl KeyStamp for reqwest::Request {
     fn stamped_key(&self) -> Option<&str> {
         header_key(self.headers())
+    }
+
+    fn carries_unreadable_key(&self) -> bool {
+        unreadable_header(self.headers())
     }
 
     fn stamp_key(&mut self, key: &IdempotencyKey) {
@@ -84,6 +106,13 @@ impl<T> KeyStamp for tonic::Request<T> {
         self.metadata()
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
+    }
+
+    fn carries_unreadable_key(&self) -> bool {
+        self.metadata().get("idempotency-key").is_some_and(|v| {
+            v.to_str()
+                .map_or(true, |k| super::IdempotencyKey::parse(k).is_err())
+        })
     }
 
     fn stamp_key(&mut self, key: &IdempotencyKey) {
@@ -223,6 +252,30 @@ pub(crate) fn note_key(key: &IdempotencyKey) -> bool {
 
 /// A refused call: counted in `stormguard_key_refusals_total` (label `code`) and logged at WARN,
 /// since it means a caller minted keys per attempt or sent arguments the key cannot cover.
+/// Whether `req` may be stamped with `key`: it carries no key or this one, and the operation's
+/// earlier attempts carried this one too.
+pub(crate) fn check_stamped(req: &impl KeyStamp, key: &IdempotencyKey) -> Result<(), ToolError> {
+    if req.carries_unreadable_key() {
+        return Err(refuse(
+            ErrorCode::InvalidArgument,
+            "the request carries an Idempotency-Key that is not 1 to 255 bytes of visible ASCII; send a valid key or none",
+        ));
+    }
+    if req.stamped_key().is_some_and(|k| k != key.as_str()) {
+        return Err(refuse(
+            ErrorCode::IdempotencyKeyChanged,
+            "the request already carries a different idempotency key than its logical action's; do not mint keys per attempt",
+        ));
+    }
+    if !note_key(key) {
+        return Err(refuse(
+            ErrorCode::IdempotencyKeyChanged,
+            "this attempt's idempotency key differs from the first attempt's; every retry of one action must carry the same key",
+        ));
+    }
+    Ok(())
+}
+
 fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
     tracing::warn!(
         code = code.as_str(),
@@ -260,17 +313,8 @@ where
                 return StampKeyFuture::refused(err);
             }
         };
-        if req.stamped_key().is_some_and(|k| k != key.as_str()) {
-            return StampKeyFuture::refused(refuse(
-                ErrorCode::IdempotencyKeyChanged,
-                "the request already carries a different idempotency key than its logical action's; do not mint keys per attempt",
-            ));
-        }
-        if !note_key(&key) {
-            return StampKeyFuture::refused(refuse(
-                ErrorCode::IdempotencyKeyChanged,
-                "this attempt's idempotency key differs from the first attempt's; every retry of one action must carry the same key",
-            ));
+        if let Err(err) = check_stamped(&req, &key) {
+            return StampKeyFuture::refused(err);
         }
         req.stamp_key(&key);
         StampKeyFuture::called(self.inner.call(req))

@@ -9,8 +9,9 @@
 //! run-81f2:step-2:send_invoice:3f1c9a0be2d54c77a1e0f3b2c4d5e6f7
 //! ```
 //!
-//! The arguments are canonicalised (object keys sorted, no insignificant whitespace, integral
-//! numbers in one form) and hashed with SHA-256; only the hash appears in the key, never a raw
+//! The arguments are canonicalised as RFC 8785 says (the JSON Canonicalization Scheme: members
+//! sorted, no insignificant whitespace, every number in one ECMAScript form, integers exact; see
+//! [`canonical_json`]) and hashed with SHA-256; only the hash appears in the key, never a raw
 //! argument value (they may be secret). The key is at most 255 bytes (Stripe's limit).
 //!
 //! **Task-shaped tools.** A model that regenerates a free-text field (an email body) on every
@@ -36,9 +37,14 @@
 //! # Ok::<(), stormguard::key::KeyError>(())
 //! ```
 
+mod action;
+mod canonical;
 mod layer;
 
-pub(crate) use layer::note_key;
+pub use action::Action;
+pub use canonical::{canonical_json, es_number, MAX_DEPTH};
+use canonical::to_value;
+pub(crate) use layer::check_stamped;
 pub use layer::{IdempotencyKeyLayer, KeyStamp, StampKey, StampKeyFuture};
 
 use serde::Serialize;
@@ -117,6 +123,10 @@ pub struct KeyError {
 }
 
 impl KeyError {
+    pub(crate) const fn new(part: &'static str, reason: &'static str) -> Self {
+        KeyError { part, reason }
+    }
+
     /// The part that was rejected (`run`, `step`, `tool`, `args` or `key`).
     pub fn part(&self) -> &'static str {
         self.part
@@ -191,23 +201,7 @@ impl IdempotencyKey {
         fields: &[&str],
     ) -> Result<IdempotencyKey, KeyError> {
         let value = to_value(args)?;
-        let Value::Object(object) = &value else {
-            return Err(KeyError {
-                part: "args",
-                reason: "must be a JSON object to pick identity fields from",
-            });
-        };
-        let picked = fields
-            .iter()
-            .map(|f| match object.get(*f) {
-                Some(v) => Ok(((*f).to_string(), v.clone())),
-                None => Err(KeyError {
-                    part: "args",
-                    reason: "lacks a field the key covers (missing or misspelled)",
-                }),
-            })
-            .collect::<Result<serde_json::Map<String, Value>, KeyError>>()?;
-        Self::from_value(run, step, tool, &Value::Object(picked))
+        Self::from_value(run, step, tool, &action::pick(&value, fields)?)
     }
 
     /// Wraps a key made elsewhere (for example read back from a header): 1 to 255 bytes of
@@ -226,7 +220,7 @@ impl IdempotencyKey {
         check_part("run", run)?;
         check_part("step", step)?;
         check_part("tool", tool)?;
-        let digest = Sha256::digest(canonical_json(args).as_bytes());
+        let digest = Sha256::digest(canonical_json(args)?.as_bytes());
         let hash: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         Ok(IdempotencyKey(format!("{run}:{step}:{tool}:{hash}")))
     }
@@ -260,62 +254,5 @@ impl fmt::Debug for IdempotencyKey {
 impl AsRef<str> for IdempotencyKey {
     fn as_ref(&self) -> &str {
         &self.0
-    }
-}
-
-pub(crate) fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
-    serde_json::to_value(args).map_err(|_| KeyError {
-        part: "args",
-        reason: "could not be serialised to JSON",
-    })
-}
-
-/// The canonical JSON text of `value`: object keys sorted, no whitespace, integral numbers
-/// written as integers (`1.0` and `1` are the same argument).
-///
-/// ```
-/// use serde_json::json;
-/// use stormguard::key::canonical_json;
-/// assert_eq!(canonical_json(&json!({"b": 1.0, "a": [true, null]})), r#"{"a":[true,null],"b":1}"#);
-/// ```
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                write_canonical(v, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(v, out);
-            }
-            out.push(']');
-        }
-        Value::Number(n) => match n.as_f64() {
-            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
-                out.push_str(&(f as i64).to_string())
-            }
-            _ => out.push_str(&n.to_string()),
-        },
-        other => out.push_str(&other.to_string()),
     }
 }

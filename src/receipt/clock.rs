@@ -74,3 +74,23 @@ impl fmt::Debug for ManualClock {
         write!(f, "ManualClock({})", self.now_ms())
     }
 }
+
+/// The clock a store reads: any [`Clock`], behind one pointer so the store's type stays plain.
+#[derive(Clone)]
+pub(crate) struct StoreClock(Arc<dyn Fn() -> u64 + Send + Sync>);
+
+impl StoreClock {
+    pub(crate) fn of(clock: impl Clock) -> Self {
+        StoreClock(Arc::new(move || clock.now_ms()))
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        (self.0)()
+    }
+}
+
+impl Default for StoreClock {
+    fn default() -> Self {
+        StoreClock::of(SystemClock)
+    }
+}

@@ -1,56 +1,125 @@
-use super::store::{Begin, ReceiptStore, StoreError};
+use super::clock::{Clock, StoreClock};
+use super::store::{Begin, Record, ReceiptStore, Resolution, Resolved, StoreError};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{ready, Future};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-#[derive(Clone)]
+/// Shards: a call locks one of them, for one map operation; a prune locks them one at a time.
+const SHARDS: usize = 64;
+
 struct Row {
-    fingerprint: String,
-    owner: String,
+    fingerprint: Box<str>,
+    owner: Box<str>,
     since_ms: u64,
     lease_until_ms: u64,
-    receipt: Option<Vec<u8>>,
+    receipt: Option<Box<[u8]>>,
+}
+
+impl Row {
+    fn record(&self) -> Record<'_> {
+        Record {
+            fingerprint: &self.fingerprint,
+            owner: &self.owner,
+            since_ms: self.since_ms,
+            lease_until_ms: self.lease_until_ms,
+            receipt: self.receipt.as_deref(),
+        }
+    }
+}
+
+type Shard = Mutex<HashMap<Box<str>, Row>>;
+
+struct Shared {
+    shards: Box<[Shard]>,
+    hasher: RandomState,
+    clock: StoreClock,
 }
 
 /// A receipt store in memory: for tests and single-process tools. Nothing survives the process.
 ///
+/// The table is split in 64 shards, each behind its own lock held for one map operation, so a
+/// large table never stalls the runtime; [`prune`](ReceiptStore::prune) takes the shards one at
+/// a time, yields between them, and gives the memory of what it removed back.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// use std::time::Duration;
 /// use stormguard::receipt::{Begin, InMemoryStore, ReceiptStore};
 ///
 /// let store = InMemoryStore::new();
-/// assert_eq!(store.begin("k", "fp", "me", 0, 1_000).await.unwrap(), Begin::Fresh);
-/// store.complete("k", "me", b"sent", 10).await.unwrap();
-/// assert!(matches!(store.begin("k", "fp", "you", 20, 1_020).await.unwrap(), Begin::Done { .. }));
-/// assert_eq!(store.begin("k", "other", "you", 20, 1_020).await.unwrap(), Begin::Mismatch);
+/// let lease = Duration::from_secs(1);
+/// assert_eq!(store.begin("k", "fp", "me", lease).await.unwrap(), Begin::Fresh);
+/// store.complete("k", "me", b"sent").await.unwrap();
+/// assert!(matches!(store.begin("k", "fp", "you", lease).await.unwrap(), Begin::Done { .. }));
+/// assert_eq!(store.begin("k", "other", "you", lease).await.unwrap(), Begin::Mismatch);
+/// assert_eq!(store.len(), 1);
 /// # }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct InMemoryStore {
-    rows: Arc<Mutex<HashMap<String, Row>>>,
+    shared: Arc<Shared>,
+}
+
+impl Default for InMemoryStore {
+    fn default() -> Self {
+        InMemoryStore {
+            shared: Arc::new(Shared {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                clock: StoreClock::default(),
+            }),
+        }
+    }
 }
 
 impl InMemoryStore {
-    /// An empty store.
+    /// An empty store on the system clock.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn rows(&self) -> MutexGuard<'_, HashMap<String, Row>> {
-        self.rows.lock().unwrap_or_else(|p| p.into_inner())
+    /// An empty store judging leases and ages by `clock` (tests: a
+    /// [`ManualClock`](super::ManualClock)).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        InMemoryStore {
+            shared: Arc::new(Shared {
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                hasher: RandomState::new(),
+                clock: StoreClock::of(clock),
+            }),
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<Box<str>, Row>> {
+        let i = (self.shared.hasher.hash_one(key) as usize) % SHARDS;
+        lock(&self.shared.shards[i])
+    }
+
+    fn now(&self) -> u64 {
+        self.shared.clock.now_ms()
     }
 
     /// How many records it holds.
     pub fn len(&self) -> usize {
-        self.rows().len()
+        self.shared.shards.iter().map(|s| lock(s).len()).sum()
     }
 
     /// Whether it holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn until(now: u64, lease: Duration) -> u64 {
+    now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl fmt::Debug for InMemoryStore {
@@ -67,35 +136,25 @@ impl ReceiptStore for InMemoryStore {
         key: &str,
         fingerprint: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let mut rows = self.rows();
+        let now = self.now();
+        let mut rows = self.shard(key);
         let begin = match rows.get(key) {
+            Some(row) => Begin::decide(Some(row.record()), fingerprint, owner, now),
             None => {
                 rows.insert(
-                    key.to_string(),
+                    key.into(),
                     Row {
-                        fingerprint: fingerprint.to_string(),
-                        owner: owner.to_string(),
-                        since_ms: now_ms,
-                        lease_until_ms,
+                        fingerprint: fingerprint.into(),
+                        owner: owner.into(),
+                        since_ms: now,
+                        lease_until_ms: until(now, lease),
                         receipt: None,
                     },
                 );
                 Begin::Fresh
             }
-            Some(row) if row.fingerprint != fingerprint => Begin::Mismatch,
-            Some(row) => match &row.receipt {
-                Some(receipt) => Begin::Done {
-                    since_ms: row.since_ms,
-                    receipt: receipt.clone(),
-                },
-                None => Begin::Pending {
-                    since_ms: row.since_ms,
-                    lease_until_ms: row.lease_until_ms,
-                },
-            },
         };
         ready(Ok(begin))
     }
@@ -104,14 +163,13 @@ impl ReceiptStore for InMemoryStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let mut rows = self.rows();
-        let claimed = match rows.get_mut(key) {
-            Some(row) if row.receipt.is_none() && row.lease_until_ms <= now_ms => {
-                row.owner = owner.to_string();
-                row.lease_until_ms = lease_until_ms;
+        let now = self.now();
+        let claimed = match self.shard(key).get_mut(key) {
+            Some(row) if row.receipt.is_none() && row.lease_until_ms <= now => {
+                row.owner = owner.into();
+                row.lease_until_ms = until(now, lease);
                 true
             }
             _ => false,
@@ -123,11 +181,11 @@ impl ReceiptStore for InMemoryStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        if let Some(row) = self.rows().get_mut(key) {
-            if row.receipt.is_none() && row.owner == owner {
-                row.lease_until_ms = now_ms;
+        let now = self.now();
+        if let Some(row) = self.shard(key).get_mut(key) {
+            if row.receipt.is_none() && &*row.owner == owner {
+                row.lease_until_ms = row.lease_until_ms.min(now);
             }
         }
         ready(Ok(()))
@@ -138,16 +196,13 @@ impl ReceiptStore for InMemoryStore {
         key: &str,
         owner: &str,
         receipt: &[u8],
-        _now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let result = match self.rows().get_mut(key) {
-            Some(row) if row.receipt.is_none() && row.owner == owner => {
-                row.receipt = Some(receipt.to_vec());
+        let result = match self.shard(key).get_mut(key) {
+            Some(row) if row.receipt.is_none() && &*row.owner == owner => {
+                row.receipt = Some(receipt.into());
                 Ok(())
             }
-            _ => Err(StoreError::new(format!(
-                "{key}: this caller no longer holds the intent"
-            ))),
+            _ => Err(StoreError::not_holder(key)),
         };
         ready(result)
     }
@@ -157,20 +212,57 @@ impl ReceiptStore for InMemoryStore {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let mut rows = self.rows();
+        let mut rows = self.shard(key);
         if rows
             .get(key)
-            .is_some_and(|row| row.receipt.is_none() && row.owner == owner)
+            .is_some_and(|row| row.receipt.is_none() && &*row.owner == owner)
         {
             rows.remove(key);
         }
         ready(Ok(()))
     }
 
-    fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        let mut rows = self.rows();
-        let before = rows.len();
-        rows.retain(|_, row| row.since_ms >= before_ms);
-        ready(Ok((before - rows.len()) as u64))
+    fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        let mut rows = self.shard(key);
+        let resolved = match (rows.get_mut(key), resolution) {
+            (None, _) => Resolved::NoRecord,
+            (Some(row), _) if row.receipt.is_some() => Resolved::AlreadyDone,
+            (Some(row), Resolution::Done(receipt)) => {
+                row.receipt = Some(receipt.into());
+                Resolved::Settled
+            }
+            (Some(_), Resolution::NotDone) => {
+                rows.remove(key);
+                Resolved::Settled
+            }
+        };
+        ready(Ok(resolved))
+    }
+
+    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let this = self.clone();
+        async move {
+            let cut = this
+                .now()
+                .saturating_sub(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX));
+            let mut removed = 0u64;
+            for shard in this.shared.shards.iter() {
+                {
+                    let mut rows = lock(shard);
+                    let before = rows.len();
+                    rows.retain(|_, row| row.since_ms >= cut);
+                    removed += (before - rows.len()) as u64;
+                    if rows.capacity() > 2 * rows.len() + 16 {
+                        rows.shrink_to_fit();
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            Ok(removed)
+        }
     }
 }

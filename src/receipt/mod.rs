@@ -90,22 +90,25 @@
 
 mod clock;
 mod codec;
+mod intent;
 mod layer;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod read_back;
+mod run;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
 
+pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec};
-pub use layer::{
-    Action, Consistency, NoReadBack, ReadBack, ReadBackResult, ReceiptLayer, Receipts,
-};
+pub use layer::{Receipt, ReceiptLayer};
 pub use memory::InMemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresOptions, PostgresStore};
+pub use read_back::{Consistency, NoReadBack, ReadBack, ReadBackResult};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-pub use store::{Begin, Durability, ReceiptStore, StoreError};
+pub use store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};

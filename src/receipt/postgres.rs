@@ -1,31 +1,154 @@
 //! The PostgreSQL receipt store: several processes or machines share one run's receipts.
+//!
+//! A small pool of connections (8 by default): commits on different connections are flushed
+//! together by the server (group commit), so many writers are not held to one flush each. A
+//! connection found closed (the backend was killed, the server restarted) is opened again on
+//! the next call. Every time is the server's (`clock_timestamp()`), so callers whose clocks
+//! disagree judge leases alike. Every statement runs under `statement_timeout` and
+//! `lock_timeout`, so no call waits without bound.
 
-use super::store::{Begin, Durability, ReceiptStore, StoreError};
+use super::clock::{Clock, StoreClock};
+use super::store::{Begin, Durability, Record, ReceiptStore, Resolution, Resolved, StoreError};
+use crate::error::ConfigError;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio_postgres::{Client, NoTls, Statement};
 
 /// A receipt store in PostgreSQL. Create the table once with [`PostgresStore::migrate`]
-/// (idempotent); every query is parameterised, prepared once on first use and reused.
-///
-/// One connection serves every clone of the store; concurrent calls are pipelined on it.
+/// (idempotent, and it takes no lock when the schema is current); every query is
+/// parameterised, prepared once per connection on first use and reused.
 ///
 /// ```no_run
-/// # async fn example() -> Result<(), stormguard::receipt::StoreError> {
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
 /// use stormguard::receipt::{Durability, PostgresStore};
 /// let url = "host=127.0.0.1 user=postgres dbname=test";
 /// let store = PostgresStore::connect_with(url, Durability::Process).await?;
 /// store.migrate().await?;
+/// // Or with every setting:
+/// let store = PostgresStore::options(url)
+///     .durability(Durability::PowerLoss)
+///     .connections(16)?
+///     .statement_timeout(Duration::from_secs(5))?
+///     .lock_timeout(Duration::from_secs(1))?
+///     .connect()
+///     .await?;
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
-    inner: Arc<Inner>,
+    pool: Arc<Pool>,
 }
 
-struct Inner {
+/// How a [`PostgresStore`] connects; made by [`PostgresStore::options`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::PostgresStore;
+///
+/// let options = PostgresStore::options("host=127.0.0.1 user=postgres dbname=test");
+/// assert_eq!(options.connections(0).unwrap_err().field(), "connections");
+/// let options = PostgresStore::options("host=127.0.0.1");
+/// assert_eq!(options.lock_timeout(Duration::ZERO).unwrap_err().field(), "lock_timeout");
+/// ```
+#[derive(Clone)]
+pub struct PostgresOptions {
+    config: String,
+    durability: Durability,
+    connections: usize,
+    statement_timeout: Duration,
+    lock_timeout: Duration,
+    connect_timeout: Duration,
+    clock: Option<StoreClock>,
+}
+
+impl fmt::Debug for PostgresOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The connection string may hold a password: never printed.
+        f.debug_struct("PostgresOptions")
+            .field("durability", &self.durability)
+            .field("connections", &self.connections)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("lock_timeout", &self.lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bounded(field: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+    if d < Duration::from_millis(1) || d > Duration::from_secs(3600) {
+        return Err(ConfigError::new(field, "must be between 1 ms and one hour"));
+    }
+    Ok(d)
+}
+
+impl PostgresOptions {
+    /// What a commit survives (default [`Durability::PowerLoss`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How many connections the store keeps (1 to 64, default 8).
+    pub fn connections(mut self, n: usize) -> Result<Self, ConfigError> {
+        if !(1..=64).contains(&n) {
+            return Err(ConfigError::new("connections", "must be between 1 and 64"));
+        }
+        self.connections = n;
+        Ok(self)
+    }
+
+    /// The longest one statement may run (default 10 s).
+    pub fn statement_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
+        self.statement_timeout = bounded("statement_timeout", d)?;
+        Ok(self)
+    }
+
+    /// The longest one statement may wait for a lock (default 5 s).
+    pub fn lock_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
+        self.lock_timeout = bounded("lock_timeout", d)?;
+        Ok(self)
+    }
+
+    /// The longest opening a connection may take (default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
+        self.connect_timeout = bounded("connect_timeout", d)?;
+        Ok(self)
+    }
+
+    /// Judge leases and ages by `clock` instead of the server's (tests only: a clock per
+    /// process is what the server clock exists to avoid).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(StoreClock::of(clock));
+        self
+    }
+
+    /// Opens the first connection (the others open on first use) and returns the store.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        let first = open(&self).await?;
+        let slots = (0..self.connections)
+            .map(|i| tokio::sync::Mutex::new((i == 0).then(|| first.clone())))
+            .collect();
+        Ok(PostgresStore {
+            pool: Arc::new(Pool {
+                options: self,
+                slots,
+                next: AtomicUsize::new(0),
+            }),
+        })
+    }
+}
+
+struct Pool {
+    options: PostgresOptions,
+    slots: Box<[tokio::sync::Mutex<Option<Arc<Conn>>>]>,
+    next: AtomicUsize,
+}
+
+struct Conn {
     client: Client,
     statements: OnceLock<Statements>,
 }
@@ -37,33 +160,101 @@ struct Statements {
     release: Statement,
     complete: Statement,
     abandon: Statement,
+    settle_done: Statement,
+    settle_not_done: Statement,
+    done: Statement,
     prune: Statement,
 }
 
+// `$n::bigint` is the test clock, NULL for the server's.
 const INSERT: &str =
     "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-     VALUES ($1, $2, $5, $3, $4) ON CONFLICT (key) DO NOTHING RETURNING key";
-const SELECT: &str = "SELECT fingerprint, since_ms, lease_until_ms, receipt
+     SELECT $1, $2, $3, now.ms, now.ms + $4
+     FROM (SELECT COALESCE($5::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
+     ON CONFLICT (key) DO NOTHING RETURNING key";
+const SELECT: &str = "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt,
+     COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
      FROM stormguard_receipts WHERE key = $1";
-const CLAIM: &str = "UPDATE stormguard_receipts SET lease_until_ms = $3, owner = $4
-     WHERE key = $1 AND receipt IS NULL AND lease_until_ms <= $2";
-const RELEASE: &str = "UPDATE stormguard_receipts SET lease_until_ms = $2
-     WHERE key = $1 AND receipt IS NULL AND owner = $3";
-const COMPLETE: &str = "UPDATE stormguard_receipts SET receipt = $2, done_ms = $3
-     WHERE key = $1 AND owner = $4 AND receipt IS NULL";
+const CLAIM: &str = "UPDATE stormguard_receipts SET lease_until_ms = now.ms + $3, owner = $2
+     FROM (SELECT COALESCE($4::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
+     WHERE key = $1 AND receipt IS NULL AND lease_until_ms <= now.ms";
+const RELEASE: &str = "UPDATE stormguard_receipts SET lease_until_ms = LEAST(lease_until_ms,
+     COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint))
+     WHERE key = $1 AND receipt IS NULL AND owner = $2";
+const COMPLETE: &str = "UPDATE stormguard_receipts SET receipt = $2,
+     done_ms = COALESCE($4::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+     WHERE key = $1 AND owner = $3 AND receipt IS NULL";
 const ABANDON: &str =
     "DELETE FROM stormguard_receipts WHERE key = $1 AND receipt IS NULL AND owner = $2";
-const PRUNE: &str = "DELETE FROM stormguard_receipts WHERE since_ms < $1";
+const SETTLE_DONE: &str = "UPDATE stormguard_receipts SET receipt = $2,
+     done_ms = COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+     WHERE key = $1 AND receipt IS NULL";
+const SETTLE_NOT_DONE: &str = "DELETE FROM stormguard_receipts WHERE key = $1 AND receipt IS NULL";
+const DONE: &str = "SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = $1";
+const PRUNE: &str = "DELETE FROM stormguard_receipts WHERE key IN (
+     SELECT key FROM stormguard_receipts
+     WHERE since_ms < COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) - $1
+     LIMIT 1000)";
+const PRUNE_STEP: u64 = 1_000;
+
+const COLUMNS: [&str; 7] = [
+    "key",
+    "fingerprint",
+    "owner",
+    "since_ms",
+    "lease_until_ms",
+    "receipt",
+    "done_ms",
+];
 
 fn err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::from_source(what, e)
 }
 
-fn ms(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-impl Inner {
+/// Opens one connection with this store's session settings.
+async fn open(options: &PostgresOptions) -> Result<Arc<Conn>, StoreError> {
+    let connect = tokio_postgres::connect(&options.config, NoTls);
+    let (client, connection) = tokio::time::timeout(options.connect_timeout, connect)
+        .await
+        .map_err(|_| StoreError::new("connect: timed out"))?
+        .map_err(err("connect"))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "receipt store connection closed");
+        }
+    });
+    let sync = if options.durability == Durability::Process {
+        Some("off")
+    } else {
+        let row = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .map_err(err("read synchronous_commit"))?;
+        (row.get::<_, String>(0) == "off").then_some("on")
+    };
+    let mut session = format!(
+        "SET statement_timeout = {}; SET lock_timeout = {};",
+        ms(options.statement_timeout),
+        ms(options.lock_timeout)
+    );
+    if let Some(sync) = sync {
+        session.push_str(&format!(" SET synchronous_commit = {sync};"));
+    }
+    client
+        .batch_execute(&session)
+        .await
+        .map_err(err("configure the session"))?;
+    Ok(Arc::new(Conn {
+        client,
+        statements: OnceLock::new(),
+    }))
+}
+
+impl Conn {
     /// The prepared statements, prepared on first use (after [`PostgresStore::migrate`] has
     /// created the table). A failed preparation is not cached: the next call tries again.
     async fn statements(&self) -> Result<&Statements, StoreError> {
@@ -78,6 +269,9 @@ impl Inner {
             release: prepare(RELEASE).await.map_err(err("prepare"))?,
             complete: prepare(COMPLETE).await.map_err(err("prepare"))?,
             abandon: prepare(ABANDON).await.map_err(err("prepare"))?,
+            settle_done: prepare(SETTLE_DONE).await.map_err(err("prepare"))?,
+            settle_not_done: prepare(SETTLE_NOT_DONE).await.map_err(err("prepare"))?,
+            done: prepare(DONE).await.map_err(err("prepare"))?,
             prune: prepare(PRUNE).await.map_err(err("prepare"))?,
         };
         // Two first calls may race to prepare: either set is as good as the other.
@@ -85,15 +279,45 @@ impl Inner {
     }
 }
 
-impl PostgresStore {
-    /// Connects with [`Durability::PowerLoss`]: see [`connect_with`](Self::connect_with).
-    pub async fn connect(config: &str) -> Result<Self, StoreError> {
-        Self::connect_with(config, Durability::PowerLoss).await
+impl Pool {
+    /// A live connection for `key` (always the same slot for one key, so one key's statements
+    /// run in the order they were sent; any slot for `None`), opened again if it was closed.
+    async fn conn(&self, key: Option<&str>) -> Result<Arc<Conn>, StoreError> {
+        let i = match key {
+            Some(key) => {
+                use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+                BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize
+            }
+            None => self.next.fetch_add(1, Ordering::Relaxed),
+        } % self.slots.len();
+        let mut slot = self.slots[i].lock().await;
+        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
+            return Ok(conn.clone());
+        }
+        if slot.is_some() {
+            tracing::info!(slot = i, "receipt store connection was closed; reconnecting");
+        }
+        let conn = open(&self.options).await?;
+        *slot = Some(conn.clone());
+        Ok(conn)
     }
 
-    /// Connects (without TLS: for a database on this host or a private network), sets this
-    /// connection's `synchronous_commit` from `durability`, and spawns the connection task on
-    /// the current tokio runtime.
+    /// The test clock's reading, or `None` for the server's clock.
+    fn now(&self) -> Option<i64> {
+        self.options
+            .clock
+            .as_ref()
+            .map(|c| i64::try_from(c.now_ms()).unwrap_or(i64::MAX))
+    }
+}
+
+impl PostgresStore {
+    /// Connects with [`Durability::PowerLoss`] and the default settings.
+    pub async fn connect(config: &str) -> Result<Self, StoreError> {
+        Self::options(config).connect().await
+    }
+
+    /// Connects with `durability` and the default settings.
     ///
     /// [`Durability::Process`] sets `synchronous_commit = off`: a commit returns before its WAL
     /// is flushed. Every client process may die without losing anything, but a crash or an
@@ -104,42 +328,25 @@ impl PostgresStore {
     /// `remote_write` / `remote_apply` from the role, database or connection string) and raises
     /// it to `on` only if it is `off`.
     pub async fn connect_with(config: &str, durability: Durability) -> Result<Self, StoreError> {
-        let (client, connection) = tokio_postgres::connect(config, NoTls)
-            .await
-            .map_err(err("connect"))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "receipt store connection closed");
-            }
-        });
-        if durability == Durability::Process {
-            client
-                .batch_execute("SET synchronous_commit = off")
-                .await
-                .map_err(err("set synchronous_commit"))?;
-        } else {
-            let row = client
-                .query_one("SHOW synchronous_commit", &[])
-                .await
-                .map_err(err("read synchronous_commit"))?;
-            let current: String = row.get(0);
-            if current == "off" {
-                client
-                    .batch_execute("SET synchronous_commit = on")
-                    .await
-                    .map_err(err("set synchronous_commit"))?;
-            }
-        }
-        Ok(PostgresStore {
-            inner: Arc::new(Inner {
-                client,
-                statements: OnceLock::new(),
-            }),
-        })
+        Self::options(config).durability(durability).connect().await
     }
 
-    /// This connection's `synchronous_commit`, as PostgreSQL reports it: what a commit of this
-    /// store waits for (see [`Durability`]).
+    /// The settings to connect with (without TLS: for a database on this host or a private
+    /// network): 8 connections, `PowerLoss`, a 10 s statement timeout, a 5 s lock timeout.
+    pub fn options(config: &str) -> PostgresOptions {
+        PostgresOptions {
+            config: config.to_string(),
+            durability: Durability::PowerLoss,
+            connections: 8,
+            statement_timeout: Duration::from_secs(10),
+            lock_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            clock: None,
+        }
+    }
+
+    /// The `synchronous_commit` of this store's connections, as PostgreSQL reports it: what a
+    /// commit of this store waits for (see [`Durability`]).
     ///
     /// ```no_run
     /// # async fn example() -> Result<(), stormguard::receipt::StoreError> {
@@ -151,8 +358,8 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn synchronous_commit(&self) -> Result<String, StoreError> {
-        let row = self
-            .inner
+        let conn = self.pool.conn(None).await?;
+        let row = conn
             .client
             .query_one("SHOW synchronous_commit", &[])
             .await
@@ -161,12 +368,21 @@ impl PostgresStore {
     }
 
     /// Creates the table and index if they are missing (and adds columns a newer version needs).
-    /// Safe to run at every start.
+    /// Safe to run at every start: it first reads the catalog, which takes no lock on the
+    /// table, and changes the schema (on a connection of its own, in one transaction, under the
+    /// lock timeout) only if something is missing; a busy table then fails it in bounded time
+    /// rather than queueing every writer behind it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        self.inner
+        let conn = self.pool.conn(None).await?;
+        if schema_is_current(&conn.client).await? {
+            return Ok(());
+        }
+        let own = open(&self.pool.options).await?;
+        let result = own
             .client
             .batch_execute(
-                "CREATE TABLE IF NOT EXISTS stormguard_receipts (
+                "BEGIN;
+                CREATE TABLE IF NOT EXISTS stormguard_receipts (
                     key TEXT PRIMARY KEY,
                     fingerprint TEXT NOT NULL,
                     owner TEXT NOT NULL,
@@ -177,17 +393,43 @@ impl PostgresStore {
                 );
                 ALTER TABLE stormguard_receipts
                     ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
+                ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS done_ms BIGINT;
                 CREATE INDEX IF NOT EXISTS stormguard_receipts_since
-                    ON stormguard_receipts (since_ms);",
+                    ON stormguard_receipts (since_ms);
+                COMMIT;",
             )
-            .await
-            .map_err(err("migrate"))
+            .await;
+        if result.is_err() {
+            let _ = own.client.batch_execute("ROLLBACK").await;
+        }
+        result.map_err(err("migrate"))
     }
+}
+
+/// Whether the table, its columns and its index are there, read from the catalog.
+async fn schema_is_current(client: &Client) -> Result<bool, StoreError> {
+    let columns: Vec<String> = COLUMNS.iter().map(|c| (*c).to_string()).collect();
+    let row = client
+        .query_one(
+            "SELECT
+                (SELECT count(*) FROM information_schema.columns
+                 WHERE table_schema = current_schema() AND table_name = 'stormguard_receipts'
+                   AND column_name = ANY($1)),
+                EXISTS (SELECT 1 FROM pg_indexes
+                 WHERE schemaname = current_schema() AND indexname = 'stormguard_receipts_since')",
+            &[&columns],
+        )
+        .await
+        .map_err(err("read the schema"))?;
+    let (found, index): (i64, bool) = (row.get(0), row.get(1));
+    Ok(found == COLUMNS.len() as i64 && index)
 }
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresStore").finish_non_exhaustive()
+        f.debug_struct("PostgresStore")
+            .field("options", &self.pool.options)
+            .finish()
     }
 }
 
@@ -197,48 +439,49 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         fingerprint: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let inner = self.inner.clone();
+        let pool = self.pool.clone();
         let (key, fingerprint, owner) =
             (key.to_string(), fingerprint.to_string(), owner.to_string());
         async move {
-            let st = inner.statements().await?;
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
             loop {
-                let inserted = inner
+                let now = pool.now();
+                let inserted = conn
                     .client
-                    .query_opt(
-                        &st.insert,
-                        &[&key, &fingerprint, &ms(now_ms), &ms(lease_until_ms), &owner],
-                    )
+                    .query_opt(&st.insert, &[&key, &fingerprint, &owner, &ms(lease), &now])
                     .await
                     .map_err(err("record the intent"))?;
                 if inserted.is_some() {
                     return Ok(Begin::Fresh);
                 }
                 // A new statement sees the row the conflicting insert committed.
-                let row = inner
+                let row = conn
                     .client
-                    .query_opt(&st.select, &[&key])
+                    .query_opt(&st.select, &[&key, &now])
                     .await
                     .map_err(err("read the record"))?;
                 let Some(row) = row else {
                     continue; // removed in between (an abandoned intent): try again
                 };
-                let (fp, since, lease, receipt): (String, i64, i64, Option<Vec<u8>>) =
-                    (row.get(0), row.get(1), row.get(2), row.get(3));
-                return Ok(match receipt {
-                    _ if fp != fingerprint => Begin::Mismatch,
-                    Some(receipt) => Begin::Done {
-                        since_ms: since as u64,
-                        receipt,
-                    },
-                    None => Begin::Pending {
-                        since_ms: since as u64,
-                        lease_until_ms: lease as u64,
-                    },
-                });
+                let (fp, holder, since, lease_until, receipt, now): (
+                    String,
+                    String,
+                    i64,
+                    i64,
+                    Option<Vec<u8>>,
+                    i64,
+                ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+                let record = Record {
+                    fingerprint: &fp,
+                    owner: &holder,
+                    since_ms: since as u64,
+                    lease_until_ms: lease_until as u64,
+                    receipt: receipt.as_deref(),
+                };
+                return Ok(Begin::decide(Some(record), &fingerprint, &owner, now as u64));
             }
         }
     }
@@ -247,16 +490,16 @@ impl ReceiptStore for PostgresStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let inner = self.inner.clone();
+        let pool = self.pool.clone();
         let (key, owner) = (key.to_string(), owner.to_string());
         async move {
-            let st = inner.statements().await?;
-            let n = inner
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
+            let n = conn
                 .client
-                .execute(&st.claim, &[&key, &ms(now_ms), &ms(lease_until_ms), &owner])
+                .execute(&st.claim, &[&key, &owner, &ms(lease), &pool.now()])
                 .await
                 .map_err(err("claim the intent"))?;
             Ok(n == 1)
@@ -267,15 +510,14 @@ impl ReceiptStore for PostgresStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let inner = self.inner.clone();
+        let pool = self.pool.clone();
         let (key, owner) = (key.to_string(), owner.to_string());
         async move {
-            let st = inner.statements().await?;
-            inner
-                .client
-                .execute(&st.release, &[&key, &ms(now_ms), &owner])
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
+            conn.client
+                .execute(&st.release, &[&key, &owner, &pool.now()])
                 .await
                 .map_err(err("release the intent"))?;
             Ok(())
@@ -287,23 +529,21 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         owner: &str,
         receipt: &[u8],
-        now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let inner = self.inner.clone();
+        let pool = self.pool.clone();
         let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
         async move {
-            let st = inner.statements().await?;
-            let n = inner
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
+            let n = conn
                 .client
-                .execute(&st.complete, &[&key, &receipt, &ms(now_ms), &owner])
+                .execute(&st.complete, &[&key, &receipt, &owner, &pool.now()])
                 .await
                 .map_err(err("record the receipt"))?;
             if n == 1 {
                 Ok(())
             } else {
-                Err(StoreError::new(format!(
-                    "{key}: this caller no longer holds the intent"
-                )))
+                Err(StoreError::not_holder(&key))
             }
         }
     }
@@ -313,12 +553,12 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let inner = self.inner.clone();
+        let pool = self.pool.clone();
         let (key, owner) = (key.to_string(), owner.to_string());
         async move {
-            let st = inner.statements().await?;
-            inner
-                .client
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
+            conn.client
                 .execute(&st.abandon, &[&key, &owner])
                 .await
                 .map_err(err("remove the intent"))?;
@@ -326,15 +566,60 @@ impl ReceiptStore for PostgresStore {
         }
     }
 
-    fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        let inner = self.inner.clone();
+    fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        let pool = self.pool.clone();
+        let key = key.to_string();
         async move {
-            let st = inner.statements().await?;
-            inner
+            let conn = pool.conn(Some(&key)).await?;
+            let st = conn.statements().await?;
+            let n = match &resolution {
+                Resolution::Done(receipt) => conn
+                    .client
+                    .execute(&st.settle_done, &[&key, receipt, &pool.now()])
+                    .await
+                    .map_err(err("record the receipt"))?,
+                Resolution::NotDone => conn
+                    .client
+                    .execute(&st.settle_not_done, &[&key])
+                    .await
+                    .map_err(err("remove the intent"))?,
+            };
+            if n == 1 {
+                return Ok(Resolved::Settled);
+            }
+            let done = conn
                 .client
-                .execute(&st.prune, &[&ms(before_ms)])
+                .query_opt(&st.done, &[&key])
                 .await
-                .map_err(err("prune"))
+                .map_err(err("read the record"))?;
+            Ok(match done {
+                Some(_) => Resolved::AlreadyDone,
+                None => Resolved::NoRecord,
+            })
+        }
+    }
+
+    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let pool = self.pool.clone();
+        async move {
+            let mut removed = 0;
+            loop {
+                let conn = pool.conn(None).await?;
+                let st = conn.statements().await?;
+                let n = conn
+                    .client
+                    .execute(&st.prune, &[&ms(older_than), &pool.now()])
+                    .await
+                    .map_err(err("prune"))?;
+                removed += n;
+                if n < PRUNE_STEP {
+                    return Ok(removed);
+                }
+            }
         }
     }
 }

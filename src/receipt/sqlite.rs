@@ -1,31 +1,60 @@
 //! The SQLite receipt store: one file, WAL, durable across `kill -9` of the process.
+//!
+//! One writer thread owns the connection. Calls are queued to it in the order they are made
+//! and it runs the calls waiting at that moment in one transaction (group commit: one flush for
+//! the whole batch under [`Durability::PowerLoss`]), each inside a savepoint of its own so one
+//! failing call does not undo the others. No call holds a runtime thread, and a call queued
+//! after another (the clean-up of a cancelled call after its `begin`) runs after it.
 
-use super::store::{Begin, Durability, ReceiptStore, StoreError};
+use super::clock::{Clock, StoreClock};
+use super::store::{Begin, Durability, Record, ReceiptStore, Resolution, Resolved, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
 
-/// A receipt store in one SQLite file (WAL mode). Several processes may share the file; each
-/// operation is one atomic statement (statements are prepared once and cached).
+/// The most calls one transaction carries.
+const MAX_BATCH: usize = 256;
+/// The most rows one prune step deletes (then other calls run).
+const PRUNE_STEP: i64 = 1_000;
+
+type Deliver = Box<dyn FnOnce(Option<&str>) + Send>;
+type Job = Box<dyn FnOnce(Result<(&Connection, u64), &str>) -> (Deliver, bool) + Send>;
+
+/// A receipt store in one SQLite file (WAL mode). Several processes on one host may share the
+/// file (WAL needs shared memory, so not across machines: the host's clock is the store's).
+///
+/// If the file is deleted or replaced while the store is open, every later call fails
+/// (`store_unavailable`) instead of recording into a file nobody else sees. A process resuming
+/// a run should open with [`open_existing`](Self::open_existing), so that a missing file is an
+/// error rather than an empty store that has forgotten every receipt.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
 /// use stormguard::receipt::{Begin, Durability, ReceiptStore, SqliteStore};
 ///
 /// let dir = std::env::temp_dir().join(format!("stormguard-doc-{}", std::process::id()));
 /// std::fs::create_dir_all(&dir)?;
 /// let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
-/// assert_eq!(store.begin("k", "fp", "me", 0, 1_000).await?, Begin::Fresh);
+/// assert_eq!(store.begin("k", "fp", "me", Duration::from_secs(30)).await?, Begin::Fresh);
+/// // A resumed run refuses a store that is not there.
+/// assert!(SqliteStore::open_existing(dir.join("missing.db"), Durability::Process).is_err());
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    jobs: mpsc::Sender<Job>,
     path: PathBuf,
 }
 
@@ -46,11 +75,59 @@ fn err(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::from_source(what, e)
 }
 
+/// What identifies the file on disk, to notice it being deleted or replaced.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct FileId(u64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    let meta = std::fs::metadata(path).ok()?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Some(FileId(meta.dev(), meta.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        Some(FileId(0, meta.len().min(1)))
+    }
+}
+
 impl SqliteStore {
     /// Opens (or creates) the store at `path`, with the table created if missing.
     pub fn open(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let conn = Connection::open(&path).map_err(err("open"))?;
+        Self::start(path.as_ref(), durability, true, StoreClock::default())
+    }
+
+    /// Opens the store at `path`, which must exist: for a process that resumes a run, where an
+    /// empty new store would forget every receipt and intent.
+    pub fn open_existing(
+        path: impl AsRef<Path>,
+        durability: Durability,
+    ) -> Result<Self, StoreError> {
+        Self::start(path.as_ref(), durability, false, StoreClock::default())
+    }
+
+    /// Opens (or creates) the store at `path`, judging leases and ages by `clock` (tests).
+    pub fn open_with_clock(
+        path: impl AsRef<Path>,
+        durability: Durability,
+        clock: impl Clock,
+    ) -> Result<Self, StoreError> {
+        Self::start(path.as_ref(), durability, true, StoreClock::of(clock))
+    }
+
+    fn start(
+        path: &Path,
+        durability: Durability,
+        create: bool,
+        clock: StoreClock,
+    ) -> Result<Self, StoreError> {
+        use rusqlite::OpenFlags;
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(path, flags).map_err(err("open"))?;
         let sync = match durability {
             Durability::Process => "NORMAL",
             Durability::PowerLoss => "FULL",
@@ -61,29 +138,97 @@ impl SqliteStore {
         .map_err(err("configure"))?;
         conn.execute_batch(SCHEMA)
             .map_err(err("create the table"))?;
+        let id = file_id(path).ok_or_else(|| StoreError::new("the store file vanished at open"))?;
+        let (jobs, queue) = mpsc::channel();
+        let watched = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("stormguard-sqlite".into())
+            .spawn(move || writer(conn, queue, &watched, id, &clock))
+            .map_err(|e| StoreError::from_source("start the writer thread", e))?;
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-            path,
+            shared: Arc::new(Shared {
+                jobs,
+                path: path.to_path_buf(),
+            }),
         })
     }
 
     /// The file the store lives in.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.shared.path
     }
 
+    /// Queues `f` to the writer thread now (so calls run in the order they were made, whether or
+    /// not their futures are polled) and answers once its batch has committed.
     fn with<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&Connection, u64) -> Result<T, StoreError> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + Send {
-        let conn = self.conn.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |ctx| {
+            let result = match ctx {
+                Ok((conn, now)) => f(conn, now),
+                Err(why) => Err(StoreError::new(why.to_string())),
+            };
+            let ok = result.is_ok();
+            let deliver: Deliver = Box::new(move |failed| {
+                let _ = tx.send(match failed {
+                    Some(why) => Err(StoreError::new(why.to_string())),
+                    None => result,
+                });
+            });
+            (deliver, ok)
+        });
+        let queued = self.shared.jobs.send(job);
         async move {
-            tokio::task::spawn_blocking(move || {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                f(&mut conn)
-            })
-            .await
-            .map_err(|e| StoreError::from_source("the blocking task failed", e))?
+            queued.map_err(|_| StoreError::new("the store's writer thread has stopped"))?;
+            rx.await
+                .map_err(|_| StoreError::new("the store's writer thread stopped before answering"))?
+        }
+    }
+}
+
+/// The writer thread: takes what is queued, runs it in one transaction, answers after commit.
+fn writer(conn: Connection, queue: mpsc::Receiver<Job>, path: &Path, id: FileId, clock: &StoreClock) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if file_id(path) != Some(id) {
+            tracing::error!(path = %path.display(), "the receipt store file was deleted or replaced; failing closed");
+            let why = "the store file was deleted or replaced while open; refusing to record into it";
+            for job in batch {
+                job(Err(why)).0(None);
+            }
+            continue;
+        }
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            let why = format!("start a transaction: {e}");
+            for job in batch {
+                job(Err(&why)).0(None);
+            }
+            continue;
+        }
+        let mut delivers = Vec::with_capacity(batch.len());
+        for job in batch {
+            let saved = conn.execute_batch("SAVEPOINT job").is_ok();
+            let (deliver, ok) = job(Ok((&conn, clock.now_ms())));
+            if saved {
+                let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
+                let _ = conn.execute_batch(end);
+            }
+            delivers.push(deliver);
+        }
+        let failed = conn.execute_batch("COMMIT").err().map(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            format!("commit: {e}")
+        });
+        for deliver in delivers {
+            deliver(failed.as_deref());
         }
     }
 }
@@ -91,7 +236,7 @@ impl SqliteStore {
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
-            .field("path", &self.path)
+            .field("path", &self.shared.path)
             .finish()
     }
 }
@@ -100,59 +245,55 @@ fn ms(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+fn until(now: u64, lease: Duration) -> i64 {
+    ms(now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)))
+}
+
 impl ReceiptStore for SqliteStore {
     fn begin(
         &self,
         key: &str,
         fingerprint: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         let (key, fingerprint, owner) =
             (key.to_string(), fingerprint.to_string(), owner.to_string());
-        self.with(move |conn| {
-            loop {
-                // One statement, atomic on its own: the intent is recorded or the key exists.
-                let inserted = conn
-                    .prepare_cached(
-                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-                         VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
-                    )
-                    .and_then(|mut st| {
-                        st.execute(params![key, fingerprint, ms(now_ms), ms(lease_until_ms), owner])
-                    })
-                    .map_err(err("record the intent"))?;
-                if inserted == 1 {
-                    return Ok(Begin::Fresh);
-                }
-                let row: Option<(String, i64, i64, Option<Vec<u8>>)> = conn
-                    .prepare_cached(
-                        "SELECT fingerprint, since_ms, lease_until_ms, receipt
-                         FROM stormguard_receipts WHERE key = ?1",
-                    )
-                    .and_then(|mut st| {
-                        st.query_row(params![key], |r| {
-                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                        })
-                        .optional()
-                    })
-                    .map_err(err("read the record"))?;
-                let Some(row) = row else {
-                    continue; // removed in between (an abandoned intent): try again
-                };
-                return Ok(match row {
-                    (fp, ..) if fp != fingerprint => Begin::Mismatch,
-                    (_, since, _, Some(receipt)) => Begin::Done {
-                        since_ms: since as u64,
-                        receipt,
-                    },
-                    (_, since, lease, None) => Begin::Pending {
-                        since_ms: since as u64,
-                        lease_until_ms: lease as u64,
-                    },
-                });
+        self.with(move |conn, now| {
+            let inserted = conn
+                .prepare_cached(
+                    "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+                     VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                )
+                .and_then(|mut st| st.execute(params![key, fingerprint, ms(now), until(now, lease), owner]))
+                .map_err(err("record the intent"))?;
+            if inserted == 1 {
+                return Ok(Begin::Fresh);
             }
+            // The write lock is held: the row the insert collided with is still there.
+            type Row = (String, String, i64, i64, Option<Vec<u8>>);
+            let row: Option<Row> = conn
+                .prepare_cached(
+                    "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt
+                     FROM stormguard_receipts WHERE key = ?1",
+                )
+                .and_then(|mut st| {
+                    st.query_row(params![key], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                    })
+                    .optional()
+                })
+                .map_err(err("read the record"))?;
+            let (fp, holder, since, lease_until, receipt) =
+                row.ok_or_else(|| StoreError::new("the record vanished inside a transaction"))?;
+            let record = Record {
+                fingerprint: &fp,
+                owner: &holder,
+                since_ms: since as u64,
+                lease_until_ms: lease_until as u64,
+                receipt: receipt.as_deref(),
+            };
+            Ok(Begin::decide(Some(record), &fingerprint, &owner, now))
         })
     }
 
@@ -160,17 +301,16 @@ impl ReceiptStore for SqliteStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
-        lease_until_ms: u64,
+        lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn| {
+        self.with(move |conn, now| {
             let n = conn
                 .prepare_cached(
                     "UPDATE stormguard_receipts SET lease_until_ms = ?3, owner = ?4
                      WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
                 )
-                .and_then(|mut st| st.execute(params![key, ms(now_ms), ms(lease_until_ms), owner]))
+                .and_then(|mut st| st.execute(params![key, ms(now), until(now, lease), owner]))
                 .map_err(err("claim the intent"))?;
             Ok(n == 1)
         })
@@ -180,15 +320,14 @@ impl ReceiptStore for SqliteStore {
         &self,
         key: &str,
         owner: &str,
-        now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn| {
+        self.with(move |conn, now| {
             conn.prepare_cached(
-                "UPDATE stormguard_receipts SET lease_until_ms = ?2
+                "UPDATE stormguard_receipts SET lease_until_ms = MIN(lease_until_ms, ?2)
                  WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
             )
-            .and_then(|mut st| st.execute(params![key, ms(now_ms), owner]))
+            .and_then(|mut st| st.execute(params![key, ms(now), owner]))
             .map_err(err("release the intent"))?;
             Ok(())
         })
@@ -199,23 +338,20 @@ impl ReceiptStore for SqliteStore {
         key: &str,
         owner: &str,
         receipt: &[u8],
-        now_ms: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
-        self.with(move |conn| {
+        self.with(move |conn, now| {
             let n = conn
                 .prepare_cached(
                     "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3
                      WHERE key = ?1 AND owner = ?4 AND receipt IS NULL",
                 )
-                .and_then(|mut st| st.execute(params![key, receipt, ms(now_ms), owner]))
+                .and_then(|mut st| st.execute(params![key, receipt, ms(now), owner]))
                 .map_err(err("record the receipt"))?;
             if n == 1 {
                 Ok(())
             } else {
-                Err(StoreError::new(format!(
-                    "{key}: this caller no longer holds the intent"
-                )))
+                Err(StoreError::not_holder(&key))
             }
         })
     }
@@ -226,7 +362,7 @@ impl ReceiptStore for SqliteStore {
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn| {
+        self.with(move |conn, _| {
             conn.prepare_cached(
                 "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL AND owner = ?2",
             )
@@ -236,13 +372,59 @@ impl ReceiptStore for SqliteStore {
         })
     }
 
-    fn prune(&self, before_ms: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.with(move |conn| {
-            let n = conn
-                .prepare_cached("DELETE FROM stormguard_receipts WHERE since_ms < ?1")
-                .and_then(|mut st| st.execute(params![ms(before_ms)]))
-                .map_err(err("prune"))?;
-            Ok(n as u64)
+    fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        let key = key.to_string();
+        self.with(move |conn, now| {
+            let done: Option<bool> = conn
+                .prepare_cached("SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = ?1")
+                .and_then(|mut st| st.query_row(params![key], |r| r.get(0)).optional())
+                .map_err(err("read the record"))?;
+            match (done, resolution) {
+                (None, _) => Ok(Resolved::NoRecord),
+                (Some(true), _) => Ok(Resolved::AlreadyDone),
+                (Some(false), Resolution::Done(receipt)) => {
+                    conn.prepare_cached(
+                        "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
+                    )
+                    .and_then(|mut st| st.execute(params![key, receipt, ms(now)]))
+                    .map_err(err("record the receipt"))?;
+                    Ok(Resolved::Settled)
+                }
+                (Some(false), Resolution::NotDone) => {
+                    conn.prepare_cached("DELETE FROM stormguard_receipts WHERE key = ?1")
+                        .and_then(|mut st| st.execute(params![key]))
+                        .map_err(err("remove the intent"))?;
+                    Ok(Resolved::Settled)
+                }
+            }
         })
+    }
+
+    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let this = self.clone();
+        let age = ms(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX));
+        async move {
+            let mut removed = 0;
+            loop {
+                let n = this
+                    .with(move |conn, now| {
+                        conn.prepare_cached(
+                            "DELETE FROM stormguard_receipts WHERE rowid IN
+                             (SELECT rowid FROM stormguard_receipts WHERE since_ms < ?1 LIMIT ?2)",
+                        )
+                        .and_then(|mut st| st.execute(params![ms(now).saturating_sub(age), PRUNE_STEP]))
+                        .map_err(err("prune"))
+                    })
+                    .await?;
+                removed += n as u64;
+                if (n as i64) < PRUNE_STEP {
+                    return Ok(removed);
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,115 @@
+//! The action a side effect stands for: its idempotency key and the fingerprint of the
+//! arguments that must match for a repeat to be the same action.
+
+use super::{canonical_json, to_value, IdempotencyKey, KeyError};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// The identity of one side effect: its idempotency key and a fingerprint of the arguments that
+/// must match for a repeat to be the same action.
+///
+/// ```
+/// use serde_json::json;
+/// use stormguard::key::Action;
+///
+/// let a = Action::new("run-1", "step-2", "charge", &json!({"order": 7, "cents": 1200}))?;
+/// let b = Action::new("run-1", "step-2", "charge", &json!({"cents": 1200, "order": 7}))?;
+/// assert_eq!(a, b); // field order does not matter
+/// let c = Action::new("run-1", "step-3", "charge", &json!({"order": 7, "cents": 1200}))?;
+/// assert_ne!(a.key(), c.key()); // another step is another action
+/// # Ok::<(), stormguard::key::KeyError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Action {
+    key: IdempotencyKey,
+    fingerprint: String,
+}
+
+fn fingerprint_of(value: &serde_json::Value) -> Result<String, KeyError> {
+    let digest = Sha256::digest(canonical_json(value)?.as_bytes());
+    Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The named top-level fields of `args`, each required (a missing field is an error, never
+/// `null`).
+pub(super) fn pick(
+    args: &serde_json::Value,
+    fields: &[&str],
+) -> Result<serde_json::Value, KeyError> {
+    let serde_json::Value::Object(object) = args else {
+        return Err(KeyError::new(
+            "args",
+            "must be a JSON object to pick identity fields from",
+        ));
+    };
+    fields
+        .iter()
+        .map(|f| match object.get(*f) {
+            Some(v) => Ok(((*f).to_string(), v.clone())),
+            None => Err(KeyError::new(
+                "args",
+                "lacks a field the key covers (missing or misspelled)",
+            )),
+        })
+        .collect::<Result<serde_json::Map<_, _>, _>>()
+        .map(serde_json::Value::Object)
+}
+
+impl Action {
+    /// Key and fingerprint over all of `args`.
+    pub fn new(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &impl Serialize,
+    ) -> Result<Action, KeyError> {
+        let value = to_value(args)?;
+        Ok(Action {
+            key: IdempotencyKey::derive(run, step, tool, &value)?,
+            fingerprint: fingerprint_of(&value)?,
+        })
+    }
+
+    /// For a task-shaped tool: the key covers the `identity` fields, the fingerprint the
+    /// `material` ones (a free-text field the model may reword belongs to neither).
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use stormguard::key::Action;
+    ///
+    /// let first = json!({"invoice_id": 4471, "to": "ap@acme.test", "body": "Dear customer"});
+    /// let reworded = json!({"invoice_id": 4471, "to": "ap@acme.test", "body": "Hello"});
+    /// let identity = ["invoice_id"];
+    /// let material = ["invoice_id", "to"];
+    /// assert_eq!(
+    ///     Action::task("run-1", "step-2", "send_invoice", &first, &identity, &material)?,
+    ///     Action::task("run-1", "step-2", "send_invoice", &reworded, &identity, &material)?,
+    /// );
+    /// # Ok::<(), stormguard::key::KeyError>(())
+    /// ```
+    pub fn task(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &impl Serialize,
+        identity: &[&str],
+        material: &[&str],
+    ) -> Result<Action, KeyError> {
+        let value = to_value(args)?;
+        Ok(Action {
+            key: IdempotencyKey::derive_fields(run, step, tool, &value, identity)?,
+            fingerprint: fingerprint_of(&pick(&value, material)?)?,
+        })
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The fingerprint of the material arguments.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+}
+

@@ -1,0 +1,121 @@
+//! The intent a call holds in the store, as a guard: whatever ends the call (an answer, an
+//! error, a dropped future), the intent is settled once, the way tower's concurrency limit moves
+//! its permit into the response future.
+
+use super::store::{ReceiptStore, StoreError};
+use std::time::Duration;
+
+/// Where the call stands with its intent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// `begin` or `claim` may have recorded it for this owner; nothing was sent yet.
+    Unsent,
+    /// The request was handed to the dependency: it may have taken effect.
+    Sent,
+    /// Settled (or never ours): nothing to do when dropped.
+    Settled,
+}
+
+/// An intent this call may hold. Dropped unsettled, it removes an intent whose request was never
+/// sent and gives up the lease of one that may have been (so the next attempt decides at once).
+/// A `begin` in flight when the call is dropped is covered too: the clean-up is queued after it
+/// (the SQLite writer runs calls in order; PostgreSQL sends one key's calls on one connection).
+pub(super) struct Intent<St: ReceiptStore> {
+    store: St,
+    key: String,
+    owner: String,
+    stage: Stage,
+}
+
+impl<St: ReceiptStore> Intent<St> {
+    /// A guard for `key` held by `owner`, made before `begin` is sent.
+    pub(super) fn new(store: St, key: &str, owner: String) -> Self {
+        Intent {
+            store,
+            key: key.to_string(),
+            owner,
+            stage: Stage::Unsent,
+        }
+    }
+
+    pub(super) fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The record found was not this call's: nothing to settle.
+    pub(super) fn disown(&mut self) {
+        self.stage = Stage::Settled;
+    }
+
+    /// Takes over a stale intent; `false` if another caller took it first.
+    pub(super) async fn claim(&mut self, lease: Duration) -> Result<bool, StoreError> {
+        let claimed = self.store.claim(&self.key, &self.owner, lease).await?;
+        if !claimed {
+            self.stage = Stage::Settled;
+        } else {
+            self.stage = Stage::Unsent;
+        }
+        Ok(claimed)
+    }
+
+    /// The request is about to be handed over.
+    pub(super) fn sent(&mut self) {
+        self.stage = Stage::Sent;
+    }
+
+    /// Records the receipt. On failure the lease is given up, so the next attempt decides at
+    /// once instead of waiting it out.
+    pub(super) async fn complete(mut self, receipt: &[u8]) -> Result<(), StoreError> {
+        let result = self.store.complete(&self.key, &self.owner, receipt).await;
+        if result.is_ok() {
+            self.stage = Stage::Settled;
+        } else {
+            self.release().await;
+        }
+        result
+    }
+
+    /// Keeps the intent and gives up its lease: the outcome is unknown. `true` if the store
+    /// answered.
+    pub(super) async fn release(mut self) -> bool {
+        self.stage = Stage::Settled;
+        self.store.release(&self.key, &self.owner).await.is_ok()
+    }
+
+    /// Removes the intent: the call provably did not take effect. `true` if the store answered.
+    pub(super) async fn abandon(mut self) -> bool {
+        self.stage = Stage::Settled;
+        self.store.abandon(&self.key, &self.owner).await.is_ok()
+    }
+}
+
+impl<St: ReceiptStore> Drop for Intent<St> {
+    fn drop(&mut self) {
+        let sent = match self.stage {
+            Stage::Settled => return,
+            Stage::Sent => true,
+            Stage::Unsent => false,
+        };
+        crate::telemetry::receipt_outcome(if sent {
+            "cancelled_after_send"
+        } else {
+            "not_sent"
+        });
+        let (store, key, owner) = (
+            self.store.clone(),
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.owner),
+        );
+        let settle = async move {
+            let _ = if sent {
+                store.release(&key, &owner).await
+            } else {
+                store.abandon(&key, &owner).await
+            };
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(settle)),
+            Err(_) => tracing::warn!("an intent was dropped outside a tokio runtime; its lease will pass on its own"),
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! One call through the receipt layer: `begin`, then execute, resume, read back, wait or refuse.
+
+use super::codec::Codec;
+use super::intent::Intent;
+use super::read_back::{Consistency, ReadBack, ReadBackResult};
+use super::store::{Begin, ReceiptStore, StoreError};
+use crate::class::ToolClass;
+use crate::classify::{ClassifiedResponse, Classify, FailureClass, Verdict};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::key::{Action, IdempotencyKey};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_service::Service;
+
+/// The layer's settings.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Settings {
+    pub(super) class: ToolClass,
+    pub(super) lease: Duration,
+    pub(super) wait: Duration,
+    pub(super) poll: Duration,
+    pub(super) retention: Duration,
+    pub(super) key_window: Duration,
+    pub(super) consistency: Consistency,
+}
+
+/// What every call of one layer shares: built once, one pointer cloned per call.
+pub(super) struct Shared<St, C, Cd, RB> {
+    pub(super) store: St,
+    pub(super) classifier: C,
+    pub(super) codec: Cd,
+    pub(super) read_back: RB,
+    pub(super) settings: Settings,
+}
+
+/// One call: the service to send with (a clone, driven ready here), the action and its owner.
+pub(super) struct Run<S, Req, St, C, Cd, RB> {
+    pub(super) inner: S,
+    pub(super) shared: Arc<Shared<St, C, Cd, RB>>,
+    pub(super) action: Action,
+    pub(super) _req: PhantomData<fn(Req)>,
+}
+
+/// What the stale intent of this class calls for.
+enum Stale {
+    /// Send again with the same key: the provider (or the call's nature) deduplicates it.
+    Resume,
+    /// Ask the provider whether the effect is there.
+    ReadBack,
+    /// Nobody can tell: escalate.
+    Escalate,
+}
+
+/// The decision for an intent whose executor is gone (a crash, an ambiguous failure), by class,
+/// the intent's age and the provider's key window: a keyed write older than the window is no
+/// longer deduplicated by the provider, so it counts as unkeyed.
+fn stale(settings: &Settings, age_ms: u64) -> Stale {
+    let keyed = match settings.class {
+        ToolClass::Read | ToolClass::IdempotentWrite => true,
+        ToolClass::KeyedWrite => u128::from(age_ms) <= settings.key_window.as_millis(),
+        ToolClass::UnkeyedWrite | ToolClass::MultiStep => false,
+    };
+    match settings.class {
+        _ if keyed => Stale::Resume,
+        ToolClass::UnkeyedWrite | ToolClass::KeyedWrite
+            if settings.consistency == Consistency::Immediate =>
+        {
+            Stale::ReadBack
+        }
+        _ => Stale::Escalate,
+    }
+}
+
+fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
+    tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
+    counted(code.as_str());
+    Box::new(ToolError::new(code).with_retryable(code.default_retryable()))
+}
+
+fn refused(code: ErrorCode, key: &IdempotencyKey, hint: &'static str) -> BoxError {
+    tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
+    counted(code.as_str());
+    Box::new(
+        ToolError::new(code)
+            .with_retryable(code.default_retryable())
+            .with_hint(hint),
+    )
+}
+
+fn counted(outcome: &'static str) {
+    crate::telemetry::receipt_outcome(outcome);
+}
+
+fn store_down(e: StoreError) -> BoxError {
+    counted("store_unavailable");
+    tracing::warn!(error = %e, "receipt store unavailable; the call was not executed");
+    Box::new(ToolError::new(ErrorCode::StoreUnavailable).with_source(e))
+}
+
+const UNKNOWN_HINT: &str = "a crash or an ambiguous failure left this write's outcome unknown and it cannot be repeated safely; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
+const KEY_WINDOW_HINT: &str = "this keyed write's outcome is unknown and is older than the provider's idempotency-key window, so the key no longer protects a repeat; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
+const EXPIRED_HINT: &str = "this action's intent is older than the receipt retention and its outcome was never recorded; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
+
+/// A token unique to one call of the layer (process, a counter and a random seed, hashed).
+pub(super) fn owner_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    format!("{:016x}", h.finish())
+}
+
+impl<S, Req, St, C, Cd, RB> Run<S, Req, St, C, Cd, RB>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    St: ReceiptStore,
+    C: Classify<S::Response, S::Error>,
+    Cd: Codec<S::Response>,
+    RB: ReadBack<Req, S::Response>,
+{
+    /// Asks the store first; waits (bounded) while another caller holds the intent.
+    pub(super) async fn go(self, req: Req) -> Result<S::Response, BoxError> {
+        let key = self.action.key().clone();
+        let settings = self.shared.settings;
+        let store = &self.shared.store;
+        let mut intent = Intent::new(store.clone(), key.as_str(), owner_token());
+        let deadline = tokio::time::Instant::now() + settings.wait;
+        loop {
+            let begin = store
+                .begin(key.as_str(), self.action.fingerprint(), intent.owner(), settings.lease)
+                .await
+                .map_err(store_down)?;
+            let (age_ms, lease_left_ms) = match begin {
+                Begin::Fresh => {
+                    counted("fresh");
+                    tracing::debug!(key = %key, "intent recorded; executing");
+                    return self.execute(intent, req, false).await;
+                }
+                Begin::Mismatch => {
+                    intent.disown();
+                    return Err(refusal(ErrorCode::IdempotencyKeyReused, &key));
+                }
+                Begin::Done { receipt, .. } => {
+                    // A receipt on hand answers whatever its age: nothing is repeated.
+                    intent.disown();
+                    counted("receipt");
+                    tracing::debug!(key = %key, "receipt found; not executing");
+                    return self.shared.codec.decode(&receipt).map_err(|e| {
+                        Box::new(
+                            ToolError::new(ErrorCode::Internal)
+                                .with_hint("the stored receipt could not be decoded; escalate")
+                                .with_retryable(false)
+                                .with_source(e),
+                        ) as BoxError
+                    });
+                }
+                Begin::Pending {
+                    age_ms,
+                    lease_left_ms,
+                } => (age_ms, lease_left_ms),
+            };
+            if u128::from(age_ms) > settings.retention.as_millis() {
+                intent.disown();
+                return Err(refused(ErrorCode::ReceiptExpired, &key, EXPIRED_HINT));
+            }
+            if lease_left_ms == 0 {
+                let next = stale(&settings, age_ms);
+                if let Stale::Escalate = next {
+                    intent.disown();
+                    let hint = if settings.class == ToolClass::KeyedWrite {
+                        KEY_WINDOW_HINT
+                    } else {
+                        UNKNOWN_HINT
+                    };
+                    return Err(refused(ErrorCode::OutcomeUnknown, &key, hint));
+                }
+                if intent.claim(settings.lease).await.map_err(store_down)? {
+                    if let Stale::ReadBack = next {
+                        return self.read_back(intent, req).await;
+                    }
+                    counted("resumed_with_key");
+                    tracing::info!(key = %key, "pending intent without receipt; executing again with the same key");
+                    return self.execute(intent, req, true).await;
+                }
+                // Another caller took it over first: wait for its receipt like any duplicate.
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                intent.disown();
+                return Err(refusal(ErrorCode::InProgress, &key));
+            }
+            let nap = settings
+                .poll
+                .min(Duration::from_millis(lease_left_ms.max(1)))
+                .min(deadline - now);
+            tokio::time::sleep(nap).await;
+        }
+    }
+
+    /// A stale intent this call has claimed, of a write no key protects, with a consistent
+    /// read-back declared.
+    async fn read_back(self, intent: Intent<St>, req: Req) -> Result<S::Response, BoxError> {
+        let key = self.action.key().clone();
+        match self.shared.read_back.read_back(&req).await {
+            ReadBackResult::Found(res) => {
+                counted("read_back_found");
+                tracing::info!(key = %key, "read-back found the effect; recording its receipt");
+                match self.shared.codec.encode(&res) {
+                    Ok(bytes) => {
+                        record(intent, &key, &bytes).await;
+                    }
+                    Err(e) => not_stored(intent, &key, e.to_string()).await,
+                }
+                Ok(res)
+            }
+            ReadBackResult::Absent => {
+                counted("read_back_absent");
+                tracing::info!(key = %key, "read-back found no effect; executing");
+                self.execute(intent, req, true).await
+            }
+            ReadBackResult::Unknown => {
+                intent.release().await;
+                let hint = if self.shared.settings.class == ToolClass::KeyedWrite {
+                    KEY_WINDOW_HINT
+                } else {
+                    UNKNOWN_HINT
+                };
+                Err(refused(ErrorCode::OutcomeUnknown, &key, hint))
+            }
+        }
+    }
+
+    /// Sends the request (driving the inner service ready first: a call answered from the store
+    /// never waits for, or spends, the readiness of what is below), then settles the intent.
+    async fn execute(
+        mut self,
+        mut intent: Intent<St>,
+        req: Req,
+        resumed: bool,
+    ) -> Result<S::Response, BoxError> {
+        let key = self.action.key().clone();
+        if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
+            // Never sent: forget the intent.
+            intent.abandon().await;
+            return Err(e.into());
+        }
+        intent.sent();
+        let result = self.inner.call(req).await;
+        let verdict = match self.shared.classifier.classify(&result) {
+            ClassifiedResponse::Ready(c) => c.verdict(),
+            ClassifiedResponse::RequiresEos(_) => Verdict::Success,
+        };
+        match (&result, verdict) {
+            (Ok(res), Verdict::Success | Verdict::Empty) => match self.shared.codec.encode(res) {
+                Ok(bytes) => {
+                    if record(intent, &key, &bytes).await {
+                        tracing::debug!(key = %key, resumed, "receipt recorded");
+                    }
+                }
+                Err(e) => not_stored(intent, &key, e.to_string()).await,
+            },
+            (_, Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty) => {
+                // It may have taken effect: keep the intent, give up the lease.
+                if intent.release().await {
+                    counted("left_pending");
+                }
+                tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
+            }
+            _ => {
+                // It did not take effect: forget the intent, so a later call starts fresh.
+                if intent.abandon().await {
+                    counted("abandoned");
+                }
+                tracing::debug!(key = %key, "failure without effect; intent removed");
+            }
+        }
+        result.map_err(Into::into)
+    }
+}
+
+/// Stores the receipt; `true` if it was stored. A failure is logged, not returned: the effect
+/// happened, the intent stays pending with its lease given up, and the next attempt decides at
+/// once (with the same key, or by read-back, or escalated).
+async fn record<St: ReceiptStore>(intent: Intent<St>, key: &IdempotencyKey, bytes: &[u8]) -> bool {
+    match intent.complete(bytes).await {
+        Ok(()) => {
+            counted("recorded");
+            true
+        }
+        Err(e) => {
+            counted("receipt_not_stored");
+            tracing::error!(key = %key, error = %e, "the receipt could not be stored; its lease was given up and the next attempt decides again");
+            false
+        }
+    }
+}
+
+/// The result could not be encoded: the effect happened, so the intent stays, lease given up.
+async fn not_stored<St: ReceiptStore>(intent: Intent<St>, key: &IdempotencyKey, why: String) {
+    counted("receipt_not_stored");
+    tracing::error!(key = %key, error = %why, "the result could not be encoded as a receipt; the intent stays pending");
+    intent.release().await;
+}
