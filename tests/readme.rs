@@ -259,7 +259,8 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
     // With receipts, put the breaker below the ReceiptLayer: a stored receipt says nothing about
     // the dependency's health (see the crate docs, "Where each layer goes").
 
-    let charge = || http::Request::post("http://billing.test/charges").body(String::new()).unwrap();
+    let charge = || http::Request::post("http://billing.test/charges")
+        .header("idempotency-key", "run-1:step-3:charge:4471").body(String::new()).unwrap();
     for _ in 0..3 {
         let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::Unavailable);

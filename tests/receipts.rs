@@ -12,7 +12,7 @@ use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
     Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
-    ReadBackResult, ReceiptLayer, ReceiptStore, SqliteStore, StoreError,
+    ReadBackResult, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
 use tower::{Layer, Service, ServiceExt};
 
@@ -109,22 +109,10 @@ fn send(invoice: u64) -> SendEmail {
 
 type Action_ = fn(&SendEmail) -> Result<Action, stormguard::key::KeyError>;
 
-fn layer<St: ReceiptStore>(
-    store: &St,
-    class: ToolClass,
-    clock: &ManualClock,
-) -> ReceiptLayer<
-    St,
-    Action_,
-    stormguard::classify::DefaultClassifier,
-    stormguard::receipt::JsonCodec,
-    stormguard::receipt::NoReadBack,
-    ManualClock,
-> {
+fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, Action_> {
     ReceiptLayer::new(store.clone(), class, action as Action_)
         .timing(Duration::from_secs(30), Duration::from_secs(2))
         .unwrap()
-        .clock(clock.clone())
 }
 
 async fn call<S: Service<SendEmail, Response = Sent, Error = BoxError>>(
@@ -142,109 +130,113 @@ fn code(err: BoxError) -> ErrorCode {
 
 const T0: u64 = 1_700_000_000_000;
 
-async fn begin_answers<St: ReceiptStore>(store: St) {
+const LEASE: Duration = Duration::from_millis(100);
+
+async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
+    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    // A retried begin of the same owner (a lost reply) is still its own.
+    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    clock.advance_ms(1);
     assert_eq!(
-        store.begin("a", "fp", "one", T0, T0 + 100).await.unwrap(),
-        Begin::Fresh
-    );
-    assert_eq!(
-        store
-            .begin("a", "fp", "two", T0 + 1, T0 + 101)
-            .await
-            .unwrap(),
+        store.begin("a", "fp", "two", LEASE).await.unwrap(),
         Begin::Pending {
-            since_ms: T0,
-            lease_until_ms: T0 + 100
+            age_ms: 1,
+            lease_left_ms: 99
         }
     );
     assert_eq!(
-        store
-            .begin("a", "other", "two", T0 + 1, T0 + 101)
-            .await
-            .unwrap(),
+        store.begin("a", "other", "two", LEASE).await.unwrap(),
         Begin::Mismatch
     );
+    clock.advance_ms(49);
     assert!(
-        !store.claim("a", "two", T0 + 50, T0 + 500).await.unwrap(),
+        !store.claim("a", "two", LEASE * 4).await.unwrap(),
         "the lease is live"
     );
+    clock.advance_ms(50);
     assert!(
-        store.claim("a", "two", T0 + 100, T0 + 500).await.unwrap(),
+        store.claim("a", "two", LEASE * 4).await.unwrap(),
         "the lease has passed"
     );
     assert!(
-        !store.claim("a", "three", T0 + 100, T0 + 500).await.unwrap(),
+        !store.claim("a", "three", LEASE * 4).await.unwrap(),
         "taken already"
     );
     // The caller that lost the lease can neither release, abandon nor complete it.
-    store.release("a", "one", T0 + 150).await.unwrap();
+    clock.advance_ms(50);
+    store.release("a", "one").await.unwrap();
     store.abandon("a", "one").await.unwrap();
-    assert!(store.complete("a", "one", b"late", T0 + 150).await.is_err());
+    assert!(store.complete("a", "one", b"late").await.is_err());
     assert_eq!(
-        store
-            .begin("a", "fp", "four", T0 + 150, T0 + 250)
-            .await
-            .unwrap(),
+        store.begin("a", "fp", "four", LEASE).await.unwrap(),
         Begin::Pending {
-            since_ms: T0,
-            lease_until_ms: T0 + 500
+            age_ms: 150,
+            lease_left_ms: 350
         }
     );
-    store
-        .complete("a", "two", b"receipt", T0 + 200)
-        .await
-        .unwrap();
+    clock.advance_ms(50);
+    store.complete("a", "two", b"receipt").await.unwrap();
+    clock.advance_ms(100);
     assert_eq!(
-        store
-            .begin("a", "fp", "four", T0 + 300, T0 + 400)
-            .await
-            .unwrap(),
+        store.begin("a", "fp", "four", LEASE).await.unwrap(),
         Begin::Done {
-            since_ms: T0,
+            age_ms: 300,
             receipt: b"receipt".to_vec()
         }
     );
-    // A receipt is final: not overwritten, not abandoned.
-    assert!(store
-        .complete("a", "two", b"again", T0 + 300)
-        .await
-        .is_err());
+    // A receipt is final: not overwritten, not abandoned, not resolved away.
+    assert!(store.complete("a", "two", b"again").await.is_err());
     store.abandon("a", "two").await.unwrap();
+    assert_eq!(
+        store.resolve("a", Resolution::NotDone).await.unwrap(),
+        Resolved::AlreadyDone
+    );
     assert!(matches!(
-        store.begin("a", "fp", "four", T0, T0).await.unwrap(),
+        store.begin("a", "fp", "four", LEASE).await.unwrap(),
         Begin::Done { receipt, .. } if receipt == b"receipt"
     ));
-    assert_eq!(
-        store.begin("b", "fp", "one", T0, T0 + 10).await.unwrap(),
-        Begin::Fresh
-    );
+    assert_eq!(store.begin("b", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
     store.abandon("b", "one").await.unwrap();
-    assert_eq!(
-        store.begin("b", "fp", "one", T0, T0 + 10).await.unwrap(),
-        Begin::Fresh
-    );
+    assert_eq!(store.begin("b", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
     // Release ends a lease at once.
-    store.release("b", "one", T0 + 1).await.unwrap();
-    assert!(store.claim("b", "two", T0 + 1, T0 + 50).await.unwrap());
-    // Prune removes what is older than the cut.
+    store.release("b", "one").await.unwrap();
+    assert!(store.claim("b", "two", LEASE).await.unwrap());
+    // An operator settles what is pending, whoever holds it.
     assert_eq!(
         store
-            .begin("old", "fp", "one", T0 - 10_000, T0)
+            .resolve("b", Resolution::Done(b"checked".to_vec()))
             .await
             .unwrap(),
-        Begin::Fresh
+        Resolved::Settled
     );
-    assert_eq!(store.prune(T0 - 1).await.unwrap(), 1);
+    assert!(matches!(
+        store.begin("b", "fp", "five", LEASE).await.unwrap(),
+        Begin::Done { receipt, .. } if receipt == b"checked"
+    ));
+    assert_eq!(store.begin("c", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
     assert_eq!(
-        store.begin("old", "fp", "one", T0, T0).await.unwrap(),
-        Begin::Fresh
+        store.resolve("c", Resolution::NotDone).await.unwrap(),
+        Resolved::Settled
     );
+    assert_eq!(
+        store.resolve("c", Resolution::NotDone).await.unwrap(),
+        Resolved::NoRecord
+    );
+    assert_eq!(store.begin("c", "fp", "two", LEASE).await.unwrap(), Begin::Fresh);
+    // Prune removes what is older than the cut, by the store's clock.
+    clock.advance_ms(10_000);
+    assert_eq!(store.begin("new", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(store.prune(Duration::from_secs(5)).await.unwrap(), 3);
+    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert!(matches!(
+        store.begin("new", "fp", "two", LEASE).await.unwrap(),
+        Begin::Pending { .. }
+    ));
 }
 
-async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(store: St, _clock: ManualClock) {
     let provider = Provider::default();
-    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     let first = call(&mut svc, send(4471)).await.unwrap();
     let again = call(&mut svc, send(4471)).await.unwrap();
     assert_eq!(first, again);
@@ -259,26 +251,24 @@ async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(store: St
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn parallel_duplicates_execute_once<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn parallel_duplicates_execute_once<St: ReceiptStore>(store: St, _clock: ManualClock) {
     let provider = Provider {
         delay: Duration::from_millis(300),
         ..Provider::default()
     };
-    let svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     let (mut s1, mut s2) = (svc.clone(), svc.clone());
     let (a, b) = tokio::join!(call(&mut s1, send(7)), call(&mut s2, send(7)));
     assert_eq!(a.unwrap(), b.unwrap());
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(store: St, _clock: ManualClock) {
     let provider = Provider {
         delay: Duration::from_secs(5),
         ..Provider::default()
     };
-    let svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     let (mut s1, mut s2) = (svc.clone(), svc.clone());
     let (a, b) = tokio::join!(call(&mut s1, send(8)), async {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -289,8 +279,7 @@ async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(s
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store: St, clock: ManualClock) {
     let provider = Provider::default();
     // The crashed run: intent recorded, the provider did the work, no receipt.
     let req = send(9);
@@ -300,10 +289,7 @@ async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store
             .begin(
                 act.key().as_str(),
                 act.fingerprint(),
-                "crashed-run",
-                T0,
-                T0 + 30_000
-            )
+                "crashed-run", Duration::from_secs(30))
             .await
             .unwrap(),
         Begin::Fresh
@@ -314,7 +300,7 @@ async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store
     assert_eq!(provider.deliveries(), 1);
 
     clock.advance_ms(31_000); // the crashed call's lease has passed
-    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     let resumed = call(&mut svc, req).await.unwrap();
     assert_eq!(
         resumed.message_id, "msg-9-1",
@@ -354,8 +340,7 @@ impl ReadBack<SendEmail, Sent> for SentLog {
     }
 }
 
-async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store: St, clock: ManualClock) {
     let provider = Provider::default();
     let crash = |invoice: u64, store: St| async move {
         let act = action(&send(invoice)).unwrap();
@@ -363,17 +348,14 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
             .begin(
                 act.key().as_str(),
                 act.fingerprint(),
-                "crashed-run",
-                T0,
-                T0 + 30_000,
-            )
+                "crashed-run", Duration::from_secs(30))
             .await
             .unwrap();
     };
     // Without a read-back: outcome_unknown, nothing sent.
     crash(10, store.clone()).await;
     clock.advance_ms(31_000);
-    let mut plain = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(provider.clone());
+    let mut plain = layer(&store, ToolClass::UnkeyedWrite).layer(provider.clone());
     assert_eq!(
         code(call(&mut plain, send(10)).await.unwrap_err()),
         ErrorCode::OutcomeUnknown
@@ -381,7 +363,7 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
     assert_eq!(provider.deliveries(), 0);
 
     // An eventually consistent read-back is never trusted.
-    let eventual = layer(&store, ToolClass::UnkeyedWrite, &clock)
+    let eventual = layer(&store, ToolClass::UnkeyedWrite)
         .read_back(SentLog(provider.clone(), true), Consistency::Eventual);
     let mut eventual = eventual.layer(provider.clone());
     assert_eq!(
@@ -390,7 +372,7 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
     );
 
     // A consistent read-back that finds nothing: safe to send, once.
-    let consistent = layer(&store, ToolClass::UnkeyedWrite, &clock)
+    let consistent = layer(&store, ToolClass::UnkeyedWrite)
         .read_back(SentLog(provider.clone(), true), Consistency::Immediate);
     let mut consistent = consistent.layer(provider.clone());
     call(&mut consistent, send(10)).await.unwrap();
@@ -407,22 +389,18 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
     assert_eq!(call(&mut plain, send(11)).await.unwrap(), found);
 }
 
-async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St, clock: ManualClock) {
     let act = action(&send(12)).unwrap();
     store
         .begin(
             act.key().as_str(),
             act.fingerprint(),
-            "crashed-run",
-            T0,
-            T0 + 30_000,
-        )
+            "crashed-run", Duration::from_secs(30))
         .await
         .unwrap();
     clock.advance_ms(8 * 24 * 3600 * 1000); // past the 7-day default retention
     let provider = Provider::default();
-    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     assert_eq!(
         code(call(&mut svc, send(12)).await.unwrap_err()),
         ErrorCode::ReceiptExpired
@@ -430,18 +408,17 @@ async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St) {
     assert_eq!(provider.deliveries(), 0);
 }
 
-async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St) {
-    let clock = ManualClock::new(T0);
+async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St, _clock: ManualClock) {
     let refused = Provider {
         fail_with: Some(std::io::ErrorKind::ConnectionRefused),
         ..Provider::default()
     };
-    let mut svc = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(refused);
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(refused);
     assert!(call(&mut svc, send(13)).await.is_err());
     let act = action(&send(13)).unwrap();
     assert_eq!(
         store
-            .begin(act.key().as_str(), act.fingerprint(), "crashed-run", T0, T0)
+            .begin(act.key().as_str(), act.fingerprint(), "crashed-run", Duration::from_millis(1))
             .await
             .unwrap(),
         Begin::Fresh
@@ -452,14 +429,14 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St
         fail_with: Some(std::io::ErrorKind::ConnectionReset),
         ..Provider::default()
     };
-    let mut svc = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(reset);
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(reset);
     assert!(call(&mut svc, send(14)).await.is_err());
     let act = action(&send(14)).unwrap();
     assert!(matches!(
-        store.begin(act.key().as_str(), act.fingerprint(), "crashed-run", T0, T0).await.unwrap(),
-        Begin::Pending { lease_until_ms, .. } if lease_until_ms <= T0
+        store.begin(act.key().as_str(), act.fingerprint(), "crashed-run", Duration::from_millis(1)).await.unwrap(),
+        Begin::Pending { lease_left_ms: 0, .. }
     ));
-    let mut again = layer(&store, ToolClass::UnkeyedWrite, &clock).layer(Provider::default());
+    let mut again = layer(&store, ToolClass::UnkeyedWrite).layer(Provider::default());
     assert_eq!(
         code(call(&mut again, send(14)).await.unwrap_err()),
         ErrorCode::OutcomeUnknown
@@ -471,16 +448,17 @@ macro_rules! suite {
         mod $module {
             use super::*;
 
-            async fn store() -> Option<impl ReceiptStore> {
-                $make.await
+            async fn store(clock: ManualClock) -> Option<impl ReceiptStore> {
+                ($make)(clock).await
             }
 
             macro_rules! case {
                 ($name:ident) => {
                     #[tokio::test]
                     async fn $name() {
-                        let Some(store) = store().await else { return };
-                        super::$name(store).await;
+                        let clock = ManualClock::new(T0);
+                        let Some(store) = store(clock.clone()).await else { return };
+                        super::$name(store, clock).await;
                     }
                 };
             }
@@ -513,9 +491,17 @@ fn temp_db(name: &str) -> std::path::PathBuf {
 
 static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
 
-/// A PostgreSQL store in a schema of its own (so tests run in parallel), or `None` with a note.
-async fn postgres() -> Option<PostgresStore> {
-    postgres_with_url().await.map(|(store, _)| store)
+/// A PostgreSQL store in a schema of its own (so tests run in parallel) on a test clock, or
+/// `None` with a note.
+async fn postgres_on(clock: ManualClock) -> Option<PostgresStore> {
+    let url = fresh_schema().await?;
+    let store = PostgresStore::options(&url)
+        .clock(clock)
+        .connect()
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    Some(store)
 }
 
 /// A store in a fresh schema, and the connection string that reaches the same schema.
@@ -551,24 +537,23 @@ async fn fresh_schema() -> Option<String> {
     Some(format!("{url} options='-c search_path={schema}'"))
 }
 
-suite!(memory, async { Some(InMemoryStore::new()) });
-suite!(sqlite, async {
-    Some(SqliteStore::open(temp_db("suite"), Durability::Process).unwrap())
+suite!(memory, |clock| async { Some(InMemoryStore::with_clock(clock)) });
+suite!(sqlite, |clock| async {
+    Some(SqliteStore::open_with_clock(temp_db("suite"), Durability::Process, clock).unwrap())
 });
-suite!(pg, postgres());
+suite!(pg, |clock| postgres_on(clock));
 
 #[tokio::test]
 async fn a_second_sqlite_handle_sees_the_first_ones_receipt() {
     let path = temp_db("second");
     let first = SqliteStore::open(&path, Durability::Process).unwrap();
-    let clock = ManualClock::new(T0);
     let provider = Provider::default();
-    let mut a = layer(&first, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut a = layer(&first, ToolClass::KeyedWrite).layer(provider.clone());
     let sent = call(&mut a, send(20)).await.unwrap();
     drop(a);
     drop(first);
     let second = SqliteStore::open(&path, Durability::PowerLoss).unwrap();
-    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut b = layer(&second, ToolClass::KeyedWrite).layer(provider.clone());
     assert_eq!(call(&mut b, send(20)).await.unwrap(), sent);
     assert_eq!(provider.deliveries(), 1);
 }
@@ -578,9 +563,8 @@ async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
     let Some((first, url)) = postgres_with_url().await else {
         return;
     };
-    let clock = ManualClock::new(T0);
     let provider = Provider::default();
-    let mut a = layer(&first, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut a = layer(&first, ToolClass::KeyedWrite).layer(provider.clone());
     let sent = call(&mut a, send(21)).await.unwrap();
     // Another "machine": a connection of its own to the same database and schema.
     // It also records with the other durability setting (`synchronous_commit = off`).
@@ -588,7 +572,7 @@ async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
         .await
         .unwrap();
     let elsewhere = Provider::default();
-    let mut b = layer(&second, ToolClass::KeyedWrite, &clock).layer(elsewhere.clone());
+    let mut b = layer(&second, ToolClass::KeyedWrite).layer(elsewhere.clone());
     assert_eq!(call(&mut b, send(21)).await.unwrap(), sent);
     assert_eq!(provider.deliveries(), 1);
     assert_eq!(elsewhere.deliveries(), 0);
@@ -624,16 +608,16 @@ async fn a_postgres_store_used_before_migrate_fails_then_works_after_it() {
         .unwrap();
     // No table yet: the call fails before anything is recorded, and the failed preparation is
     // not cached.
-    let e = store.begin("k", "fp", "me", 1, 2).await.unwrap_err();
+    let e = store.begin("k", "fp", "me", LEASE).await.unwrap_err();
     assert!(e.to_string().contains("prepare"), "{e}");
     store.migrate().await.unwrap();
     assert_eq!(
-        store.begin("k", "fp", "me", 1, 2).await.unwrap(),
+        store.begin("k", "fp", "me", LEASE).await.unwrap(),
         Begin::Fresh
     );
-    store.complete("k", "me", b"r", 3).await.unwrap();
+    store.complete("k", "me", b"r").await.unwrap();
     assert!(matches!(
-        store.begin("k", "fp", "me", 4, 5).await.unwrap(),
+        store.begin("k", "fp", "other", LEASE).await.unwrap(),
         Begin::Done { .. }
     ));
 }
@@ -648,8 +632,7 @@ impl ReceiptStore for Broken {
         _: &str,
         _: &str,
         _: &str,
-        _: u64,
-        _: u64,
+        _: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         down()
     }
@@ -657,17 +640,11 @@ impl ReceiptStore for Broken {
         &self,
         _: &str,
         _: &str,
-        _: u64,
-        _: u64,
+        _: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         down()
     }
-    fn release(
-        &self,
-        _: &str,
-        _: &str,
-        _: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn release(&self, _: &str, _: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
         down()
     }
     fn complete(
@@ -675,14 +652,20 @@ impl ReceiptStore for Broken {
         _: &str,
         _: &str,
         _: &[u8],
-        _: u64,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         down()
     }
     fn abandon(&self, _: &str, _: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
         down()
     }
-    fn prune(&self, _: u64) -> impl Future<Output = Result<u64, StoreError>> + Send {
+    fn resolve(
+        &self,
+        _: &str,
+        _: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        down()
+    }
+    fn prune(&self, _: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
         down()
     }
 }
@@ -693,9 +676,8 @@ fn down<T>() -> std::future::Ready<Result<T, StoreError>> {
 
 #[tokio::test]
 async fn nothing_executes_when_the_intent_cannot_be_recorded() {
-    let clock = ManualClock::new(T0);
     let provider = Provider::default();
-    let mut svc = layer(&Broken, ToolClass::KeyedWrite, &clock).layer(provider.clone());
+    let mut svc = layer(&Broken, ToolClass::KeyedWrite).layer(provider.clone());
     assert_eq!(
         code(call(&mut svc, send(30)).await.unwrap_err()),
         ErrorCode::StoreUnavailable
@@ -706,12 +688,11 @@ async fn nothing_executes_when_the_intent_cannot_be_recorded() {
 #[tokio::test]
 async fn a_cancelled_call_gives_up_its_lease_at_once() {
     let store = InMemoryStore::new();
-    let clock = ManualClock::new(T0);
     let slow = Provider {
         delay: Duration::from_millis(500),
         ..Provider::default()
     };
-    let mut svc = layer(&store, ToolClass::KeyedWrite, &clock).layer(slow.clone());
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(slow.clone());
     // The caller gives up after 50 ms: the call was sent, its outcome is unknown.
     assert!(
         tokio::time::timeout(Duration::from_millis(50), call(&mut svc, send(40)))
@@ -753,11 +734,10 @@ impl Service<SendEmail> for FlakyReady {
 #[tokio::test]
 async fn a_call_that_was_never_sent_leaves_no_intent() {
     let store = InMemoryStore::new();
-    let clock = ManualClock::new(T0);
     let provider = Provider::default();
     let flaky = FlakyReady(provider.clone(), Arc::default());
     // The layer's own readiness passes; the clone it calls with fails once.
-    let layer = layer(&store, ToolClass::UnkeyedWrite, &clock);
+    let layer = layer(&store, ToolClass::UnkeyedWrite);
     let mut svc = layer.layer(flaky);
     let first = svc.call(send(41)).await;
     assert!(first.is_err());
@@ -772,7 +752,6 @@ async fn retry_above_receipts_retries_an_ambiguous_keyed_write() {
     use stormguard::budget::RetryBudget;
     use stormguard::retry::RetryLayer;
     let store = InMemoryStore::new();
-    let clock = ManualClock::new(T0);
     let provider = Provider::default();
     let resets = Arc::new(AtomicU32::new(0));
     let (p, r) = (provider.clone(), resets.clone());
@@ -791,7 +770,7 @@ async fn retry_above_receipts_retries_an_ambiguous_keyed_write() {
             ToolClass::KeyedWrite,
             RetryBudget::default(),
         ))
-        .layer(layer(&store, ToolClass::KeyedWrite, &clock))
+        .layer(layer(&store, ToolClass::KeyedWrite))
         .service(flaky);
     // The receipt layer stamped the key and told the operation, so Retry may retry.
     let sent = svc.ready().await.unwrap().call(send(42)).await.unwrap();

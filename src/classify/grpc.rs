@@ -206,8 +206,9 @@ mod tests {
         assert_eq!(classify(200, None), Verdict::Success);
         // Malformed: the HTTP status decides.
         assert_eq!(classify(200, Some("fourteen")), Verdict::Success);
-        // Only a 2xx head is read as gRPC: a proxy's 503 stays a 503.
-        assert_eq!(classify(503, Some("0")), Verdict::Failure(Transient));
+        // Only a 2xx head is read as gRPC: a proxy's 503 stays a 503 (ambiguous: a proxy may
+        // answer it after forwarding).
+        assert_eq!(classify(503, Some("0")), Verdict::Failure(Ambiguous));
     }
 
     #[cfg(feature = "tonic")]
@@ -271,7 +272,7 @@ mod tests {
             };
             assert_eq!(mapped(502).verdict(), Verdict::Failure(Ambiguous));
             assert_eq!(mapped(504).verdict(), Verdict::Failure(Ambiguous));
-            assert_eq!(mapped(503).verdict(), Verdict::Failure(Transient));
+            assert_eq!(mapped(503).verdict(), Verdict::Failure(Ambiguous));
             assert_eq!(mapped(429).code(), Some(ErrorCode::RateLimited));
         }
 

@@ -15,8 +15,7 @@ use std::time::SystemTime;
 /// | 404, 410 | `Empty` (a normal "no such record") | `not_found` |
 /// | 408 | `Failure(Transient)` (the server never got the whole request) | `timeout` |
 /// | 429 | `Failure(Transient)` | `rate_limited` |
-/// | 503 | `Failure(Transient)` (refused before processing) | `unavailable` |
-/// | 500, 502 | `Failure(Ambiguous)` (a write may have applied) | `unavailable` |
+/// | 500, 502, 503 | `Failure(Ambiguous)` (a write may have applied) | `unavailable` |
 /// | 504 | `Failure(Ambiguous)` | `timeout` |
 /// | other 5xx | `Failure(Ambiguous)` | `internal` |
 /// | 401 | `Failure(Permanent)` | `unauthenticated` |
@@ -24,6 +23,13 @@ use std::time::SystemTime;
 /// | 409 | `Failure(Permanent)` | `conflict` |
 /// | 451 | `Failure(Policy)` | `policy_violation` |
 /// | 400, 422 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
+///
+/// **503 is ambiguous.** A provider may document 503 as "not processed", but a proxy in front of
+/// it (Envoy, a load balancer) answers 503 after an upstream reset on a request it had already
+/// forwarded, so a 503 does not prove that a write did nothing. Reads, idempotent writes and
+/// keyed writes still retry it; an unkeyed write ends `outcome_unknown` and its receipt intent
+/// stays pending. Where the provider's documentation promises that a status means "not
+/// processed" and nothing sits between you and it, say so with [`NotProcessed`].
 ///
 /// Any status may carry `Retry-After` (seconds or HTTP-date) or `grpc-retry-pushback-ms`; both
 /// become a [`ServerHint`]. A malformed `Retry-After` is ignored; a malformed
@@ -130,8 +136,7 @@ pub fn classify_status(status: StatusCode) -> Classification {
         404 | 410 => return Classification::empty(),
         408 => (Transient, ErrorCode::Timeout),
         429 => (Transient, ErrorCode::RateLimited),
-        503 => (Transient, ErrorCode::Unavailable),
-        500 | 502 => (Ambiguous, ErrorCode::Unavailable),
+        500 | 502 | 503 => (Ambiguous, ErrorCode::Unavailable),
         504 => (Ambiguous, ErrorCode::Timeout),
         401 => (Permanent, ErrorCode::Unauthenticated),
         403 => (Permanent, ErrorCode::PermissionDenied),
@@ -141,4 +146,115 @@ pub fn classify_status(status: StatusCode) -> Classification {
         _ => (Ambiguous, ErrorCode::Internal),
     };
     Classification::failure(class, code)
+}
+
+/// The HTTP status of a response, for classifiers that look at it.
+///
+/// ```
+/// use stormguard::classify::HttpStatus;
+/// let resp = http::Response::builder().status(503).body(()).unwrap();
+/// assert_eq!(resp.http_status(), http::StatusCode::SERVICE_UNAVAILABLE);
+/// ```
+pub trait HttpStatus {
+    /// The status.
+    fn http_status(&self) -> StatusCode;
+}
+
+impl<B> HttpStatus for Response<B> {
+    fn http_status(&self) -> StatusCode {
+        self.status()
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl HttpStatus for reqwest::Response {
+    fn http_status(&self) -> StatusCode {
+        self.status()
+    }
+}
+
+/// A provider's documented promise that some 5xx statuses mean "not processed": a failure with
+/// one of them is `Transient` (retried for every class) instead of `Ambiguous`. An explicit,
+/// per-provider opt-in: only where the provider documents it and no proxy that answers such a
+/// status after forwarding sits in between. Everything else is `inner`'s verdict.
+///
+/// ```
+/// use http::StatusCode;
+/// use stormguard::classify::{Classify, ClassifiedResponse, FailureClass, HttpClassifier, NotProcessed};
+///
+/// let classify = |c: &dyn Fn(&Result<http::Response<()>, std::io::Error>) -> Option<FailureClass>| {
+///     let resp = http::Response::builder().status(503).body(()).unwrap();
+///     c(&Ok(resp))
+/// };
+/// let plain = |r: &Result<http::Response<()>, std::io::Error>| match HttpClassifier.classify(r) {
+///     ClassifiedResponse::Ready(c) => c.failure_class(),
+///     _ => None,
+/// };
+/// let documented = NotProcessed::new(HttpClassifier, [StatusCode::SERVICE_UNAVAILABLE]).unwrap();
+/// let trusted = |r: &Result<http::Response<()>, std::io::Error>| match documented.classify(r) {
+///     ClassifiedResponse::Ready(c) => c.failure_class(),
+///     _ => None,
+/// };
+/// assert_eq!(classify(&plain), Some(FailureClass::Ambiguous));
+/// assert_eq!(classify(&trusted), Some(FailureClass::Transient));
+/// // Only 5xx statuses can be declared.
+/// assert_eq!(NotProcessed::new(HttpClassifier, [StatusCode::OK]).unwrap_err().field(), "statuses");
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct NotProcessed<C> {
+    inner: C,
+    /// Bit `n` set: status `500 + n` means "not processed".
+    statuses: u128,
+}
+
+impl<C> NotProcessed<C> {
+    /// `inner`, with `statuses` (each 500 to 599) declared "not processed".
+    pub fn new(
+        inner: C,
+        statuses: impl IntoIterator<Item = StatusCode>,
+    ) -> Result<Self, crate::error::ConfigError> {
+        let mut bits = 0u128;
+        for status in statuses {
+            let n = status.as_u16();
+            if !(500..=599).contains(&n) {
+                return Err(crate::error::ConfigError::new(
+                    "statuses",
+                    "only 5xx statuses can be declared not processed",
+                ));
+            }
+            bits |= 1 << (n - 500);
+        }
+        Ok(NotProcessed {
+            inner,
+            statuses: bits,
+        })
+    }
+
+    fn declared(&self, status: StatusCode) -> bool {
+        let n = status.as_u16();
+        (500..=599).contains(&n) && self.statuses & (1 << (n - 500)) != 0
+    }
+}
+
+impl<R: HttpStatus, E, C: Classify<R, E>> Classify<R, E> for NotProcessed<C> {
+    type ClassifyEos = C::ClassifyEos;
+
+    fn classify(&self, result: &Result<R, E>) -> ClassifiedResponse<C::ClassifyEos> {
+        let classified = self.inner.classify(result);
+        let (Ok(resp), ClassifiedResponse::Ready(c)) = (result, &classified) else {
+            return classified;
+        };
+        match (c.failure_class(), c.code()) {
+            (Some(FailureClass::Ambiguous), Some(code)) if self.declared(resp.http_status()) => {
+                ClassifiedResponse::Ready(
+                    Classification::failure(FailureClass::Transient, code).with_hint(c.hint()),
+                )
+            }
+            _ => classified,
+        }
+    }
+
+    fn dependency_error(&self, resp: &R) -> Option<ToolError> {
+        self.inner.dependency_error(resp)
+    }
 }

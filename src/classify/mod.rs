@@ -14,8 +14,8 @@
 //! |---|---|---|---|
 //! | `Success` | the call did what was asked | - | as a success |
 //! | `Empty` | a normal "nothing there" answer (404, no such record) | no | no |
-//! | `Failure(Transient)` | the effect did not happen (refused, throttled, 503) | yes, by class | as a failure |
-//! | `Failure(Ambiguous)` | the effect may have happened (timeout after sending, reset, 500/502/504) | only reads, idempotent writes and keyed writes with a key | as a failure |
+//! | `Failure(Transient)` | the effect did not happen (refused, throttled) | yes, by class | as a failure |
+//! | `Failure(Ambiguous)` | the effect may have happened (timeout after sending, reset, 500/502/503/504) | only reads, idempotent writes and keyed writes with a key | as a failure |
 //! | `Failure(ModelRecoverable)` | a bad argument: give it back to the model | no | no |
 //! | `Failure(Permanent)` | bad credential, forbidden, conflict | no | no |
 //! | `Failure(Policy)` | a guardrail tripped: halt | no | no |
@@ -45,7 +45,7 @@ pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
 #[cfg(feature = "http")]
-pub use http::{classify_status, HttpClassifier};
+pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 #[cfg(feature = "reqwest")]
 pub use reqwest::ReqwestClassifier;
 

@@ -14,7 +14,7 @@ use crate::error::ErrorCode;
 /// let resp = reqwest::Response::from(http::Response::builder().status(503).body("").unwrap());
 /// let result: Result<_, reqwest::Error> = Ok(resp);
 /// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&result) else { unreachable!() };
-/// assert_eq!(c.failure_class(), Some(FailureClass::Transient));
+/// assert_eq!(c.failure_class(), Some(FailureClass::Ambiguous)); // a proxy may send it after forwarding
 /// ```
 impl<E: AsDynError> Classify<reqwest::Response, E> for HttpClassifier {
     type ClassifyEos = NeverClassifyEos;
@@ -187,7 +187,7 @@ mod tests {
         };
         assert_eq!(
             status(503).verdict(),
-            Verdict::Failure(FailureClass::Transient)
+            Verdict::Failure(FailureClass::Ambiguous)
         );
         assert_eq!(
             status(504).verdict(),

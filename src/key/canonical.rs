@@ -143,7 +143,7 @@ fn write_number(n: &Number, out: &mut String) -> Result<(), KeyError> {
 /// assert_eq!(es_number(5e-324), "5e-324");
 /// assert_eq!(es_number(1.7976931348623157e308), "1.7976931348623157e+308");
 /// assert_eq!(es_number(9007199254740994.0), "9007199254740994");
-/// assert_eq!(es_number(0.01 * 1.19), "0.0119");
+/// assert_eq!(es_number(0.01 * 1.19), "0.011899999999999999"); // the double it is, exactly
 /// ```
 pub fn es_number(f: f64) -> String {
     if f == 0.0 {
