@@ -206,7 +206,13 @@ fn writer(conn: Connection, queue: mpsc::Receiver<Job>, path: &Path, id: FileId,
             }
             continue;
         }
-        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        if let [_] = batch[..] {
+            // Alone: one autocommit statement or two, no transaction of our own to pay for.
+            let job = batch.pop().expect("one job");
+            job(Ok((&conn, clock.now_ms()))).0(None);
+            continue;
+        }
+        if let Err(e) = exec(&conn, "BEGIN IMMEDIATE") {
             let why = format!("start a transaction: {e}");
             for job in batch {
                 job(Err(&why)).0(None);
@@ -215,22 +221,29 @@ fn writer(conn: Connection, queue: mpsc::Receiver<Job>, path: &Path, id: FileId,
         }
         let mut delivers = Vec::with_capacity(batch.len());
         for job in batch {
-            let saved = conn.execute_batch("SAVEPOINT job").is_ok();
+            let saved = exec(&conn, "SAVEPOINT job").is_ok();
             let (deliver, ok) = job(Ok((&conn, clock.now_ms())));
             if saved {
-                let end = if ok { "RELEASE job" } else { "ROLLBACK TO job; RELEASE job" };
-                let _ = conn.execute_batch(end);
+                if !ok {
+                    let _ = exec(&conn, "ROLLBACK TO job");
+                }
+                let _ = exec(&conn, "RELEASE job");
             }
             delivers.push(deliver);
         }
-        let failed = conn.execute_batch("COMMIT").err().map(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
+        let failed = exec(&conn, "COMMIT").err().map(|e| {
+            let _ = exec(&conn, "ROLLBACK");
             format!("commit: {e}")
         });
         for deliver in delivers {
             deliver(failed.as_deref());
         }
     }
+}
+
+/// Runs a statement prepared once and cached.
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 impl fmt::Debug for SqliteStore {
@@ -260,40 +273,47 @@ impl ReceiptStore for SqliteStore {
         let (key, fingerprint, owner) =
             (key.to_string(), fingerprint.to_string(), owner.to_string());
         self.with(move |conn, now| {
-            let inserted = conn
-                .prepare_cached(
-                    "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-                     VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
-                )
-                .and_then(|mut st| st.execute(params![key, fingerprint, ms(now), until(now, lease), owner]))
-                .map_err(err("record the intent"))?;
-            if inserted == 1 {
-                return Ok(Begin::Fresh);
-            }
-            // The write lock is held: the row the insert collided with is still there.
-            type Row = (String, String, i64, i64, Option<Vec<u8>>);
-            let row: Option<Row> = conn
-                .prepare_cached(
-                    "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt
-                     FROM stormguard_receipts WHERE key = ?1",
-                )
-                .and_then(|mut st| {
-                    st.query_row(params![key], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            // A record removed between the insert and the read (an abandoned intent, by another
+            // process) is tried again; a few rounds are plenty.
+            for _ in 0..8 {
+                let inserted = conn
+                    .prepare_cached(
+                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+                         VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![key, fingerprint, ms(now), until(now, lease), owner])
                     })
-                    .optional()
-                })
-                .map_err(err("read the record"))?;
-            let (fp, holder, since, lease_until, receipt) =
-                row.ok_or_else(|| StoreError::new("the record vanished inside a transaction"))?;
-            let record = Record {
-                fingerprint: &fp,
-                owner: &holder,
-                since_ms: since as u64,
-                lease_until_ms: lease_until as u64,
-                receipt: receipt.as_deref(),
-            };
-            Ok(Begin::decide(Some(record), &fingerprint, &owner, now))
+                    .map_err(err("record the intent"))?;
+                if inserted == 1 {
+                    return Ok(Begin::Fresh);
+                }
+                type Row = (String, String, i64, i64, Option<Vec<u8>>);
+                let row: Option<Row> = conn
+                    .prepare_cached(
+                        "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt
+                         FROM stormguard_receipts WHERE key = ?1",
+                    )
+                    .and_then(|mut st| {
+                        st.query_row(params![key], |r| {
+                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                        })
+                        .optional()
+                    })
+                    .map_err(err("read the record"))?;
+                let Some((fp, holder, since, lease_until, receipt)) = row else {
+                    continue;
+                };
+                let record = Record {
+                    fingerprint: &fp,
+                    owner: &holder,
+                    since_ms: since as u64,
+                    lease_until_ms: lease_until as u64,
+                    receipt: receipt.as_deref(),
+                };
+                return Ok(Begin::decide(Some(record), &fingerprint, &owner, now));
+            }
+            Err(StoreError::new("record the intent: the record kept vanishing"))
         })
     }
 

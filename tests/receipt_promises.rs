@@ -1,0 +1,949 @@
+//! The promises of keys and receipts that outsiders broke (issue 10), one test each, on real
+//! SQLite files, the real PostgreSQL (when `STORMGUARD_POSTGRES_URL` is set; CI sets it) and real
+//! HTTP servers on 127.0.0.1.
+#![cfg(all(feature = "sqlite", feature = "postgres"))]
+mod support;
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::{HttpClassifier, NotProcessed};
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::key::{Action, IdempotencyKey, KeyStamp};
+use stormguard::receipt::{
+    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
+    ReadBackResult, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
+};
+use stormguard::retry::{HttpReplay, RetryLayer};
+use support::server::{self, Body, HttpClient};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn code(err: BoxError) -> ErrorCode {
+    match err.downcast::<ToolError>() {
+        Ok(e) => e.code(),
+        Err(e) => panic!("not a ToolError: {e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A tool whose provider counts deliveries and deduplicates by key.
+
+#[derive(Clone, Debug)]
+struct Send_ {
+    invoice: u64,
+    key: Option<String>,
+}
+
+impl KeyStamp for Send_ {
+    fn stamped_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        self.key = Some(key.to_string());
+    }
+}
+
+fn send(invoice: u64) -> Send_ {
+    Send_ { invoice, key: None }
+}
+
+fn action(req: &Send_) -> Result<Action, stormguard::key::KeyError> {
+    Action::new("run-1", "step-2", "send_invoice", &req.invoice)
+}
+
+type ActionFn = fn(&Send_) -> Result<Action, stormguard::key::KeyError>;
+
+#[derive(Clone, Default)]
+struct Provider {
+    deliveries: Arc<AtomicU32>,
+    seen: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    delay: Duration,
+    dedup: bool,
+}
+
+impl Provider {
+    fn keyed() -> Self {
+        Provider {
+            dedup: true,
+            ..Provider::default()
+        }
+    }
+    fn deliveries(&self) -> u32 {
+        self.deliveries.load(Ordering::SeqCst)
+    }
+}
+
+impl Service<Send_> for Provider {
+    type Response = String;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<String, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Send_) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            tokio::time::sleep(this.delay).await;
+            let key = req.key.clone().unwrap_or_default();
+            if this.dedup {
+                if let Some(sent) = this.seen.lock().unwrap().get(&key) {
+                    return Ok(sent.clone());
+                }
+            }
+            let n = this.deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+            let sent = format!("msg-{}-{n}", req.invoice);
+            this.seen.lock().unwrap().insert(key, sent.clone());
+            Ok(sent)
+        })
+    }
+}
+
+fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, ActionFn> {
+    ReceiptLayer::new(store.clone(), class, action as ActionFn)
+        .timing(Duration::from_secs(30), Duration::from_secs(2))
+        .unwrap()
+}
+
+async fn crash<St: ReceiptStore>(store: &St, invoice: u64) {
+    let act = action(&send(invoice)).unwrap();
+    let lease = Duration::from_secs(30);
+    assert_eq!(
+        store
+            .begin(act.key().as_str(), act.fingerprint(), "crashed-run", lease)
+            .await
+            .unwrap(),
+        Begin::Fresh
+    );
+}
+
+fn temp_db(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "stormguard-promises-{}-{name}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("receipts.db")
+}
+
+static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
+
+/// A connection string whose `search_path` is a new, empty schema, or `None` with a note.
+async fn fresh_schema() -> Option<String> {
+    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
+        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
+        return None;
+    };
+    let schema = format!(
+        "sg_promise_{}_{}",
+        std::process::id(),
+        PG_SCHEMAS.fetch_add(1, Ordering::SeqCst)
+    );
+    let client = raw_pg(&url).await;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+        ))
+        .await
+        .unwrap();
+    Some(format!("{url} options='-c search_path={schema}'"))
+}
+
+async fn raw_pg(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(conn);
+    client
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A 503 on a write is not proof that nothing happened.
+
+/// The HTTP client below the receipt layer, its answer reduced to the status (what the tool's
+/// caller needs, and what a receipt can hold).
+fn status_client() -> tower::util::BoxCloneService<http::Request<Body>, http::Response<()>, BoxError>
+{
+    tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .map_response(|resp: http::Response<hyper::body::Incoming>| resp.map(|_| ()))
+            .service(HttpClient::new()),
+    )
+}
+
+#[derive(Clone)]
+struct StatusCodec;
+
+impl Codec<http::Response<()>> for StatusCodec {
+    fn encode(&self, res: &http::Response<()>) -> Result<Vec<u8>, BoxError> {
+        Ok(res.status().as_u16().to_be_bytes().to_vec())
+    }
+    fn decode(&self, bytes: &[u8]) -> Result<http::Response<()>, BoxError> {
+        let code = u16::from_be_bytes(bytes.try_into()?);
+        Ok(http::Response::builder().status(code).body(())?)
+    }
+}
+
+fn email(addr: std::net::SocketAddr) -> http::Request<Body> {
+    http::Request::post(format!("http://{addr}/emails/4471"))
+        .body(Body::default())
+        .unwrap()
+}
+
+fn email_action(req: &http::Request<Body>) -> Result<Action, stormguard::key::KeyError> {
+    Action::new("run-1", "step-2", "send_email", &req.uri().path())
+}
+
+#[tokio::test]
+async fn a_503_after_the_work_is_never_a_second_email_reported_as_success() {
+    // The provider sends the email, then a proxy in front of it answers 503 (upstream reset).
+    let (addr, emails) = server::serve(|_| server::status(503, &[])).await;
+    let store = SqliteStore::open(temp_db("503"), Durability::Process).unwrap();
+    let receipts = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, email_action)
+        .classifier(HttpClassifier)
+        .codec(StatusCodec);
+    let mut tool = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(receipts.clone())
+        .service(status_client());
+    let err = tool.ready().await.unwrap().call(email(addr)).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert_eq!(emails.load(Ordering::SeqCst), 1, "not sent again");
+    // The agent resumes and asks again: the intent is pending, nothing tells whether the email
+    // went out, so it stays escalated.
+    let mut resumed = receipts.layer(status_client());
+    let err = resumed.ready().await.unwrap().call(email(addr)).await.unwrap_err();
+    assert_eq!(code(err), ErrorCode::OutcomeUnknown);
+    assert_eq!(emails.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_503_on_a_read_is_still_retried_and_a_documented_not_processed_503_is_retried_for_writes(
+) {
+    let (addr, calls) =
+        server::serve(|n| server::status(if n < 2 { 503 } else { 200 }, &[])).await;
+    let mut read = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .service(status_client());
+    let get = http::Request::get(format!("http://{addr}/invoices/4471"))
+        .body(Body::default())
+        .unwrap();
+    assert_eq!(read.ready().await.unwrap().call(get).await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // A provider documented to answer 503 only before processing, with no proxy in between.
+    let (addr, calls) =
+        server::serve(|n| server::status(if n < 1 { 503 } else { 200 }, &[])).await;
+    let documented = NotProcessed::new(HttpClassifier, [http::StatusCode::SERVICE_UNAVAILABLE])
+        .unwrap();
+    let store = InMemoryStore::new();
+    let mut write = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
+                .classifier(documented)
+                .replay(HttpReplay),
+        )
+        .layer(
+            ReceiptLayer::new(store, ToolClass::UnkeyedWrite, email_action)
+                .classifier(documented)
+                .codec(StatusCodec),
+        )
+        .service(status_client());
+    let ok = write.ready().await.unwrap().call(email(addr)).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the 503 was trusted: sent again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Leases judged by one clock: the store's.
+
+#[tokio::test]
+async fn postgres_judges_every_lease_by_the_server_clock() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    // Two machines, each with its own connection; neither layer reads a local clock.
+    let a = PostgresStore::connect(&url).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = PostgresStore::connect(&url).await.unwrap();
+    let provider = Provider {
+        delay: Duration::from_millis(1_000),
+        ..Provider::default()
+    };
+    let lease = |st: &PostgresStore| {
+        ReceiptLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn)
+            .timing(Duration::from_millis(1_500), Duration::from_secs(5))
+            .unwrap()
+    };
+    let (mut on_a, mut on_b) = (lease(&a).layer(provider.clone()), lease(&b).layer(provider.clone()));
+    let (first, second) = tokio::join!(on_a.ready().await.unwrap().call(send(51)), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        on_b.ready().await.unwrap().call(send(51)).await
+    });
+    assert_eq!(first.unwrap(), second.unwrap());
+    assert_eq!(provider.deliveries(), 1, "the live call was not taken over");
+    // The ages the store reports are the server's: a fresh record is a few ms old.
+    let key = action(&send(52)).unwrap();
+    b.begin(key.key().as_str(), key.fingerprint(), "x", Duration::from_secs(30))
+        .await
+        .unwrap();
+    match a
+        .begin(key.key().as_str(), key.fingerprint(), "y", Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        Begin::Pending {
+            age_ms,
+            lease_left_ms,
+        } => {
+            assert!(age_ms < 5_000, "{age_ms}");
+            assert!((25_000..=30_000).contains(&lease_left_ms), "{lease_left_ms}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. A resume older than the provider's key window is not a keyed retry.
+
+#[derive(Clone)]
+struct SentLog(Provider);
+
+impl ReadBack<Send_, String> for SentLog {
+    fn read_back(&self, req: &Send_) -> impl Future<Output = ReadBackResult<String>> + Send {
+        let found = self
+            .0
+            .seen
+            .lock()
+            .unwrap()
+            .values()
+            .find(|s| s.starts_with(&format!("msg-{}-", req.invoice)))
+            .cloned();
+        async move { found.map_or(ReadBackResult::Absent, ReadBackResult::Found) }
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_resume_past_the_key_window_is_treated_as_unkeyed() {
+    let clock = ManualClock::new(T0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let provider = Provider::keyed();
+    crash(&store, 61).await;
+    clock.advance_ms(48 * 3600 * 1000); // 48 h later: past Stripe's 24 h
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
+    let err = svc.ready().await.unwrap().call(send(61)).await.unwrap_err();
+    let err = err.downcast::<ToolError>().unwrap();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert!(err.hint().contains("window"), "{}", err.hint());
+    assert_eq!(provider.deliveries(), 0);
+    // With a consistent read-back, the provider's log decides.
+    let mut checked = layer(&store, ToolClass::KeyedWrite)
+        .read_back(SentLog(provider.clone()), Consistency::Immediate)
+        .layer(provider.clone());
+    checked.ready().await.unwrap().call(send(61)).await.unwrap();
+    assert_eq!(provider.deliveries(), 1);
+    // Inside the window, the same crash resumes with its key.
+    crash(&store, 62).await;
+    clock.advance_ms(3600 * 1000);
+    let mut svc = layer(&store, ToolClass::KeyedWrite)
+        .key_window(Duration::from_secs(2 * 3600))
+        .unwrap()
+        .layer(provider.clone());
+    svc.ready().await.unwrap().call(send(62)).await.unwrap();
+    assert_eq!(provider.deliveries(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Starting a store never stalls the fleet; no statement waits without bound.
+
+#[tokio::test]
+async fn migrate_takes_no_lock_when_the_schema_is_current() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    // A reader and a writer hold transactions open on the table.
+    let reader = raw_pg(&url).await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM stormguard_receipts;")
+        .await
+        .unwrap();
+    let writer = raw_pg(&url).await;
+    writer
+        .batch_execute(
+            "BEGIN; INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+             VALUES ('held', 'fp', 'w', 0, 0);",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let restarted = PostgresStore::connect(&url).await.unwrap();
+    restarted.migrate().await.unwrap();
+    let lease = Duration::from_secs(30);
+    assert_eq!(
+        restarted.begin("other", "fp", "me", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    assert_eq!(store.begin("third", "fp", "me", lease).await.unwrap(), Begin::Fresh);
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    reader.batch_execute("ROLLBACK").await.unwrap();
+    writer.batch_execute("ROLLBACK").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_locked_table_fails_a_store_call_in_bounded_time() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let store = PostgresStore::options(&url)
+        .lock_timeout(Duration::from_millis(300))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let locker = raw_pg(&url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stormguard_receipts IN ACCESS EXCLUSIVE MODE;")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let provider = Provider::keyed();
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
+    let err = svc.ready().await.unwrap().call(send(71)).await.unwrap_err();
+    assert_eq!(code(err), ErrorCode::StoreUnavailable);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(provider.deliveries(), 0);
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    svc.ready().await.unwrap().call(send(71)).await.unwrap();
+    assert_eq!(provider.deliveries(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. A deleted or replaced SQLite file is noticed.
+
+#[tokio::test]
+async fn a_deleted_or_replaced_sqlite_file_fails_closed() {
+    for replace in [false, true] {
+        let path = temp_db(if replace { "replaced" } else { "deleted" });
+        let store = SqliteStore::open(&path, Durability::Process).unwrap();
+        let provider = Provider::default();
+        let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(provider.clone());
+        svc.ready().await.unwrap().call(send(81)).await.unwrap();
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+        if replace {
+            drop(SqliteStore::open(&path, Durability::Process).unwrap());
+        }
+        let err = svc.ready().await.unwrap().call(send(81)).await.unwrap_err();
+        assert_eq!(code(err), ErrorCode::StoreUnavailable, "replace: {replace}");
+        assert_eq!(provider.deliveries(), 1, "never sent twice");
+    }
+    // A resumed process refuses a store that is gone rather than starting empty.
+    let missing = temp_db("missing");
+    assert!(SqliteStore::open_existing(&missing, Durability::Process).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Waiters wait.
+
+async fn waiters_wait<St: ReceiptStore>(store: St) {
+    crash(&store, 91).await;
+    // The crashed call's lease passes; then 20 duplicates arrive at once. One takes it over;
+    // the others wait for its receipt instead of answering in_progress at once.
+    let provider = Provider {
+        delay: Duration::from_millis(200),
+        ..Provider::keyed()
+    };
+    let make = |st: &St| {
+        ReceiptLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn)
+            .timing(Duration::from_millis(300), Duration::from_secs(5))
+            .unwrap()
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let svc = make(&store).layer(provider.clone());
+    let calls = (0..20).map(|_| svc.clone().oneshot(send(91)));
+    let results = futures_join_all(calls).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let codes: Vec<_> = results
+        .into_iter()
+        .filter_map(|r| r.err().map(code))
+        .collect();
+    assert_eq!(ok, 20, "refused: {codes:?}");
+    assert_eq!(provider.deliveries(), 1);
+}
+
+async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// A store whose crashed intent had a short lease (the crash above records 30 s; these tests
+/// record with a 10 ms one instead).
+async fn crash_short<St: ReceiptStore>(store: &St, invoice: u64) {
+    let act = action(&send(invoice)).unwrap();
+    store
+        .begin(act.key().as_str(), act.fingerprint(), "crashed-run", Duration::from_millis(10))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_lose_the_take_over_wait_for_the_receipt() {
+    for store in [StoreKind::Memory, StoreKind::Sqlite, StoreKind::Postgres] {
+        let Some(store) = store.open().await else {
+            continue;
+        };
+        match store {
+            Opened::Memory(s) => waiters_wait_short(s).await,
+            Opened::Sqlite(s) => waiters_wait_short(s).await,
+            Opened::Postgres(s) => waiters_wait_short(s).await,
+        }
+    }
+}
+
+async fn waiters_wait_short<St: ReceiptStore>(store: St) {
+    crash_short(&store, 91).await;
+    let _ = waiters_wait::<St>;
+    let provider = Provider {
+        delay: Duration::from_millis(200),
+        ..Provider::keyed()
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let svc = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
+        .timing(Duration::from_secs(30), Duration::from_secs(5))
+        .unwrap()
+        .layer(provider.clone());
+    let results = futures_join_all((0..20).map(|_| svc.clone().oneshot(send(91)))).await;
+    let codes: Vec<_> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    assert!(codes.is_empty(), "refused: {codes:?}");
+    assert_eq!(provider.deliveries(), 1);
+}
+
+enum StoreKind {
+    Memory,
+    Sqlite,
+    Postgres,
+}
+
+enum Opened {
+    Memory(InMemoryStore),
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+impl StoreKind {
+    async fn open(self) -> Option<Opened> {
+        Some(match self {
+            StoreKind::Memory => Opened::Memory(InMemoryStore::new()),
+            StoreKind::Sqlite => Opened::Sqlite(
+                SqliteStore::open(temp_db("kind"), Durability::Process).unwrap(),
+            ),
+            StoreKind::Postgres => {
+                let url = fresh_schema().await?;
+                let store = PostgresStore::connect(&url).await.unwrap();
+                store.migrate().await.unwrap();
+                Opened::Postgres(store)
+            }
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. Cancellation during `begin` (and before the send) leaves no orphan.
+
+#[tokio::test]
+async fn a_call_cancelled_while_sqlite_records_its_intent_leaves_no_orphan() {
+    let path = temp_db("cancel");
+    let store = SqliteStore::open(&path, Durability::Process).unwrap();
+    // Another process holds the write lock: recording the intent waits for it.
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let lock_path = path.clone();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(&lock_path).unwrap();
+        conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+        locked_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        conn.execute_batch("COMMIT").unwrap();
+    });
+    locked_rx.recv().unwrap();
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(provider.clone());
+    let timed_out =
+        tokio::time::timeout(Duration::from_millis(100), svc.ready().await.unwrap().call(send(101)))
+            .await;
+    assert!(timed_out.is_err(), "the caller's timeout fired during begin");
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    // The intent recorded after the caller left is removed by the clean-up queued behind it:
+    // the next attempt sends at once (not in_progress, not outcome_unknown).
+    let started = Instant::now();
+    svc.ready().await.unwrap().call(send(101)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(provider.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn a_call_cancelled_while_postgres_records_its_intent_leaves_no_orphan() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let locker = raw_pg(&url).await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE stormguard_receipts IN EXCLUSIVE MODE;")
+        .await
+        .unwrap();
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(provider.clone());
+    let timed_out =
+        tokio::time::timeout(Duration::from_millis(100), svc.ready().await.unwrap().call(send(102)))
+            .await;
+    assert!(timed_out.is_err());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    svc.ready().await.unwrap().call(send(102)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(provider.deliveries(), 1);
+}
+
+/// A provider whose connection pool never becomes ready.
+#[derive(Clone)]
+struct NeverReady;
+
+impl Service<Send_> for NeverReady {
+    type Response = String;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<String, std::io::Error>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Pending
+    }
+    fn call(&mut self, _: Send_) -> Self::Future {
+        unreachable!("never ready")
+    }
+}
+
+#[tokio::test]
+async fn a_call_cancelled_before_it_was_sent_removes_its_intent() {
+    let store = InMemoryStore::new();
+    let mut stuck = layer(&store, ToolClass::UnkeyedWrite).layer(NeverReady);
+    let timed_out =
+        tokio::time::timeout(Duration::from_millis(50), stuck.ready().await.unwrap().call(send(103)))
+            .await;
+    assert!(timed_out.is_err());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(store.is_empty(), "the unsent intent was removed");
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(provider.clone());
+    svc.ready().await.unwrap().call(send(103)).await.unwrap();
+    assert_eq!(provider.deliveries(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. A receipt hit costs nothing downstream.
+
+#[tokio::test]
+async fn a_receipt_hit_never_waits_for_or_spends_a_quota_slot() {
+    use stormguard::quota::{Quota, QuotaLayer};
+    let store = InMemoryStore::new();
+    let provider = Provider::default();
+    let mut svc = ServiceBuilder::new()
+        .layer(layer(&store, ToolClass::KeyedWrite))
+        .layer(QuotaLayer::new(Quota::per_second(5).build().unwrap()))
+        .service(provider.clone());
+    let started = Instant::now();
+    for _ in 0..6 {
+        svc.ready().await.unwrap().call(send(111)).await.unwrap();
+    }
+    assert_eq!(provider.deliveries(), 1);
+    assert!(
+        started.elapsed() < Duration::from_millis(150),
+        "receipt hits waited for the quota: {:?}",
+        started.elapsed()
+    );
+    // The quota's slots are all there for the next real sends: 1 used, 4 left in the first
+    // second... a second action goes out at once.
+    let started = Instant::now();
+    svc.ready().await.unwrap().call(send(112)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(400), "{:?}", started.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. The in-memory store never stalls the runtime; SQLite prunes in batches.
+
+#[tokio::test(flavor = "current_thread")]
+async fn pruning_a_large_in_memory_store_leaves_the_runtime_responsive() {
+    let clock = ManualClock::new(T0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let lease = Duration::from_secs(30);
+    for i in 0..100_000u32 {
+        store.begin(&format!("k{i}"), "fp", "me", lease).await.unwrap();
+    }
+    clock.advance_ms(10_000);
+    let lag = Arc::new(Mutex::new(Duration::ZERO));
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ticker = {
+        let lag = lag.clone();
+        tokio::spawn(async move {
+            loop {
+                let before = Instant::now();
+                tokio::select! {
+                    _ = &mut stop_rx => return,
+                    _ = tokio::task::yield_now() => {}
+                }
+                let gap = before.elapsed();
+                let mut worst = lag.lock().unwrap();
+                *worst = (*worst).max(gap);
+            }
+        })
+    };
+    let removed = store.prune(Duration::from_secs(5)).await.unwrap();
+    stop_tx.send(()).unwrap();
+    ticker.await.unwrap();
+    assert_eq!(removed, 100_000);
+    assert!(store.is_empty());
+    let worst = *lag.lock().unwrap();
+    assert!(worst < Duration::from_millis(100), "the runtime stalled for {worst:?}");
+}
+
+#[tokio::test]
+async fn sqlite_prunes_more_than_one_batch() {
+    let clock = ManualClock::new(T0);
+    let store = SqliteStore::open_with_clock(temp_db("prune"), Durability::Process, clock.clone())
+        .unwrap();
+    let lease = Duration::from_secs(30);
+    let writes = futures_join_all((0..2_500u32).map(|i| {
+        let store = store.clone();
+        async move { store.begin(&format!("k{i}"), "fp", "me", lease).await.unwrap() }
+    }))
+    .await;
+    assert!(writes.iter().all(|b| *b == Begin::Fresh));
+    clock.advance_ms(10_000);
+    store.begin("young", "fp", "me", lease).await.unwrap();
+    assert_eq!(store.prune(Duration::from_secs(5)).await.unwrap(), 2_500);
+    assert!(matches!(
+        store.begin("young", "fp", "other", lease).await.unwrap(),
+        Begin::Pending { .. }
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 14. Smaller promises.
+
+#[tokio::test]
+async fn postgres_reconnects_after_its_backends_die() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let name = format!("sg_reconnect_{}", std::process::id());
+    let url = format!("{url} application_name={name}");
+    let store = PostgresStore::options(&url)
+        .connections(2)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let lease = Duration::from_secs(30);
+    store.begin("before", "fp", "me", lease).await.unwrap();
+    let admin = raw_pg(&std::env::var("STORMGUARD_POSTGRES_URL").unwrap()).await;
+    let killed = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    assert!(killed.get::<_, i64>(0) >= 1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every later call works again: the dead connections are opened anew.
+    for i in 0..4 {
+        assert_eq!(
+            store.begin(&format!("after-{i}"), "fp", "me", lease).await.unwrap(),
+            Begin::Fresh
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_old_receipt_on_hand_still_answers() {
+    let clock = ManualClock::new(T0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
+    let first = svc.ready().await.unwrap().call(send(141)).await.unwrap();
+    clock.advance_ms(8 * 24 * 3600 * 1000); // past the 7-day retention
+    assert_eq!(svc.ready().await.unwrap().call(send(141)).await.unwrap(), first);
+    assert_eq!(provider.deliveries(), 1);
+    // An old intent without a receipt is refused, with a hint that says how to settle it.
+    crash(&store, 142).await;
+    clock.advance_ms(8 * 24 * 3600 * 1000);
+    let err = svc.ready().await.unwrap().call(send(142)).await.unwrap_err();
+    let err = err.downcast::<ToolError>().unwrap();
+    assert_eq!(err.code(), ErrorCode::ReceiptExpired);
+    assert!(err.hint().contains("resolve"), "{}", err.hint());
+}
+
+/// The in-memory store, with its first `complete` failing (a full disk).
+#[derive(Clone)]
+struct FailsOnce(InMemoryStore, Arc<AtomicU32>);
+
+impl ReceiptStore for FailsOnce {
+    fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        self.0.begin(key, fingerprint, owner, lease)
+    }
+    fn claim(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.0.claim(key, owner, lease)
+    }
+    fn release(&self, key: &str, owner: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.release(key, owner)
+    }
+    fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        receipt: &[u8],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let fail = self.1.fetch_add(1, Ordering::SeqCst) == 0;
+        let done = self.0.complete(key, owner, receipt);
+        async move {
+            if fail {
+                return Err(StoreError::new("disk full"));
+            }
+            done.await
+        }
+    }
+    fn abandon(&self, key: &str, owner: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.abandon(key, owner)
+    }
+    fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        self.0.resolve(key, resolution)
+    }
+    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.0.prune(older_than)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_receipt_write_gives_up_its_lease() {
+    let store = FailsOnce(InMemoryStore::new(), Arc::default());
+    let provider = Provider::keyed();
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
+    // The effect happened; its receipt could not be stored: the caller still gets the result.
+    svc.ready().await.unwrap().call(send(143)).await.unwrap();
+    // The next attempt does not wait out the 30 s lease: it resumes at once with the same key.
+    let started = Instant::now();
+    svc.ready().await.unwrap().call(send(143)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(provider.deliveries(), 1, "the provider deduplicated the key");
+}
+
+#[tokio::test]
+async fn a_non_ascii_idempotency_key_from_the_caller_is_refused_not_overwritten() {
+    let (addr, calls) = server::serve(|_| server::status(200, &[])).await;
+    let mut tool = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
+        .classifier(HttpClassifier)
+        .codec(StatusCodec)
+        .layer(status_client());
+    let mut req = email(addr);
+    req.headers_mut().insert(
+        "idempotency-key",
+        http::HeaderValue::from_bytes(b"caf\xe9-4471").unwrap(),
+    );
+    let err = tool.ready().await.unwrap().call(req).await.unwrap_err();
+    assert_eq!(code(err), ErrorCode::InvalidArgument);
+    let mut stamp = stormguard::key::IdempotencyKeyLayer::new(|_: &http::Request<Body>| {
+        IdempotencyKey::parse("run-1:step-2:send:abc")
+    })
+    .layer(status_client());
+    let mut req = email(addr);
+    req.headers_mut().insert(
+        "idempotency-key",
+        http::HeaderValue::from_bytes(b"caf\xe9-4471").unwrap(),
+    );
+    let err = stamp.ready().await.unwrap().call(req).await.unwrap_err();
+    assert_eq!(code(err), ErrorCode::InvalidArgument);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_operator_settles_an_outcome_unknown() {
+    let store = SqliteStore::open(temp_db("resolve"), Durability::Process).unwrap();
+    let provider = Provider::default();
+    let mut svc = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn)
+        .timing(Duration::from_millis(10), Duration::from_secs(2))
+        .unwrap()
+        .layer(provider.clone());
+    for (invoice, resolution) in [
+        (144, Resolution::NotDone),
+        (145, Resolution::Done(br#""msg-145-from-the-provider-log""#.to_vec())),
+    ] {
+        crash_short(&store, invoice).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let err = svc.ready().await.unwrap().call(send(invoice)).await.unwrap_err();
+        assert_eq!(code(err), ErrorCode::OutcomeUnknown);
+        let key = action(&send(invoice)).unwrap();
+        assert_eq!(
+            store.resolve(key.key().as_str(), resolution).await.unwrap(),
+            Resolved::Settled
+        );
+    }
+    // Not done: sent now. Done: its receipt answers.
+    assert_eq!(svc.ready().await.unwrap().call(send(144)).await.unwrap(), "msg-144-1");
+    assert_eq!(
+        svc.ready().await.unwrap().call(send(145)).await.unwrap(),
+        "msg-145-from-the-provider-log"
+    );
+    assert_eq!(provider.deliveries(), 1);
+}
