@@ -24,7 +24,10 @@ async fn keyed_write<St: ReceiptStore>(store: &St) {
         KEYS.fetch_add(1, Ordering::Relaxed)
     );
     let lease = Duration::from_secs(30);
-    let begin = store.begin(&key, "fp", "bench", lease).await.expect("begin");
+    let begin = store
+        .begin(&key, "fp", "bench", lease)
+        .await
+        .expect("begin");
     assert_eq!(begin, Begin::Fresh);
     store
         .complete(&key, "bench", b"{\"message_id\":\"msg-1\"}")

@@ -86,3 +86,33 @@ async fn crash_and_resume() {
         .unwrap();
     assert!(after.state.contains("receipt recorded"), "{}", after.state);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_after_the_send_is_two_emails_naive_and_never_two_with_receipts() {
+    let started = Instant::now();
+    let mut provider = run::start_provider(started).await;
+    let naive = run::run_503_path(Path_::Naive503, &mut provider, started).await;
+    assert_eq!(naive.emails_delivered, 2, "{naive:#?}");
+    assert!(
+        naive.run_reported_success,
+        "and the naive run reports success"
+    );
+
+    let guarded = run::run_503_path(Path_::Receipts503, &mut provider, started).await;
+    assert_eq!(guarded.emails_delivered, 1, "{guarded:#?}");
+    assert!(
+        !guarded.run_reported_success,
+        "escalated, not reported as success"
+    );
+    let after = guarded
+        .moments
+        .iter()
+        .find(|m| m.moment == "after")
+        .unwrap();
+    assert!(
+        after.what.contains("outcome_unknown") || after.what.contains("may have taken effect"),
+        "{}",
+        after.what
+    );
+    assert!(after.state.contains("intent pending"), "{}", after.state);
+}

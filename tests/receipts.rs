@@ -133,9 +133,15 @@ const T0: u64 = 1_700_000_000_000;
 const LEASE: Duration = Duration::from_millis(100);
 
 async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
-    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("a", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     // A retried begin of the same owner (a lost reply) is still its own.
-    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("a", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     clock.advance_ms(1);
     assert_eq!(
         store.begin("a", "fp", "two", LEASE).await.unwrap(),
@@ -195,9 +201,15 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
         store.begin("a", "fp", "four", LEASE).await.unwrap(),
         Begin::Done { receipt, .. } if receipt == b"receipt"
     ));
-    assert_eq!(store.begin("b", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("b", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     store.abandon("b", "one").await.unwrap();
-    assert_eq!(store.begin("b", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("b", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     // Release ends a lease at once.
     store.release("b", "one").await.unwrap();
     assert!(store.claim("b", "two", LEASE).await.unwrap());
@@ -213,7 +225,10 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
         store.begin("b", "fp", "five", LEASE).await.unwrap(),
         Begin::Done { receipt, .. } if receipt == b"checked"
     ));
-    assert_eq!(store.begin("c", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("c", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     assert_eq!(
         store.resolve("c", Resolution::NotDone).await.unwrap(),
         Resolved::Settled
@@ -222,19 +237,31 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
         store.resolve("c", Resolution::NotDone).await.unwrap(),
         Resolved::NoRecord
     );
-    assert_eq!(store.begin("c", "fp", "two", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("c", "fp", "two", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     // Prune removes what is older than the cut, by the store's clock.
     clock.advance_ms(10_000);
-    assert_eq!(store.begin("new", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("new", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     assert_eq!(store.prune(Duration::from_secs(5)).await.unwrap(), 3);
-    assert_eq!(store.begin("a", "fp", "one", LEASE).await.unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin("a", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
     assert!(matches!(
         store.begin("new", "fp", "two", LEASE).await.unwrap(),
         Begin::Pending { .. }
     ));
 }
 
-async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(store: St, _clock: ManualClock) {
+async fn a_receipt_is_returned_without_calling_again<St: ReceiptStore>(
+    store: St,
+    _clock: ManualClock,
+) {
     let provider = Provider::default();
     let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     let first = call(&mut svc, send(4471)).await.unwrap();
@@ -263,7 +290,10 @@ async fn parallel_duplicates_execute_once<St: ReceiptStore>(store: St, _clock: M
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(store: St, _clock: ManualClock) {
+async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(
+    store: St,
+    _clock: ManualClock,
+) {
     let provider = Provider {
         delay: Duration::from_secs(5),
         ..Provider::default()
@@ -279,7 +309,10 @@ async fn a_duplicate_that_waits_too_long_is_told_in_progress<St: ReceiptStore>(s
     assert_eq!(provider.deliveries(), 1);
 }
 
-async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store: St, clock: ManualClock) {
+async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(
+    store: St,
+    clock: ManualClock,
+) {
     let provider = Provider::default();
     // The crashed run: intent recorded, the provider did the work, no receipt.
     let req = send(9);
@@ -289,7 +322,9 @@ async fn a_crashed_keyed_write_resumes_with_the_same_key<St: ReceiptStore>(store
             .begin(
                 act.key().as_str(),
                 act.fingerprint(),
-                "crashed-run", Duration::from_secs(30))
+                "crashed-run",
+                Duration::from_secs(30)
+            )
             .await
             .unwrap(),
         Begin::Fresh
@@ -340,7 +375,10 @@ impl ReadBack<SendEmail, Sent> for SentLog {
     }
 }
 
-async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store: St, clock: ManualClock) {
+async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(
+    store: St,
+    clock: ManualClock,
+) {
     let provider = Provider::default();
     let crash = |invoice: u64, store: St| async move {
         let act = action(&send(invoice)).unwrap();
@@ -348,7 +386,9 @@ async fn a_crashed_unkeyed_write_reads_back_or_escalates<St: ReceiptStore>(store
             .begin(
                 act.key().as_str(),
                 act.fingerprint(),
-                "crashed-run", Duration::from_secs(30))
+                "crashed-run",
+                Duration::from_secs(30),
+            )
             .await
             .unwrap();
     };
@@ -395,7 +435,9 @@ async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St, clock: Man
         .begin(
             act.key().as_str(),
             act.fingerprint(),
-            "crashed-run", Duration::from_secs(30))
+            "crashed-run",
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
     clock.advance_ms(8 * 24 * 3600 * 1000); // past the 7-day default retention
@@ -408,7 +450,10 @@ async fn an_old_intent_is_refused_loudly<St: ReceiptStore>(store: St, clock: Man
     assert_eq!(provider.deliveries(), 0);
 }
 
-async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St, _clock: ManualClock) {
+async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(
+    store: St,
+    _clock: ManualClock,
+) {
     let refused = Provider {
         fail_with: Some(std::io::ErrorKind::ConnectionRefused),
         ..Provider::default()
@@ -418,7 +463,12 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St
     let act = action(&send(13)).unwrap();
     assert_eq!(
         store
-            .begin(act.key().as_str(), act.fingerprint(), "crashed-run", Duration::from_millis(1))
+            .begin(
+                act.key().as_str(),
+                act.fingerprint(),
+                "crashed-run",
+                Duration::from_millis(1)
+            )
             .await
             .unwrap(),
         Begin::Fresh
@@ -433,8 +483,19 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(store: St
     assert!(call(&mut svc, send(14)).await.is_err());
     let act = action(&send(14)).unwrap();
     assert!(matches!(
-        store.begin(act.key().as_str(), act.fingerprint(), "crashed-run", Duration::from_millis(1)).await.unwrap(),
-        Begin::Pending { lease_left_ms: 0, .. }
+        store
+            .begin(
+                act.key().as_str(),
+                act.fingerprint(),
+                "crashed-run",
+                Duration::from_millis(1)
+            )
+            .await
+            .unwrap(),
+        Begin::Pending {
+            lease_left_ms: 0,
+            ..
+        }
     ));
     let mut again = layer(&store, ToolClass::UnkeyedWrite).layer(Provider::default());
     assert_eq!(
@@ -457,7 +518,9 @@ macro_rules! suite {
                     #[tokio::test]
                     async fn $name() {
                         let clock = ManualClock::new(T0);
-                        let Some(store) = store(clock.clone()).await else { return };
+                        let Some(store) = store(clock.clone()).await else {
+                            return;
+                        };
                         super::$name(store, clock).await;
                     }
                 };
@@ -537,7 +600,9 @@ async fn fresh_schema() -> Option<String> {
     Some(format!("{url} options='-c search_path={schema}'"))
 }
 
-suite!(memory, |clock| async { Some(InMemoryStore::with_clock(clock)) });
+suite!(memory, |clock| async {
+    Some(InMemoryStore::with_clock(clock))
+});
 suite!(sqlite, |clock| async {
     Some(SqliteStore::open_with_clock(temp_db("suite"), Durability::Process, clock).unwrap())
 });

@@ -6,7 +6,9 @@
 //! ```
 //!
 //! See `run.rs` for what happens. Expected: the naive path delivers 2 emails and reports
-//! success; the receipts path delivers 1.
+//! success; the receipts path delivers 1. Then the same email against a provider that takes no
+//! key, behind a proxy that answers 503 after forwarding: `naive-503` retries it (2 emails,
+//! success reported); `receipts-503` delivers 1 and escalates `outcome_unknown`.
 
 mod run;
 
@@ -58,6 +60,9 @@ fn main() {
         let mut reports = Vec::new();
         for path in [Path_::Naive, Path_::Receipts] {
             reports.push(run::run_path(path, &mut provider, started, &child_command).await);
+        }
+        for path in [Path_::Naive503, Path_::Receipts503] {
+            reports.push(run::run_503_path(path, &mut provider, started).await);
         }
         reports
     });

@@ -28,13 +28,18 @@ use stormguard::receipt::{Action, Durability, ReceiptLayer, SqliteStore};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
-/// The two ways of running the steps.
+/// The ways of running the steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path_ {
     /// No key, no receipt: a checkpoint after each step, as many agent harnesses do.
     Naive,
     /// stormguard: intent, key, receipt (SQLite).
     Receipts,
+    /// No crash: the provider (taking no key) sends the email, then a proxy in front of it
+    /// answers 503; the client retries the 503 as a transient failure.
+    Naive503,
+    /// The same 503, with stormguard: a `Retry` and a `ReceiptLayer` for an unkeyed write.
+    Receipts503,
 }
 
 impl Path_ {
@@ -42,6 +47,8 @@ impl Path_ {
         match self {
             Path_::Naive => "naive",
             Path_::Receipts => "receipts",
+            Path_::Naive503 => "naive-503",
+            Path_::Receipts503 => "receipts-503",
         }
     }
 
@@ -49,6 +56,8 @@ impl Path_ {
         match s {
             "naive" => Some(Path_::Naive),
             "receipts" => Some(Path_::Receipts),
+            "naive-503" => Some(Path_::Naive503),
+            "receipts-503" => Some(Path_::Receipts503),
             _ => None,
         }
     }
@@ -81,6 +90,10 @@ pub struct ProviderEvent {
 struct ProviderState {
     deliveries: u32,
     by_key: HashMap<String, Accepted>,
+    /// Sends still to be answered 503 by the proxy after the provider delivered them.
+    proxy_resets: u32,
+    /// A provider that takes no idempotency key.
+    ignores_keys: bool,
 }
 
 pub struct Provider {
@@ -92,6 +105,14 @@ pub struct Provider {
 impl Provider {
     pub fn deliveries(&self) -> u32 {
         self.state.lock().unwrap().deliveries
+    }
+
+    /// From now on: a provider that takes no key, behind a proxy that answers the next send with
+    /// 503 after forwarding it (an upstream reset).
+    pub fn unkeyed_behind_a_resetting_proxy(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.ignores_keys = true;
+        s.proxy_resets = 1;
     }
 }
 
@@ -107,8 +128,8 @@ pub async fn start_provider(started: Instant) -> Provider {
         while let Ok((stream, _)) = listener.accept().await {
             let (state, tx) = (shared.clone(), tx.clone());
             tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let svc = hyper::service::service_fn(
+                    move |req: http::Request<hyper::body::Incoming>| {
                         let (state, tx) = (state.clone(), tx.clone());
                         async move {
                             let key = req
@@ -131,24 +152,29 @@ pub async fn start_provider(started: Instant) -> Provider {
                                     ))
                                 }
                             };
-                            let (accepted, delivered) = {
+                            let (accepted, delivered, reset) = {
                                 let mut s = state.lock().unwrap();
-                                match key.as_ref().and_then(|k| s.by_key.get(k)).cloned() {
-                                    Some(stored) => (stored, false),
-                                    None => {
-                                        s.deliveries += 1;
-                                        let accepted = Accepted {
-                                            message_id: format!(
-                                                "msg-{}-{}",
-                                                email.invoice_id, s.deliveries
-                                            ),
-                                        };
-                                        if let Some(k) = &key {
-                                            s.by_key.insert(k.clone(), accepted.clone());
+                                let key = key.as_ref().filter(|_| !s.ignores_keys);
+                                let reset = s.proxy_resets > 0;
+                                s.proxy_resets = s.proxy_resets.saturating_sub(1);
+                                let (accepted, delivered) =
+                                    match key.and_then(|k| s.by_key.get(k)).cloned() {
+                                        Some(stored) => (stored, false),
+                                        None => {
+                                            s.deliveries += 1;
+                                            let accepted = Accepted {
+                                                message_id: format!(
+                                                    "msg-{}-{}",
+                                                    email.invoice_id, s.deliveries
+                                                ),
+                                            };
+                                            if let Some(k) = key {
+                                                s.by_key.insert(k.clone(), accepted.clone());
+                                            }
+                                            (accepted, true)
                                         }
-                                        (accepted, true)
-                                    }
-                                }
+                                    };
+                                (accepted, delivered, reset)
                             };
                             let _ = tx.send(ProviderEvent {
                                 at: started.elapsed(),
@@ -156,9 +182,17 @@ pub async fn start_provider(started: Instant) -> Provider {
                                 delivered,
                                 message_id: accepted.message_id.clone(),
                             });
+                            if reset {
+                                // The proxy lost the upstream connection after forwarding.
+                                return Ok(json_response(
+                                    503,
+                                    &serde_json::json!({"error": "upstream connect error or disconnect/reset before headers"}),
+                                ));
+                            }
                             Ok(json_response(200, &accepted))
                         }
-                    });
+                    },
+                );
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
@@ -208,6 +242,8 @@ pub struct EmailClient {
     client: Client<HttpConnector, Full<Bytes>>,
     provider: SocketAddr,
     crash_window: Duration,
+    /// Whether to print the send's events (the child's stdout is read by the parent).
+    report: bool,
 }
 
 impl Service<SendInvoice> for EmailClient {
@@ -235,9 +271,25 @@ impl Service<SendInvoice> for EmailClient {
                 .client
                 .request(b.body(Full::new(Bytes::from(serde_json::to_vec(&req.email)?)))?)
                 .await?;
+            // A failure status as the dependency's own error (code, class: 503 is ambiguous).
+            if let Some(err) = stormguard::classify::Classify::<_, BoxError>::dependency_error(
+                &stormguard::classify::HttpClassifier,
+                &resp,
+            ) {
+                if this.report {
+                    emit(
+                        &serde_json::json!({"event": "send_failed", "status": resp.status().as_u16()}),
+                    );
+                }
+                return Err(Box::new(err) as BoxError);
+            }
             let body = resp.into_body().collect().await?.to_bytes();
             let accepted: Accepted = serde_json::from_slice(&body)?;
-            emit(&serde_json::json!({"event": "send_returned", "message_id": accepted.message_id}));
+            if this.report {
+                emit(
+                    &serde_json::json!({"event": "send_returned", "message_id": accepted.message_id}),
+                );
+            }
             tokio::time::sleep(this.crash_window).await;
             Ok(accepted)
         })
@@ -291,6 +343,7 @@ pub async fn child(
         client: Client::builder(TokioExecutor::new()).build_http(),
         provider,
         crash_window,
+        report: true,
     };
     // Step 1: create the invoice (a local, idempotent write).
     if !cp.done.contains(&1) {
@@ -311,7 +364,9 @@ pub async fn child(
         };
         let req = SendInvoice { email, key: None };
         let accepted = match path {
-            Path_::Naive => client.clone().oneshot(req).await?,
+            Path_::Naive | Path_::Naive503 | Path_::Receipts503 => {
+                client.clone().oneshot(req).await?
+            }
             Path_::Receipts => {
                 let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
                 let receipts =
@@ -468,8 +523,8 @@ pub async fn run_path(
         moment: "crash",
         what: "SIGKILL: the process dies before its receipt or checkpoint for step 2".into(),
         state: match path {
-            Path_::Naive => "checkpoint says step 1 done, step 2 not".into(),
-            Path_::Receipts => receipt_row(&dir),
+            Path_::Naive | Path_::Naive503 => "checkpoint says step 1 done, step 2 not".into(),
+            Path_::Receipts | Path_::Receipts503 => receipt_row(&dir),
         },
     });
 
@@ -496,8 +551,8 @@ pub async fn run_path(
             (_, None) => "nothing sent".into(),
         },
         state: match path {
-            Path_::Naive => "a second email".into(),
-            Path_::Receipts => "no second email".into(),
+            Path_::Naive | Path_::Naive503 => "a second email".into(),
+            Path_::Receipts | Path_::Receipts503 => "no second email".into(),
         },
     });
     moments.push(Moment {
@@ -508,10 +563,12 @@ pub async fn run_path(
             if success { "success" } else { "failure" }
         ),
         state: match path {
-            Path_::Naive => {
+            Path_::Naive | Path_::Naive503 => {
                 "the checkpoint is the only record; it cannot say whether the email went out".into()
             }
-            Path_::Receipts => format!("{} (the system of record)", receipt_row(&dir)),
+            Path_::Receipts | Path_::Receipts503 => {
+                format!("{} (the system of record)", receipt_row(&dir))
+            }
         },
     });
     let _ = std::fs::remove_dir_all(&dir);
@@ -520,6 +577,117 @@ pub async fn run_path(
         emails_delivered: provider.deliveries() - before,
         run_reported_success: success,
         killed_after_send: killed,
+        moments,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 503 paths: no crash; the provider did the work and a proxy answered 503.
+
+/// Sends the invoice email once through `path`'s stack, in this process, against a provider
+/// that takes no key behind a proxy that answers the first send with 503 after forwarding it.
+pub async fn run_503_path(path: Path_, provider: &mut Provider, started: Instant) -> Report {
+    use stormguard::budget::RetryBudget;
+    use stormguard::retry::RetryLayer;
+    let dir = std::env::temp_dir().join(format!(
+        "stormguard-invoice-{}-{}-{}",
+        path.name(),
+        std::process::id(),
+        started.elapsed().as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    provider.unkeyed_behind_a_resetting_proxy();
+    let before = provider.deliveries();
+    let ms = |d: Duration| d.as_millis() as u64;
+    let client = EmailClient {
+        client: Client::builder(TokioExecutor::new()).build_http(),
+        provider: provider.addr,
+        crash_window: Duration::ZERO,
+        report: false,
+    };
+    let email = Email {
+        invoice_id: INVOICE,
+        to: "ap@acme.test".into(),
+        body: model_writes_body(INVOICE),
+    };
+    let req = SendInvoice { email, key: None };
+    let result: Result<Accepted, BoxError> = match path {
+        Path_::Naive503 => {
+            // What a generic retry middleware does by default: 503 is "transient", retry it.
+            let mut last = Err::<Accepted, BoxError>("not sent".into());
+            for _ in 0..3 {
+                last = client.clone().oneshot(req.clone()).await;
+                if last.is_ok() {
+                    break;
+                }
+            }
+            last
+        }
+        _ => {
+            let store =
+                SqliteStore::open(dir.join("receipts.db"), Durability::Process).expect("store");
+            let receipts =
+                ReceiptLayer::new(store, ToolClass::UnkeyedWrite, |req: &SendInvoice| {
+                    Action::task(
+                        RUN,
+                        "step-2",
+                        "send_invoice",
+                        &req.email,
+                        &["invoice_id"],
+                        &["invoice_id", "to"],
+                    )
+                });
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(
+                    ToolClass::UnkeyedWrite,
+                    RetryBudget::default(),
+                ))
+                .layer(receipts)
+                .service(client)
+                .oneshot(req)
+                .await
+                .map_err(Into::into)
+        }
+    };
+    let mut sends = Vec::new();
+    while let Ok(ev) = provider.events.try_recv() {
+        sends.push(ev);
+    }
+    let mut moments = Vec::new();
+    for (i, ev) in sends.iter().enumerate() {
+        moments.push(Moment {
+            t_ms: ms(ev.at),
+            moment: if i == 0 { "the send" } else { "a retry" },
+            what: format!("the provider delivers {}", ev.message_id),
+            state: if i == 0 {
+                "the proxy loses the upstream and answers 503".into()
+            } else {
+                "a second email".into()
+            },
+        });
+    }
+    let success = result.is_ok();
+    moments.push(Moment {
+        t_ms: ms(started.elapsed()),
+        moment: "after",
+        what: match &result {
+            Ok(a) => format!("the run reports success ({})", a.message_id),
+            Err(e) => format!("the run reports failure: {e}"),
+        },
+        state: match path {
+            Path_::Naive503 => "the 503 was read as 'nothing happened'".into(),
+            _ => format!(
+                "{}; a person checks the provider and settles it (ReceiptStore::resolve)",
+                receipt_row(&dir)
+            ),
+        },
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    Report {
+        path: path.name(),
+        emails_delivered: provider.deliveries() - before,
+        run_reported_success: success,
+        killed_after_send: false,
         moments,
     }
 }

@@ -112,4 +112,3 @@ impl Action {
         &self.fingerprint
     }
 }
-

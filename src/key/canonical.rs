@@ -179,8 +179,7 @@ pub fn es_number(f: f64) -> String {
 /// float as `null`, and a deeper value would exhaust the stack.
 pub(crate) fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
     args.serialize(Check { depth: 0 }).map_err(|e| e.0)?;
-    serde_json::to_value(args)
-        .map_err(|_| KeyError::new("args", "could not be serialised to JSON"))
+    serde_json::to_value(args).map_err(|_| KeyError::new("args", "could not be serialised to JSON"))
 }
 
 #[derive(Debug)]
@@ -268,10 +267,19 @@ impl ser::Serializer for Check {
     fn serialize_unit_struct(self, _: &'static str) -> Result<(), CheckError> {
         Ok(())
     }
-    fn serialize_unit_variant(self, _: &'static str, _: u32, _: &'static str) -> Result<(), CheckError> {
+    fn serialize_unit_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+    ) -> Result<(), CheckError> {
         Ok(())
     }
-    fn serialize_newtype_struct<T: ?Sized + Serialize>(self, _: &'static str, v: &T) -> Result<(), CheckError> {
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        v: &T,
+    ) -> Result<(), CheckError> {
         v.serialize(self)
     }
     fn serialize_newtype_variant<T: ?Sized + Serialize>(
@@ -292,7 +300,13 @@ impl ser::Serializer for Check {
     fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Check, CheckError> {
         self.nest()
     }
-    fn serialize_tuple_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Check, CheckError> {
+    fn serialize_tuple_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Check, CheckError> {
         self.nest()?.nest()
     }
     fn serialize_map(self, _: Option<usize>) -> Result<Check, CheckError> {
@@ -301,7 +315,13 @@ impl ser::Serializer for Check {
     fn serialize_struct(self, _: &'static str, _: usize) -> Result<Check, CheckError> {
         self.nest()
     }
-    fn serialize_struct_variant(self, _: &'static str, _: u32, _: &'static str, _: usize) -> Result<Check, CheckError> {
+    fn serialize_struct_variant(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: usize,
+    ) -> Result<Check, CheckError> {
         self.nest()?.nest()
     }
 }
@@ -321,8 +341,12 @@ macro_rules! compound {
     };
 }
 
-compound!(SerializeSeq::serialize_element, SerializeTuple::serialize_element,
-    SerializeTupleStruct::serialize_field, SerializeTupleVariant::serialize_field);
+compound!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
 
 impl ser::SerializeMap for Check {
     type Ok = ();
@@ -341,7 +365,11 @@ impl ser::SerializeMap for Check {
 impl ser::SerializeStruct for Check {
     type Ok = ();
     type Error = CheckError;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, _: &'static str, v: &T) -> Result<(), CheckError> {
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        _: &'static str,
+        v: &T,
+    ) -> Result<(), CheckError> {
         v.serialize(*self)
     }
     fn end(self) -> Result<(), CheckError> {
@@ -352,7 +380,11 @@ impl ser::SerializeStruct for Check {
 impl ser::SerializeStructVariant for Check {
     type Ok = ();
     type Error = CheckError;
-    fn serialize_field<T: ?Sized + Serialize>(&mut self, _: &'static str, v: &T) -> Result<(), CheckError> {
+    fn serialize_field<T: ?Sized + Serialize>(
+        &mut self,
+        _: &'static str,
+        v: &T,
+    ) -> Result<(), CheckError> {
         v.serialize(*self)
     }
     fn end(self) -> Result<(), CheckError> {

@@ -57,9 +57,10 @@ fn header_key(headers: &http::HeaderMap) -> Option<&str> {
 
 #[cfg(feature = "http")]
 fn unreadable_header(headers: &http::HeaderMap) -> bool {
-    headers
-        .get("idempotency-key")
-        .is_some_and(|v| v.to_str().map_or(true, |k| super::IdempotencyKey::parse(k).is_err()))
+    headers.get("idempotency-key").is_some_and(|v| {
+        v.to_str()
+            .map_or(true, |k| super::IdempotencyKey::parse(k).is_err())
+    })
 }
 
 #[cfg(feature = "http")]

@@ -42,8 +42,8 @@ mod canonical;
 mod layer;
 
 pub use action::Action;
-pub use canonical::{canonical_json, es_number, MAX_DEPTH};
 use canonical::to_value;
+pub use canonical::{canonical_json, es_number, MAX_DEPTH};
 pub(crate) use layer::check_stamped;
 pub use layer::{IdempotencyKeyLayer, KeyStamp, StampKey, StampKeyFuture};
 

@@ -115,7 +115,9 @@ impl<St: ReceiptStore> Drop for Intent<St> {
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn(settle)),
-            Err(_) => tracing::warn!("an intent was dropped outside a tokio runtime; its lease will pass on its own"),
+            Err(_) => tracing::warn!(
+                "an intent was dropped outside a tokio runtime; its lease will pass on its own"
+            ),
         }
     }
 }

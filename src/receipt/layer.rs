@@ -114,8 +114,7 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     /// never sent again on the strength of a key the provider has forgotten. At least one
     /// second, at most ten years.
     pub fn key_window(mut self, window: Duration) -> Result<Self, ConfigError> {
-        if window < Duration::from_secs(1) || window > Duration::from_secs(10 * 365 * 24 * 3600)
-        {
+        if window < Duration::from_secs(1) || window > Duration::from_secs(10 * 365 * 24 * 3600) {
             return Err(ConfigError::new(
                 "key_window",
                 "must be at least one second and at most ten years",

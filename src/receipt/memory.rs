@@ -1,5 +1,5 @@
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, Record, ReceiptStore, Resolution, Resolved, StoreError};
+use super::store::{Begin, ReceiptStore, Record, Resolution, Resolved, StoreError};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{ready, Future};

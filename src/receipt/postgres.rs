@@ -8,7 +8,7 @@
 //! `lock_timeout`, so no call waits without bound.
 
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, Durability, Record, ReceiptStore, Resolution, Resolved, StoreError};
+use super::store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};
 use crate::error::ConfigError;
 use std::fmt;
 use std::future::Future;
@@ -295,7 +295,10 @@ impl Pool {
             return Ok(conn.clone());
         }
         if slot.is_some() {
-            tracing::info!(slot = i, "receipt store connection was closed; reconnecting");
+            tracing::info!(
+                slot = i,
+                "receipt store connection was closed; reconnecting"
+            );
         }
         let conn = open(&self.options).await?;
         *slot = Some(conn.clone());
@@ -473,7 +476,14 @@ impl ReceiptStore for PostgresStore {
                     i64,
                     Option<Vec<u8>>,
                     i64,
-                ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5));
+                ) = (
+                    row.get(0),
+                    row.get(1),
+                    row.get(2),
+                    row.get(3),
+                    row.get(4),
+                    row.get(5),
+                );
                 let record = Record {
                     fingerprint: &fp,
                     owner: &holder,
@@ -481,7 +491,12 @@ impl ReceiptStore for PostgresStore {
                     lease_until_ms: lease_until as u64,
                     receipt: receipt.as_deref(),
                 };
-                return Ok(Begin::decide(Some(record), &fingerprint, &owner, now as u64));
+                return Ok(Begin::decide(
+                    Some(record),
+                    &fingerprint,
+                    &owner,
+                    now as u64,
+                ));
             }
         }
     }

@@ -131,7 +131,12 @@ where
         let deadline = tokio::time::Instant::now() + settings.wait;
         loop {
             let begin = store
-                .begin(key.as_str(), self.action.fingerprint(), intent.owner(), settings.lease)
+                .begin(
+                    key.as_str(),
+                    self.action.fingerprint(),
+                    intent.owner(),
+                    settings.lease,
+                )
                 .await
                 .map_err(store_down)?;
             let (age_ms, lease_left_ms) = match begin {

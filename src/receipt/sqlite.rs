@@ -7,7 +7,7 @@
 //! after another (the clean-up of a cancelled call after its `begin`) runs after it.
 
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, Durability, Record, ReceiptStore, Resolution, Resolved, StoreError};
+use super::store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
 use std::future::Future;
@@ -182,14 +182,21 @@ impl SqliteStore {
         let queued = self.shared.jobs.send(job);
         async move {
             queued.map_err(|_| StoreError::new("the store's writer thread has stopped"))?;
-            rx.await
-                .map_err(|_| StoreError::new("the store's writer thread stopped before answering"))?
+            rx.await.map_err(|_| {
+                StoreError::new("the store's writer thread stopped before answering")
+            })?
         }
     }
 }
 
 /// The writer thread: takes what is queued, runs it in one transaction, answers after commit.
-fn writer(conn: Connection, queue: mpsc::Receiver<Job>, path: &Path, id: FileId, clock: &StoreClock) {
+fn writer(
+    conn: Connection,
+    queue: mpsc::Receiver<Job>,
+    path: &Path,
+    id: FileId,
+    clock: &StoreClock,
+) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -200,7 +207,8 @@ fn writer(conn: Connection, queue: mpsc::Receiver<Job>, path: &Path, id: FileId,
         }
         if file_id(path) != Some(id) {
             tracing::error!(path = %path.display(), "the receipt store file was deleted or replaced; failing closed");
-            let why = "the store file was deleted or replaced while open; refusing to record into it";
+            let why =
+                "the store file was deleted or replaced while open; refusing to record into it";
             for job in batch {
                 job(Err(why)).0(None);
             }
@@ -400,7 +408,9 @@ impl ReceiptStore for SqliteStore {
         let key = key.to_string();
         self.with(move |conn, now| {
             let done: Option<bool> = conn
-                .prepare_cached("SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = ?1")
+                .prepare_cached(
+                    "SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = ?1",
+                )
                 .and_then(|mut st| st.query_row(params![key], |r| r.get(0)).optional())
                 .map_err(err("read the record"))?;
             match (done, resolution) {
@@ -436,7 +446,9 @@ impl ReceiptStore for SqliteStore {
                             "DELETE FROM stormguard_receipts WHERE rowid IN
                              (SELECT rowid FROM stormguard_receipts WHERE since_ms < ?1 LIMIT ?2)",
                         )
-                        .and_then(|mut st| st.execute(params![ms(now).saturating_sub(age), PRUNE_STEP]))
+                        .and_then(|mut st| {
+                            st.execute(params![ms(now).saturating_sub(age), PRUNE_STEP])
+                        })
                         .map_err(err("prune"))
                     })
                     .await?;

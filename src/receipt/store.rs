@@ -285,8 +285,11 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives up the lease of a pending intent (the outcome is unknown; a later caller decides).
-    fn release(&self, key: &str, owner: &str)
-        -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn release(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the receipt of `key`, if `owner` still holds its intent and it has no receipt
     /// ([`StoreError::not_holder`] otherwise).
@@ -298,8 +301,11 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Removes a pending intent whose call provably did not take effect.
-    fn abandon(&self, key: &str, owner: &str)
-        -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Settles a pending intent whatever its owner and lease: for an operator who checked with
     /// the provider what became of an `outcome_unknown` call. A receipt already there is kept.
