@@ -29,7 +29,7 @@
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► ReceiptLayer ─► IdempotencyKeyLayer ─► CircuitBreaker ─► Quota ─► client
+//! agent loop ─► Retry(class) ─► ReceiptLayer ─► SetIdempotencyKeyLayer ─► CircuitBreaker ─► Quota ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
 //!

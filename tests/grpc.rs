@@ -19,7 +19,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::DefaultClassifier;
 use stormguard::error::ErrorCode;
-use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{GrpcReplay, RetryLayer};
 use stormguard::ToolError;
 use support::call;
@@ -223,13 +223,13 @@ fn retrying(
 fn keyed(channel: Channel) -> impl Service<Call, Response = Reply, Error = ToolError> {
     ServiceBuilder::new()
         .layer(retry(ToolClass::KeyedWrite, &RetryBudget::default()))
-        .layer(IdempotencyKeyLayer::new(key_of))
+        .layer(SetIdempotencyKeyLayer::new(key_of))
         .service(client(channel))
 }
 
-fn key_of(req: &tonic::Request<SendInvoice>) -> Result<IdempotencyKey, stormguard::key::KeyError> {
+fn key_of(req: &tonic::Request<SendInvoice>) -> Result<Action, stormguard::key::KeyError> {
     // The key covers the invoice, not the (model-written) body.
-    IdempotencyKey::derive(
+    Action::new(
         "run-81f2",
         "step-2",
         "send_invoice",

@@ -7,7 +7,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::FailureClass;
 use stormguard::error::{BoxError, ErrorCode};
-use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+use stormguard::key::{Action, IdempotencyKey, SetIdempotencyKeyLayer};
 use stormguard::retry::RetryLayer;
 use support::call;
 use tower::ServiceBuilder;
@@ -129,9 +129,11 @@ async fn every_attempt_carries_the_first_attempts_key() {
             ToolClass::KeyedWrite,
             RetryBudget::default(),
         ))
-        .layer(IdempotencyKeyLayer::new(|req: &http::Request<String>| {
-            IdempotencyKey::derive("run-1", "step-2", "charge", &json!({"amount": req.body()}))
-        }))
+        .layer(SetIdempotencyKeyLayer::new(
+            |req: &http::Request<String>| {
+                Action::new("run-1", "step-2", "charge", &json!({"amount": req.body()}))
+            },
+        ))
         .service(provider);
     let req = http::Request::post("/charge")
         .body("1200".to_string())
@@ -156,11 +158,11 @@ async fn a_key_that_changes_between_attempts_is_refused() {
             ToolClass::KeyedWrite,
             RetryBudget::default(),
         ))
-        .layer(IdempotencyKeyLayer::new(
+        .layer(SetIdempotencyKeyLayer::new(
             move |_req: &http::Request<String>| {
                 // The classic bug: a fresh key per attempt.
                 let n = counter.fetch_add(1, Ordering::SeqCst);
-                IdempotencyKey::derive("run-1", "step-2", "charge", &json!({ "nonce": n }))
+                Action::new("run-1", "step-2", "charge", &json!({ "nonce": n }))
             },
         ))
         .service(provider);
@@ -290,10 +292,8 @@ mod canonical {
                         let (p, q) = (x.as_f64().unwrap(), y.as_f64().unwrap());
                         // An integer and a double are equal only if the double is that integer.
                         let exact = |n: &serde_json::Number, f: f64| {
-                            n.as_i64()
-                                .map_or(true, |i| f == i as f64 && (f as i64) == i)
-                                && n.as_u64()
-                                    .map_or(true, |u| f == u as f64 && (f as u64) == u)
+                            n.as_i64().is_none_or(|i| f == i as f64 && (f as i64) == i)
+                                && n.as_u64().is_none_or(|u| f == u as f64 && (f as u64) == u)
                         };
                         p == q && exact(x, q) && exact(y, p)
                     }

@@ -12,8 +12,8 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::FailureClass::{Ambiguous, Transient};
 use stormguard::error::BoxError;
-use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer, KeyStamp};
-use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
+use stormguard::key::{Action, IdempotencyKey, KeyStamp, SetIdempotencyKeyLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptLayer};
 use stormguard::retry::RetryLayer;
 use support::{call, classifier, Dependency, Outcome};
 use tower::{Layer, ServiceBuilder};
@@ -202,8 +202,8 @@ fn receipt_decisions_are_counted() {
         assert!(call(&mut svc, email(3)).await.is_err());
 
         // A request that arrives with a key of its own, not its action's: refused.
-        let mut keyed = IdempotencyKeyLayer::new(|req: &Email| {
-            IdempotencyKey::derive("run-1", "step-3", "send_invoice", &req.invoice)
+        let mut keyed = SetIdempotencyKeyLayer::new(|req: &Email| {
+            Action::new("run-1", "step-3", "send_invoice", &req.invoice)
         })
         .layer(dep.clone());
         let minted = Email {

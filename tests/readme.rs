@@ -281,7 +281,7 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
 #[rustfmt::skip]
 async fn the_reqwest_example_retries_a_502_with_the_same_key() {
     use stormguard::classify::HttpClassifier;
-    use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+    use stormguard::key::{Action, SetIdempotencyKeyLayer};
     use stormguard::retry::{HttpReplay, RetryLayer};
     use stormguard::{budget::RetryBudget, class::ToolClass};
     use tower::{Service, ServiceBuilder, ServiceExt};
@@ -297,8 +297,8 @@ async fn the_reqwest_example_retries_a_502_with_the_same_key() {
             .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone())
                 .classifier(HttpClassifier)
                 .replay(HttpReplay))
-            .layer(IdempotencyKeyLayer::new(|req: &reqwest::Request| {
-                IdempotencyKey::derive("run-81f2", "step-3", "charge", &order_id_of(req))
+            .layer(SetIdempotencyKeyLayer::new(|req: &reqwest::Request| {
+                Action::new("run-81f2", "step-3", "charge", &order_id_of(req))
             }))
             .service(client);
         let url = format!("http://{addr}/orders/7781").parse()?;

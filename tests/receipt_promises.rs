@@ -524,9 +524,9 @@ async fn a_deleted_or_replaced_sqlite_file_fails_closed() {
 // ---------------------------------------------------------------------------------------------
 // 9. Waiters wait.
 
-async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
@@ -998,8 +998,8 @@ async fn a_non_ascii_idempotency_key_from_the_caller_is_refused_not_overwritten(
     );
     let err = tool.ready().await.unwrap().call(req).await.unwrap_err();
     assert_eq!(code(err), ErrorCode::InvalidArgument);
-    let mut stamp = stormguard::key::IdempotencyKeyLayer::new(|_: &http::Request<Body>| {
-        IdempotencyKey::parse("run-1:step-2:send:abc")
+    let mut stamp = stormguard::key::SetIdempotencyKeyLayer::new(|_: &http::Request<Body>| {
+        IdempotencyKey::parse("run-1:step-2:send:abc").map(Action::from_key)
     })
     .layer(status_client());
     let mut req = email(addr);

@@ -606,7 +606,7 @@ suite!(memory, |clock| async {
 suite!(sqlite, |clock| async {
     Some(SqliteStore::open_with_clock(temp_db("suite"), Durability::Process, clock).unwrap())
 });
-suite!(pg, |clock| postgres_on(clock));
+suite!(pg, postgres_on);
 
 #[tokio::test]
 async fn a_second_sqlite_handle_sees_the_first_ones_receipt() {

@@ -15,7 +15,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::{HttpClassifier, ReqwestClassifier};
 use stormguard::error::ErrorCode;
-use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use stormguard::ToolError;
 use support::call;
@@ -99,9 +99,9 @@ fn post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {
         .unwrap()
 }
 
-fn key_of(req: &reqwest::Request) -> Result<IdempotencyKey, stormguard::key::KeyError> {
+fn key_of(req: &reqwest::Request) -> Result<Action, stormguard::key::KeyError> {
     let body = req.body().and_then(|b| b.as_bytes()).unwrap_or_default();
-    IdempotencyKey::derive(
+    Action::new(
         "run-81f2",
         "step-3",
         "charge",
@@ -127,7 +127,7 @@ async fn a_502_on_a_keyed_write_is_retried_with_the_same_key() {
     let client = reqwest::Client::new();
     let mut svc = ServiceBuilder::new()
         .layer(retry(ToolClass::KeyedWrite))
-        .layer(IdempotencyKeyLayer::new(key_of))
+        .layer(SetIdempotencyKeyLayer::new(key_of))
         .service(client.clone());
     let resp = call(&mut svc, post(&client, addr)).await.unwrap();
     assert_eq!(resp.status(), 201);

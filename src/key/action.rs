@@ -102,9 +102,28 @@ impl Action {
         })
     }
 
+    /// An action known only by a key made elsewhere (for example read from a trusted header):
+    /// its fingerprint is the key's own, so a repeat can never be told apart by its arguments.
+    ///
+    /// ```
+    /// use stormguard::key::{Action, IdempotencyKey};
+    /// let key = IdempotencyKey::parse("order-7:charge")?;
+    /// assert_eq!(Action::from_key(key.clone()).key(), &key);
+    /// # Ok::<(), stormguard::key::KeyError>(())
+    /// ```
+    pub fn from_key(key: IdempotencyKey) -> Action {
+        let fingerprint = format!("key:{:016x}", key.fingerprint());
+        Action { key, fingerprint }
+    }
+
     /// The idempotency key.
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
+    }
+
+    /// The idempotency key, by value.
+    pub fn into_key(self) -> IdempotencyKey {
+        self.key
     }
 
     /// The fingerprint of the material arguments.

@@ -1,4 +1,4 @@
-use super::{IdempotencyKey, KeyError};
+use super::{Action, IdempotencyKey, KeyError};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::operation::ledger::with_current;
 use pin_project_lite::pin_project;
@@ -47,6 +47,41 @@ pub trait KeyStamp {
     /// default: `false` (a typed field cannot hold an unreadable key).
     fn carries_unreadable_key(&self) -> bool {
         false
+    }
+}
+
+/// Makes the [`Action`] (idempotency key and fingerprint) of a request: the one derivation a
+/// stack shares. [`SetIdempotencyKeyLayer`] stamps its key; a
+/// [`ReceiptLayer`](crate::receipt::ReceiptLayer) records it. Any
+/// `Fn(&Req) -> Result<Action, KeyError>` is one (tower-http's `MakeRequestId` is the shape).
+///
+/// ```
+/// use stormguard::key::{Action, KeyError, MakeIdempotencyKey};
+///
+/// /// The invoice id identifies the action; run and step come from the agent's context.
+/// #[derive(Clone)]
+/// struct ByInvoice { run: String, step: String }
+/// impl MakeIdempotencyKey<u64> for ByInvoice {
+///     fn make_key(&self, invoice: &u64) -> Result<Action, KeyError> {
+///         Action::new(&self.run, &self.step, "send_invoice", invoice)
+///     }
+/// }
+/// let maker = ByInvoice { run: "run-1".into(), step: "step-2".into() };
+/// let closure = |invoice: &u64| Action::new("run-1", "step-2", "send_invoice", invoice);
+/// assert_eq!(maker.make_key(&4471)?, closure.make_key(&4471)?);
+/// # Ok::<(), KeyError>(())
+/// ```
+pub trait MakeIdempotencyKey<Req>: Clone {
+    /// The action `req` stands for.
+    fn make_key(&self, req: &Req) -> Result<Action, KeyError>;
+}
+
+impl<F, Req> MakeIdempotencyKey<Req> for F
+where
+    F: Fn(&Req) -> Result<Action, KeyError> + Clone,
+{
+    fn make_key(&self, req: &Req) -> Result<Action, KeyError> {
+        self(req)
     }
 }
 
@@ -126,8 +161,11 @@ impl<T> KeyStamp for tonic::Request<T> {
 /// Stamps every request with the idempotency key of its logical action, the same on every
 /// attempt.
 ///
-/// `derive` maps a request to its key (from run, step, tool and arguments: see
-/// [`IdempotencyKey::derive`]). Placed below a [`Retry`](crate::retry::Retry), the layer sees
+/// `make` maps a request to its [`Action`](super::Action) (a [`MakeIdempotencyKey`]: any
+/// `Fn(&Req) -> Result<Action, KeyError>`), whose key it stamps. Give a
+/// [`ReceiptLayer`](crate::receipt::ReceiptLayer) the same maker: it stamps the key itself, so
+/// a stack with receipts needs no `SetIdempotencyKeyLayer`, and one maker, cloned, can never
+/// derive two keys for one request. Placed below a [`Retry`](crate::retry::Retry), the layer sees
 /// every attempt; it records the key's fingerprint in the operation's ledger on the first attempt
 /// and refuses (`idempotency_key_changed`) an attempt whose key differs, or a request that
 /// arrives with a different key already stamped. It also tells the operation that it is keyed,
@@ -137,7 +175,7 @@ impl<T> KeyStamp for tonic::Request<T> {
 /// ```
 /// use serde_json::json;
 /// use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-/// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+/// use stormguard::key::{Action, SetIdempotencyKeyLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -146,8 +184,8 @@ impl<T> KeyStamp for tonic::Request<T> {
 ///     Ok::<_, std::convert::Infallible>(key)
 /// });
 /// let mut send = ServiceBuilder::new()
-///     .layer(IdempotencyKeyLayer::new(|req: &http::Request<String>| {
-///         IdempotencyKey::derive("run-81f2", "step-2", "send_invoice", &json!({ "invoice": req.body() }))
+///     .layer(SetIdempotencyKeyLayer::new(|req: &http::Request<String>| {
+///         Action::new("run-81f2", "step-2", "send_invoice", &json!({ "invoice": req.body() }))
 ///     }))
 ///     .service(provider);
 /// let req = http::Request::post("/send").body("4471".to_string()).unwrap();
@@ -156,51 +194,49 @@ impl<T> KeyStamp for tonic::Request<T> {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct IdempotencyKeyLayer<F> {
+pub struct SetIdempotencyKeyLayer<F> {
     derive: F,
 }
 
-impl<F> IdempotencyKeyLayer<F> {
-    /// A layer that keys requests with `derive`.
+impl<F> SetIdempotencyKeyLayer<F> {
+    /// A layer that keys requests with `derive` (a [`MakeIdempotencyKey`]).
     pub fn new(derive: F) -> Self {
-        IdempotencyKeyLayer { derive }
+        SetIdempotencyKeyLayer { derive }
     }
 }
 
-impl<F> fmt::Debug for IdempotencyKeyLayer<F> {
+impl<F> fmt::Debug for SetIdempotencyKeyLayer<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyKeyLayer")
+        f.debug_struct("SetIdempotencyKeyLayer")
             .finish_non_exhaustive()
     }
 }
 
-impl<S, F: Clone> Layer<S> for IdempotencyKeyLayer<F> {
-    type Service = StampKey<S, F>;
+impl<S, F: Clone> Layer<S> for SetIdempotencyKeyLayer<F> {
+    type Service = SetIdempotencyKey<S, F>;
 
-    fn layer(&self, inner: S) -> StampKey<S, F> {
-        StampKey {
+    fn layer(&self, inner: S) -> SetIdempotencyKey<S, F> {
+        SetIdempotencyKey {
             inner,
             derive: self.derive.clone(),
         }
     }
 }
 
-/// The service [`IdempotencyKeyLayer`] makes: stamps each request, then calls `inner`.
+/// The service [`SetIdempotencyKeyLayer`] makes: stamps each request, then calls `inner`.
 ///
 /// ```
 /// use tower::{Layer, Service, ServiceExt, service_fn};
 /// use stormguard::error::ToolError;
-/// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer};
+/// use stormguard::key::{Action, SetIdempotencyKeyLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let echo = service_fn(|req: http::Request<u64>| async move {
 ///     Ok::<_, std::convert::Infallible>(req.headers().contains_key("idempotency-key"))
 /// });
-/// let derive = |req: &http::Request<u64>| {
-///     IdempotencyKey::derive("run-1", "step-2", "charge", req.body())
-/// };
-/// let mut svc = IdempotencyKeyLayer::new(derive).layer(echo);
+/// let derive = |req: &http::Request<u64>| Action::new("run-1", "step-2", "charge", req.body());
+/// let mut svc = SetIdempotencyKeyLayer::new(derive).layer(echo);
 /// let stamped = svc.ready().await.unwrap().call(http::Request::new(7)).await.unwrap();
 /// assert!(stamped);
 ///
@@ -213,12 +249,12 @@ impl<S, F: Clone> Layer<S> for IdempotencyKeyLayer<F> {
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct StampKey<S, F> {
+pub struct SetIdempotencyKey<S, F> {
     inner: S,
     derive: F,
 }
 
-impl<S, F> StampKey<S, F> {
+impl<S, F> SetIdempotencyKey<S, F> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -235,9 +271,9 @@ impl<S, F> StampKey<S, F> {
     }
 }
 
-impl<S: fmt::Debug, F> fmt::Debug for StampKey<S, F> {
+impl<S: fmt::Debug, F> fmt::Debug for SetIdempotencyKey<S, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StampKey")
+        f.debug_struct("SetIdempotencyKey")
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
@@ -287,58 +323,58 @@ fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
     ToolError::new(code).with_hint(hint).with_retryable(false)
 }
 
-impl<S, F, Req> Service<Req> for StampKey<S, F>
+impl<S, F, Req> Service<Req> for SetIdempotencyKey<S, F>
 where
     S: Service<Req>,
     S::Error: Into<BoxError>,
-    F: Fn(&Req) -> Result<IdempotencyKey, KeyError>,
+    F: MakeIdempotencyKey<Req>,
     Req: KeyStamp,
 {
     type Response = S::Response;
     type Error = BoxError;
-    type Future = StampKeyFuture<S::Future>;
+    type Future = SetIdempotencyKeyFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let key = match (self.derive)(&req) {
-            Ok(key) => key,
+        let key = match self.derive.make_key(&req) {
+            Ok(action) => action.into_key(),
             Err(e) => {
                 let err = refuse(
                     ErrorCode::InvalidArgument,
                     "the idempotency key could not be derived from this request; fix the run, step or tool name",
                 )
                 .with_source(e);
-                return StampKeyFuture::refused(err);
+                return SetIdempotencyKeyFuture::refused(err);
             }
         };
         if let Err(err) = check_stamped(&req, &key) {
-            return StampKeyFuture::refused(err);
+            return SetIdempotencyKeyFuture::refused(err);
         }
         req.stamp_key(&key);
-        StampKeyFuture::called(self.inner.call(req))
+        SetIdempotencyKeyFuture::called(self.inner.call(req))
     }
 }
 
 pin_project! {
-    /// The future [`StampKey`] returns: the inner call's, or a refusal that is ready at once.
+    /// The future [`SetIdempotencyKey`] returns: the inner call's, or a refusal that is ready at once.
     ///
     /// ```
     /// use tower::{Layer, Service, ServiceExt, service_fn};
-    /// use stormguard::key::{IdempotencyKey, IdempotencyKeyLayer, StampKeyFuture};
+    /// use stormguard::key::{Action, SetIdempotencyKeyLayer, SetIdempotencyKeyFuture};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let inner = service_fn(|_: http::Request<()>| async { Ok::<_, std::io::Error>("sent") });
-    /// let derive = |_: &http::Request<()>| IdempotencyKey::derive("run-1", "step-2", "t", &());
-    /// let mut svc = IdempotencyKeyLayer::new(derive).layer(inner);
-    /// let future: StampKeyFuture<_> = svc.ready().await.unwrap().call(http::Request::new(()));
+    /// let derive = |_: &http::Request<()>| Action::new("run-1", "step-2", "t", &());
+    /// let mut svc = SetIdempotencyKeyLayer::new(derive).layer(inner);
+    /// let future: SetIdempotencyKeyFuture<_> = svc.ready().await.unwrap().call(http::Request::new(()));
     /// assert_eq!(future.await.unwrap(), "sent");
     /// # }
     /// ```
-    pub struct StampKeyFuture<F> {
+    pub struct SetIdempotencyKeyFuture<F> {
         #[pin]
         state: KeyState<F>,
     }
@@ -352,21 +388,21 @@ pin_project! {
     }
 }
 
-impl<F> StampKeyFuture<F> {
+impl<F> SetIdempotencyKeyFuture<F> {
     fn called(future: F) -> Self {
-        StampKeyFuture {
+        SetIdempotencyKeyFuture {
             state: KeyState::Called { future },
         }
     }
 
     fn refused(error: ToolError) -> Self {
-        StampKeyFuture {
+        SetIdempotencyKeyFuture {
             state: KeyState::Refused { error: Some(error) },
         }
     }
 }
 
-impl<F, T, E> Future for StampKeyFuture<F>
+impl<F, T, E> Future for SetIdempotencyKeyFuture<F>
 where
     F: Future<Output = Result<T, E>>,
     E: Into<BoxError>,
@@ -384,8 +420,9 @@ where
     }
 }
 
-impl<F> fmt::Debug for StampKeyFuture<F> {
+impl<F> fmt::Debug for SetIdempotencyKeyFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StampKeyFuture").finish_non_exhaustive()
+        f.debug_struct("SetIdempotencyKeyFuture")
+            .finish_non_exhaustive()
     }
 }

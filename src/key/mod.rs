@@ -45,7 +45,10 @@ pub use action::Action;
 use canonical::to_value;
 pub use canonical::{canonical_json, es_number, MAX_DEPTH};
 pub(crate) use layer::check_stamped;
-pub use layer::{IdempotencyKeyLayer, KeyStamp, StampKey, StampKeyFuture};
+pub use layer::{
+    KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyFuture,
+    SetIdempotencyKeyLayer,
+};
 
 use serde::Serialize;
 use serde_json::Value;

@@ -7,7 +7,7 @@ use super::store::ReceiptStore;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
 use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
-use crate::key::{Action, KeyError, KeyStamp};
+use crate::key::{KeyStamp, MakeIdempotencyKey};
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -21,7 +21,9 @@ use tower_service::Service;
 /// Records intent and receipt around each call of a side-effecting tool; see the
 /// [module docs](super) for what each `begin` answer leads to, and an example.
 ///
-/// `action` maps a request to its [`Action`] (key and fingerprint). Defaults: a 30 s lease (how
+/// `action` maps a request to its [`Action`](crate::key::Action) (key and fingerprint): a
+/// [`MakeIdempotencyKey`], such as a closure. The layer stamps the key on the request itself;
+/// below it, the stack needs no [`SetIdempotencyKeyLayer`](crate::key::SetIdempotencyKeyLayer). Defaults: a 30 s lease (how
 /// long a call may be in flight), a 10 s wait for a parallel duplicate, 7 days' retention, a
 /// 24 h provider key window, JSON receipts, no read-back. Invalid settings are refused when the
 /// layer is built:
@@ -270,7 +272,7 @@ where
     S::Error: Into<BoxError> + Send,
     S::Future: Send + 'static,
     St: ReceiptStore,
-    F: Fn(&Req) -> Result<Action, KeyError>,
+    F: MakeIdempotencyKey<Req>,
     C: crate::classify::Classify<S::Response, S::Error> + Send + Sync + 'static,
     Cd: super::codec::Codec<S::Response>,
     RB: super::read_back::ReadBack<Req, S::Response>,
@@ -286,7 +288,7 @@ where
     }
 
     fn call(&mut self, mut req: Req) -> Self::Future {
-        let action = match (self.action)(&req) {
+        let action = match self.action.make_key(&req) {
             Ok(action) => action,
             Err(e) => {
                 let err = ToolError::new(ErrorCode::InvalidArgument)

@@ -1,5 +1,5 @@
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, ReceiptStore, Record, Resolution, Resolved, StoreError};
+use super::store::{Begin, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{ready, Future};
@@ -111,6 +111,28 @@ impl InMemoryStore {
     /// Whether it holds no record.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
+    /// provider and settles with [`ReceiptStore::resolve`].
+    pub fn pending(&self, limit: usize) -> Vec<PendingIntent> {
+        let now = self.now();
+        let mut out: Vec<PendingIntent> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            out.extend(
+                lock(shard)
+                    .iter()
+                    .filter(|(_, r)| r.receipt.is_none())
+                    .map(|(k, r)| PendingIntent {
+                        key: k.to_string(),
+                        age_ms: now.saturating_sub(r.since_ms),
+                        lease_left_ms: r.lease_until_ms.saturating_sub(now),
+                    }),
+            );
+        }
+        out.sort_by(|a, b| b.age_ms.cmp(&a.age_ms).then_with(|| a.key.cmp(&b.key)));
+        out.truncate(limit);
+        out
     }
 }
 

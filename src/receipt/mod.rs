@@ -111,4 +111,6 @@ pub use postgres::{PostgresOptions, PostgresStore};
 pub use read_back::{Consistency, NoReadBack, ReadBack, ReadBackResult};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-pub use store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};
+pub use store::{
+    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+};

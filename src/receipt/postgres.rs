@@ -8,7 +8,9 @@
 //! `lock_timeout`, so no call waits without bound.
 
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};
+use super::store::{
+    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+};
 use crate::error::ConfigError;
 use std::fmt;
 use std::future::Future;
@@ -368,6 +370,33 @@ impl PostgresStore {
             .await
             .map_err(err("read synchronous_commit"))?;
         Ok(row.get(0))
+    }
+
+    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
+    /// provider and settles with [`ReceiptStore::resolve`].
+    pub async fn pending(&self, limit: usize) -> Result<Vec<PendingIntent>, StoreError> {
+        let conn = self.pool.conn(None).await?;
+        let rows = conn
+            .client
+            .query(
+                "SELECT key, since_ms, lease_until_ms,
+                    COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+                 FROM stormguard_receipts WHERE receipt IS NULL ORDER BY since_ms, key LIMIT $1",
+                &[&i64::try_from(limit).unwrap_or(i64::MAX), &self.pool.now()],
+            )
+            .await
+            .map_err(err("list the pending intents"))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let (since, lease, now): (i64, i64, i64) = (r.get(1), r.get(2), r.get(3));
+                PendingIntent {
+                    key: r.get(0),
+                    age_ms: now.saturating_sub(since).max(0) as u64,
+                    lease_left_ms: lease.saturating_sub(now).max(0) as u64,
+                }
+            })
+            .collect())
     }
 
     /// Creates the table and index if they are missing (and adds columns a newer version needs).

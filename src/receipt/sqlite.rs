@@ -7,7 +7,9 @@
 //! after another (the clean-up of a cancelled call after its `begin`) runs after it.
 
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, Durability, ReceiptStore, Record, Resolution, Resolved, StoreError};
+use super::store::{
+    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
 use std::future::Future;
@@ -156,6 +158,33 @@ impl SqliteStore {
     /// The file the store lives in.
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
+    /// provider and settles with [`ReceiptStore::resolve`].
+    pub async fn pending(&self, limit: usize) -> Result<Vec<PendingIntent>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |conn, now| {
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT key, since_ms, lease_until_ms FROM stormguard_receipts
+                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1",
+                )
+                .map_err(err("list the pending intents"))?;
+            let rows = st
+                .query_map(params![limit], |r| {
+                    let (key, since, lease): (String, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+                    Ok(PendingIntent {
+                        key,
+                        age_ms: now.saturating_sub(since as u64),
+                        lease_left_ms: (lease as u64).saturating_sub(now),
+                    })
+                })
+                .map_err(err("list the pending intents"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(err("list the pending intents"))
+        })
+        .await
     }
 
     /// Queues `f` to the writer thread now (so calls run in the order they were made, whether or

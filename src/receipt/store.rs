@@ -121,6 +121,32 @@ pub enum Resolution {
     NotDone,
 }
 
+/// An intent without a receipt, as an operator's listing shows it (`pending` on each store).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::{InMemoryStore, ReceiptStore};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = InMemoryStore::new();
+/// store.begin("run-1:step-2:send:ab12", "fp", "crashed", Duration::from_secs(30)).await.unwrap();
+/// let pending = store.pending(10);
+/// assert_eq!(pending[0].key, "run-1:step-2:send:ab12");
+/// assert!(pending[0].lease_left_ms > 0); // its caller may still be running
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingIntent {
+    /// The action's idempotency key.
+    pub key: String,
+    /// How long ago the intent was recorded (store clock).
+    pub age_ms: u64,
+    /// What is left of its caller's lease (0: the caller is gone; a later attempt decides, or
+    /// an operator settles it).
+    pub lease_left_ms: u64,
+}
+
 /// What [`ReceiptStore::resolve`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolved {
