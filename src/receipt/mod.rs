@@ -6,7 +6,8 @@
 //! 1. **intent**: [`ReceiptStore::begin`] records the action's key (and a fingerprint of its
 //!    arguments) atomically, before anything is sent. A store that cannot record it fails the
 //!    call (`store_unavailable`): nothing executes unrecorded;
-//! 2. **execute** with the idempotency key stamped on the request;
+//! 2. **execute** with the idempotency key stamped on the request (the inner service is driven
+//!    ready only now, so a call answered from the store never waits for a quota slot below);
 //! 3. **receipt**: the encoded result is stored under the key.
 //!
 //! On any retry or resume, `begin` answers first:
@@ -14,23 +15,41 @@
 //! | found | what happens |
 //! |---|---|
 //! | nothing | the intent is recorded and the call executes |
-//! | a receipt | the stored result is returned; the dependency is not called |
+//! | a receipt | the stored result is returned, whatever its age; the dependency is not called |
 //! | the key with other arguments | `idempotency_key_reused` (Stripe's rule) |
-//! | an intent whose lease is live (a parallel duplicate in flight) | wait, bounded, for its receipt; then `in_progress` |
-//! | an intent whose lease has passed (a crash) | `Read`, `IdempotentWrite`, `KeyedWrite`: execute again with the same key (the provider deduplicates); `UnkeyedWrite`: a read-back if one is declared consistent, else `outcome_unknown`; `MultiStep`: `outcome_unknown` |
-//! | an intent older than the retention | `receipt_expired`: refused loudly, never silently repeated |
+//! | an intent whose lease is live (a parallel duplicate in flight) | wait, bounded by the layer's `wait`, for its receipt; then `in_progress` |
+//! | an intent whose lease has passed (a crash, an ambiguous failure) | `Read`, `IdempotentWrite`: execute again. `KeyedWrite` younger than the provider's key window (24 h by default, [`ReceiptLayer::key_window`]): execute again with the same key (the provider deduplicates). `UnkeyedWrite`, or a `KeyedWrite` older than the window: a read-back if one is declared consistent, else `outcome_unknown`. `MultiStep`: `outcome_unknown`. A caller that loses the take-over to another waits for that one's receipt |
+//! | an intent without a receipt, older than the retention | `receipt_expired`: refused loudly, never silently repeated |
 //!
-//! **Retention and pruning.** [`ReceiptStore::prune`] deletes records, and a deleted record
-//! cannot be told from one that never existed: a resume that arrives after its record was pruned
-//! starts fresh. Prune only what is older than your longest possible resume, with a margin (for
-//! example `prune(now - 2 × retention)`), so that records between one and two retentions old are
-//! still there to be refused loudly.
+//! **One clock.** Leases and ages are judged by the store's clock, never by the caller's:
+//! PostgreSQL's `clock_timestamp()`; for SQLite (one host, as WAL requires) and the in-memory
+//! store, the host's. Two machines whose clocks disagree cannot take over each other's live
+//! calls. What remains is a step of the host clock (a time sync jumping forward by more than
+//! what is left of a lease ends it early): keep leases longer than the largest step you expect.
 //!
-//! After the call: a success (or an empty answer) stores the receipt; a failure that provably did
-//! not take effect (transient, a rejected argument) removes the intent; an ambiguous failure keeps
-//! it and gives up its lease, so the next attempt decides as after a crash.
+//! **What a failure means for the intent.** A success (or an empty answer) stores the receipt;
+//! if the receipt cannot be stored, the lease is given up so the next attempt decides at once. A
+//! failure that provably did not take effect (refused, a rejected argument) removes the intent.
+//! An ambiguous failure keeps it and gives up its lease. HTTP 503 is ambiguous: a proxy in front
+//! of the provider answers it after an upstream reset on a request it had forwarded (see
+//! [`HttpClassifier`](crate::classify::HttpClassifier); a provider documented to mean "not
+//! processed" by it is declared with [`NotProcessed`](crate::classify::NotProcessed)). A call
+//! dropped before its request was sent (cancelled during `begin`, or while the service below
+//! was not ready) removes its intent; one dropped after gives up its lease.
 //!
-//! **Observability.** Every decision is a tracing event (target `stormguard::receipt::layer`)
+//! **Settling an `outcome_unknown`.** An escalated intent stays until an operator checks with
+//! the provider and settles it with [`ReceiptStore::resolve`]: [`Resolution::Done`] with the
+//! provider's answer as the receipt (the next attempt is answered from it), or
+//! [`Resolution::NotDone`] (the next attempt sends). Each store lists what is pending
+//! (`pending`); `examples/resolve.rs` is a small command line for a SQLite store.
+//!
+//! **Retention and pruning.** [`ReceiptStore::prune`] deletes records (in bounded batches), and
+//! a deleted record cannot be told from one that never existed: a resume that arrives after its
+//! record was pruned starts fresh. Prune only what is older than your longest possible resume,
+//! with a margin (for example `prune(2 × retention)`), so that records between one and two
+//! retentions old are still there to be refused loudly.
+//!
+//! **Observability.** Every decision is a tracing event (targets under `stormguard::receipt`)
 //! (DEBUG for the routine ones, INFO for resumes, read-backs and refusals, WARN/ERROR when the
 //! store fails) and a count of `stormguard_receipt_outcomes_total`, labelled `outcome`:
 //!
@@ -38,24 +57,28 @@
 //! |---|---|
 //! | `fresh` | the intent was recorded; the call executes |
 //! | `receipt` | a stored receipt answered; the dependency was not called |
-//! | `resumed_with_key` | a pending intent whose lease passed: executed again with the same key |
-//! | `read_back_found` / `read_back_absent` | an unkeyed write's read-back found the effect / did not |
+//! | `resumed_with_key` | a pending intent whose lease passed: executed again (same key) |
+//! | `read_back_found` / `read_back_absent` | a read-back found the effect / did not |
 //! | `recorded` | the receipt was stored after the call |
 //! | `left_pending` | an ambiguous failure: the intent stays, a later attempt decides |
 //! | `abandoned` | a failure that did not take effect: the intent was removed |
 //! | `receipt_not_stored` | the effect happened but its receipt could not be stored or encoded |
 //! | `cancelled_after_send` | the call was dropped after it was sent: its lease is given up, the intent stays |
-//! | `not_sent` | the call was dropped or its service failed before sending: the intent is removed |
+//! | `not_sent` | the call was dropped before sending: the intent is removed |
 //! | `store_unavailable` | the intent could not be recorded; nothing was executed |
 //! | `idempotency_key_reused`, `in_progress`, `receipt_expired`, `outcome_unknown` | refusals, as the error codes |
 //!
+//! The example: a keyed send, a repeat answered from its receipt; a crashed unkeyed send,
+//! escalated without a read-back, sent once with a consistent one that finds nothing.
+//!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use std::time::Duration;
 //! use serde::{Deserialize, Serialize};
-//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower::{Layer, ServiceExt, service_fn};
 //! use stormguard::class::ToolClass;
-//! use stormguard::key::{IdempotencyKey, KeyStamp};
-//! use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
+//! use stormguard::key::{Action, IdempotencyKey, KeyStamp};
+//! use stormguard::receipt::*;
 //!
 //! #[derive(Clone)]
 //! struct SendInvoice { invoice_id: u64, key: Option<String> }
@@ -66,6 +89,18 @@
 //! #[derive(Serialize, Deserialize, Debug, PartialEq)]
 //! struct Sent { message_id: String }
 //!
+//! /// The provider's sent log, consistent: what it does not hold was not sent.
+//! #[derive(Clone)]
+//! struct SentLog(Arc<AtomicU32>);
+//! impl ReadBack<SendInvoice, Sent> for SentLog {
+//!     async fn read_back(&self, _: &SendInvoice) -> ReadBackResult<Sent> {
+//!         match self.0.load(Ordering::SeqCst) {
+//!             0 => ReadBackResult::Absent,
+//!             _ => ReadBackResult::Unknown,
+//!         }
+//!     }
+//! }
+//!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let sends = Arc::new(AtomicU32::new(0));
@@ -74,17 +109,32 @@
 //!     counter.fetch_add(1, Ordering::SeqCst);
 //!     async move { Ok::<_, std::io::Error>(Sent { message_id: format!("msg-{}", req.invoice_id) }) }
 //! });
-//! let store = InMemoryStore::new();
-//! let layer = ReceiptLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
-//!     Action::new("run-81f2", "step-2", "send_invoice", &req.invoice_id)
-//! });
-//! let mut tool = ServiceBuilder::new().layer(layer).service(provider);
+//! let action = |req: &SendInvoice| Action::new("run-81f2", "step-2", "send_invoice", &req.invoice_id);
+//! let clock = ManualClock::new(1_700_000_000_000);
+//! let store = InMemoryStore::with_clock(clock.clone());
 //!
-//! let req = SendInvoice { invoice_id: 4471, key: None };
-//! let first = tool.ready().await.unwrap().call(req.clone()).await.unwrap();
-//! let again = tool.ready().await.unwrap().call(req).await.unwrap(); // a resume, a retry
-//! assert_eq!(first, again);
+//! // A keyed write: a repeat (a retry, a resume) is answered from the receipt.
+//! let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action).layer(provider.clone());
+//! let first = tool.clone().oneshot(SendInvoice { invoice_id: 4471, key: None }).await.unwrap();
+//! let again = tool.oneshot(SendInvoice { invoice_id: 4471, key: None }).await.unwrap();
+//! assert_eq!((first, sends.load(Ordering::SeqCst)), (again, 1));
+//!
+//! // An unkeyed send whose run crashed after recording its intent; the lease passes.
+//! let crashed = action(&SendInvoice { invoice_id: 4472, key: None }).unwrap();
+//! store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", Duration::from_secs(30))
+//!     .await.unwrap();
+//! clock.advance_ms(60_000);
+//! let unkeyed = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action);
+//! let err = unkeyed.clone().layer(provider.clone())
+//!     .oneshot(SendInvoice { invoice_id: 4472, key: None }).await.unwrap_err();
+//! let err = err.downcast::<stormguard::error::ToolError>().unwrap();
+//! assert_eq!(err.code().as_str(), "outcome_unknown"); // nobody can tell: escalated
 //! assert_eq!(sends.load(Ordering::SeqCst), 1);
+//!
+//! // With a consistent read-back that finds nothing, it is safe to send, once.
+//! let checked = unkeyed.read_back(SentLog(Arc::new(AtomicU32::new(0))), Consistency::Immediate);
+//! checked.layer(provider).oneshot(SendInvoice { invoice_id: 4472, key: None }).await.unwrap();
+//! assert_eq!(sends.load(Ordering::SeqCst), 2);
 //! # }
 //! ```
 
