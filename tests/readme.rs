@@ -313,3 +313,78 @@ async fn the_reqwest_example_retries_a_502_with_the_same_key() {
     assert!(keys[0].as_deref().is_some_and(|k| k.starts_with("run-81f2:step-3:charge:")));
     assert_eq!(keys[0], keys[1], "one key on both attempts");
 }
+
+#[cfg(feature = "sqlite")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Result<(), BoxError> {
+    use serde::{Deserialize, Serialize};
+    use stormguard::class::ToolClass;
+    use stormguard::key::{Action, IdempotencyKey, KeyStamp};
+    use stormguard::receipt::{Durability, ReceiptLayer, SqliteStore};
+    use tower::{Layer, ServiceExt};
+
+    #[derive(Clone)]
+    struct Invoice(u64, Option<String>);
+    impl KeyStamp for Invoice {
+        fn stamped_key(&self) -> Option<&str> { self.1.as_deref() }
+        fn stamp_key(&mut self, key: &IdempotencyKey) { self.1 = Some(key.to_string()) }
+    }
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct Sent { message_id: String }
+    /// The provider's sent log: invoice 1 went out before the crash, invoice 2 did not.
+    struct ProviderLog(std::collections::HashMap<String, String>);
+    impl ProviderLog {
+        fn message_id_for(&self, key: &str) -> Option<String> { self.0.get(key).cloned() }
+    }
+
+    let dir = std::env::temp_dir().join(format!("stormguard-readme-resolve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _ = std::fs::remove_file(dir.join("receipts.db"));
+    let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
+    let action = |inv: &Invoice| Action::new("run-1", "step-2", "send_invoice", &inv.0);
+    let mut log = std::collections::HashMap::new();
+    for invoice in [1, 2] {
+        // A crashed run recorded each intent; its 10 ms lease passes.
+        let act = action(&Invoice(invoice, None))?;
+        store.begin(act.key().as_str(), act.fingerprint(), "crashed", Duration::from_millis(10)).await?;
+        if invoice == 1 {
+            log.insert(act.key().to_string(), "msg-1".to_string());
+        }
+    }
+    let provider_log = ProviderLog(log);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let sends = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = sends.clone();
+    let provider = tower::service_fn(move |inv: Invoice| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, std::io::Error>(Sent { message_id: format!("msg-{}", inv.0) }) }
+    });
+    let tool = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).layer(provider);
+    for invoice in [1, 2] {
+        let err = tool.clone().oneshot(Invoice(invoice, None)).await.unwrap_err();
+        assert_eq!(err.downcast::<stormguard::error::ToolError>().unwrap().code(), ErrorCode::OutcomeUnknown);
+    }
+
+    use stormguard::receipt::{ReceiptStore, Resolution, Resolved};
+
+    for intent in store.pending(100).await? {
+        if intent.lease_left_ms > 0 {
+            continue; // its caller may still be running
+        }
+        // Check with the provider: its sent log, its dashboard, a support ticket.
+        let resolution = match provider_log.message_id_for(&intent.key) {
+            Some(message_id) => Resolution::Done(serde_json::to_vec(&Sent { message_id })?),
+            None => Resolution::NotDone,
+        };
+        assert_eq!(store.resolve(&intent.key, resolution).await?, Resolved::Settled);
+    }
+
+    // Invoice 1 is answered from its receipt; invoice 2 is sent now; nothing else is sent.
+    assert_eq!(tool.clone().oneshot(Invoice(1, None)).await.unwrap(), Sent { message_id: "msg-1".into() });
+    assert_eq!(tool.clone().oneshot(Invoice(2, None)).await.unwrap(), Sent { message_id: "msg-2".into() });
+    assert_eq!(sends.load(Ordering::SeqCst), 1);
+    assert!(store.pending(100).await?.is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

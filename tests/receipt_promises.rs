@@ -20,6 +20,7 @@ use stormguard::receipt::{
 };
 use stormguard::retry::{HttpReplay, RetryLayer};
 use support::server::{self, Body, HttpClient};
+use support::stores::{fresh_schema, pg_store, raw_pg, temp_db};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 const T0: u64 = 1_700_000_000_000;
@@ -122,50 +123,6 @@ async fn crash<St: ReceiptStore>(store: &St, invoice: u64) {
             .unwrap(),
         Begin::Fresh
     );
-}
-
-fn temp_db(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "stormguard-promises-{}-{name}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("receipts.db")
-}
-
-static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
-
-/// A connection string whose `search_path` is a new, empty schema, or `None` with a note.
-async fn fresh_schema() -> Option<String> {
-    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
-        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
-        return None;
-    };
-    let schema = format!(
-        "sg_promise_{}_{}",
-        std::process::id(),
-        PG_SCHEMAS.fetch_add(1, Ordering::SeqCst)
-    );
-    let client = raw_pg(&url).await;
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-        ))
-        .await
-        .unwrap();
-    Some(format!("{url} options='-c search_path={schema}'"))
-}
-
-async fn raw_pg(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to PostgreSQL");
-    tokio::spawn(conn);
-    client
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -422,11 +379,9 @@ async fn a_keyed_resume_past_the_key_window_is_treated_as_unkeyed() {
 
 #[tokio::test]
 async fn migrate_takes_no_lock_when_the_schema_is_current() {
-    let Some(url) = fresh_schema().await else {
+    let Some((store, url)) = pg_store().await else {
         return;
     };
-    let store = PostgresStore::connect(&url).await.unwrap();
-    store.migrate().await.unwrap();
     // A reader and a writer hold transactions open on the table.
     let reader = raw_pg(&url).await;
     reader
@@ -606,12 +561,7 @@ impl StoreKind {
             StoreKind::Sqlite => {
                 Opened::Sqlite(SqliteStore::open(temp_db("kind"), Durability::Process).unwrap())
             }
-            StoreKind::Postgres => {
-                let url = fresh_schema().await?;
-                let store = PostgresStore::connect(&url).await.unwrap();
-                store.migrate().await.unwrap();
-                Opened::Postgres(store)
-            }
+            StoreKind::Postgres => Opened::Postgres(pg_store().await?.0),
         })
     }
 }
@@ -662,11 +612,9 @@ async fn a_call_cancelled_while_sqlite_records_its_intent_leaves_no_orphan() {
 
 #[tokio::test]
 async fn a_call_cancelled_while_postgres_records_its_intent_leaves_no_orphan() {
-    let Some(url) = fresh_schema().await else {
+    let Some((store, url)) = pg_store().await else {
         return;
     };
-    let store = PostgresStore::connect(&url).await.unwrap();
-    store.migrate().await.unwrap();
     let locker = raw_pg(&url).await;
     locker
         .batch_execute("BEGIN; LOCK TABLE stormguard_receipts IN EXCLUSIVE MODE;")

@@ -1,6 +1,7 @@
 //! Intent, receipt and every `begin` answer, run against each store: in memory, SQLite (a real
 //! file) and PostgreSQL (when `STORMGUARD_POSTGRES_URL` is set; CI sets it).
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
+mod support;
 
 use serde::{Deserialize, Serialize};
 use std::future::Future;
@@ -14,6 +15,7 @@ use stormguard::receipt::{
     Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
     ReadBackResult, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
+use support::stores::{fresh_schema, temp_db};
 use tower::{Layer, Service, ServiceExt};
 
 #[derive(Clone, Debug)]
@@ -538,22 +540,6 @@ macro_rules! suite {
     };
 }
 
-fn temp_db(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "stormguard-test-{}-{}-{}",
-        std::process::id(),
-        name,
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("receipts.db")
-}
-
-static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
-
 /// A PostgreSQL store in a schema of its own (so tests run in parallel) on a test clock, or
 /// `None` with a note.
 async fn postgres_on(clock: ManualClock) -> Option<PostgresStore> {
@@ -574,30 +560,6 @@ async fn postgres_with_url() -> Option<(PostgresStore, String)> {
     store.migrate().await.unwrap();
     store.migrate().await.unwrap(); // idempotent
     Some((store, url))
-}
-
-/// A connection string whose `search_path` is a new, empty schema.
-async fn fresh_schema() -> Option<String> {
-    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
-        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
-        return None;
-    };
-    let schema = format!(
-        "sg_test_{}_{}",
-        std::process::id(),
-        PG_SCHEMAS.fetch_add(1, Ordering::SeqCst)
-    );
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect to PostgreSQL");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-        ))
-        .await
-        .unwrap();
-    Some(format!("{url} options='-c search_path={schema}'"))
 }
 
 suite!(memory, |clock| async {

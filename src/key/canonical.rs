@@ -362,32 +362,23 @@ impl ser::SerializeMap for Check {
     }
 }
 
-impl ser::SerializeStruct for Check {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        _: &'static str,
-        v: &T,
-    ) -> Result<(), CheckError> {
-        v.serialize(*self)
-    }
-    fn end(self) -> Result<(), CheckError> {
-        Ok(())
-    }
+macro_rules! fields {
+    ($($trait:ident),*) => {
+        $(impl ser::$trait for Check {
+            type Ok = ();
+            type Error = CheckError;
+            fn serialize_field<T: ?Sized + Serialize>(
+                &mut self,
+                _: &'static str,
+                v: &T,
+            ) -> Result<(), CheckError> {
+                v.serialize(*self)
+            }
+            fn end(self) -> Result<(), CheckError> {
+                Ok(())
+            }
+        })*
+    };
 }
 
-impl ser::SerializeStructVariant for Check {
-    type Ok = ();
-    type Error = CheckError;
-    fn serialize_field<T: ?Sized + Serialize>(
-        &mut self,
-        _: &'static str,
-        v: &T,
-    ) -> Result<(), CheckError> {
-        v.serialize(*self)
-    }
-    fn end(self) -> Result<(), CheckError> {
-        Ok(())
-    }
-}
+fields!(SerializeStruct, SerializeStructVariant);

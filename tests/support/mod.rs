@@ -2,6 +2,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod server;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub mod stores;
 
 use std::collections::VecDeque;
 use std::future::{ready, Ready};
