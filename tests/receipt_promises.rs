@@ -847,9 +847,9 @@ async fn an_old_receipt_on_hand_still_answers() {
     assert!(err.hint().contains("resolve"), "{}", err.hint());
 }
 
-/// The in-memory store, with its first `complete` failing (a full disk).
+/// The in-memory store, with its first `complete` (or every `claim`) failing: a full disk.
 #[derive(Clone)]
-struct FailsOnce(InMemoryStore, Arc<AtomicU32>);
+struct FailsOnce(InMemoryStore, Arc<AtomicU32>, bool);
 
 impl ReceiptStore for FailsOnce {
     fn begin(
@@ -867,7 +867,14 @@ impl ReceiptStore for FailsOnce {
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.0.claim(key, owner, lease)
+        let (fail, claimed) = (self.2, self.0.claim(key, owner, lease));
+        async move {
+            let claimed = claimed.await;
+            if fail {
+                return Err(StoreError::new("the reply was lost"));
+            }
+            claimed
+        }
     }
     fn release(
         &self,
@@ -912,7 +919,7 @@ impl ReceiptStore for FailsOnce {
 
 #[tokio::test]
 async fn a_failed_receipt_write_gives_up_its_lease() {
-    let store = FailsOnce(InMemoryStore::new(), Arc::default());
+    let store = FailsOnce(InMemoryStore::new(), Arc::default(), false);
     let provider = Provider::keyed();
     let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     // The effect happened; its receipt could not be stored: the caller still gets the result.
@@ -1001,4 +1008,76 @@ async fn an_operator_settles_an_outcome_unknown() {
         "msg-145-from-the-provider-log"
     );
     assert_eq!(provider.deliveries(), 1);
+}
+
+#[tokio::test]
+async fn a_take_over_cut_short_never_removes_the_crashed_callers_intent() {
+    // The claim is recorded but its reply is lost: the call fails, and its clean-up must not
+    // remove the intent of the crashed caller, which may have sent the email.
+    let store = FailsOnce(InMemoryStore::new(), Arc::default(), true);
+    crash_short(&store.0, 145).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let provider = Provider::default();
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite)
+        .read_back(SentLog(provider.clone()), Consistency::Immediate)
+        .layer(provider.clone());
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(send(145))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), ErrorCode::StoreUnavailable);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pending = store.0.pending(10);
+    assert_eq!(
+        pending.len(),
+        1,
+        "the crashed caller's intent is still there"
+    );
+    assert_eq!(provider.deliveries(), 0);
+}
+
+/// A provider that refuses the connection (a failure that did not take effect).
+#[derive(Clone)]
+struct Refusing;
+
+impl Service<Send_> for Refusing {
+    type Response = String;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<String, std::io::Error>>;
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _: Send_) -> Self::Future {
+        std::future::ready(Err(std::io::ErrorKind::ConnectionRefused.into()))
+    }
+}
+
+#[tokio::test]
+async fn a_resumed_call_that_fails_without_effect_keeps_the_crashed_intent_and_its_age() {
+    let clock = ManualClock::new(T0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    crash(&store, 146).await;
+    clock.advance_ms(23 * 3600 * 1000); // inside the 24 h key window
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(Refusing);
+    assert!(svc.ready().await.unwrap().call(send(146)).await.is_err());
+    // The resend proved nothing about the crashed send: the intent stays, as old as it was, so
+    // two hours later it is past the key window and escalated, not resent as a fresh action.
+    let pending = store.pending(10);
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].age_ms, 23 * 3600 * 1000);
+    clock.advance_ms(2 * 3600 * 1000);
+    let provider = Provider::keyed();
+    let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(send(146))
+        .await
+        .unwrap_err();
+    assert_eq!(code(err), ErrorCode::OutcomeUnknown);
+    assert_eq!(provider.deliveries(), 0);
 }

@@ -16,8 +16,9 @@ enum Stage {
     Settled,
 }
 
-/// An intent this call may hold. Dropped unsettled, it removes an intent whose request was never
-/// sent and gives up the lease of one that may have been (so the next attempt decides at once).
+/// An intent this call may hold. Dropped unsettled, it removes an intent it recorded whose request
+/// was never sent, and gives up the lease of any other (so the next attempt decides at once): one
+/// that may have been sent, or one taken over from a caller that may have sent it.
 /// A `begin` in flight when the call is dropped is covered too: the clean-up is queued after it
 /// (the SQLite writer runs calls in order; PostgreSQL sends one key's calls on one connection).
 pub(super) struct Intent<St: ReceiptStore> {
@@ -25,6 +26,8 @@ pub(super) struct Intent<St: ReceiptStore> {
     key: String,
     owner: String,
     stage: Stage,
+    /// Recorded by this call's `begin` (not taken over from a caller that may have sent it).
+    fresh: bool,
 }
 
 impl<St: ReceiptStore> Intent<St> {
@@ -35,6 +38,7 @@ impl<St: ReceiptStore> Intent<St> {
             key: key.to_string(),
             owner,
             stage: Stage::Unsent,
+            fresh: true,
         }
     }
 
@@ -47,12 +51,15 @@ impl<St: ReceiptStore> Intent<St> {
         self.stage = Stage::Settled;
     }
 
-    /// Takes over a stale intent; `false` if another caller took it first.
+    /// Takes over a stale intent; `false` if another caller took it first. Until the store
+    /// says it was taken, the record is not this call's: a claim cut short (dropped, or an
+    /// error) leaves it alone, so a crashed caller's intent, which may have been sent, is never
+    /// removed by a clean-up.
     pub(super) async fn claim(&mut self, lease: Duration) -> Result<bool, StoreError> {
+        self.stage = Stage::Settled;
+        self.fresh = false;
         let claimed = self.store.claim(&self.key, &self.owner, lease).await?;
-        if !claimed {
-            self.stage = Stage::Settled;
-        } else {
+        if claimed {
             self.stage = Stage::Unsent;
         }
         Ok(claimed)
@@ -82,10 +89,18 @@ impl<St: ReceiptStore> Intent<St> {
         self.store.release(&self.key, &self.owner).await.is_ok()
     }
 
-    /// Removes the intent: the call provably did not take effect. `true` if the store answered.
-    pub(super) async fn abandon(mut self) -> bool {
+    /// Removes the intent: this call provably did not take effect. An intent taken over from a
+    /// caller that may have sent it is kept instead, lease given up: what this call did proves
+    /// nothing about that one. The outcome to count (`abandoned` or `left_pending`), if the store
+    /// answered.
+    pub(super) async fn abandon(mut self) -> Option<&'static str> {
         self.stage = Stage::Settled;
-        self.store.abandon(&self.key, &self.owner).await.is_ok()
+        if !self.fresh {
+            let kept = self.store.release(&self.key, &self.owner).await;
+            return kept.is_ok().then_some("left_pending");
+        }
+        let removed = self.store.abandon(&self.key, &self.owner).await;
+        removed.is_ok().then_some("abandoned")
     }
 }
 
@@ -96,6 +111,7 @@ impl<St: ReceiptStore> Drop for Intent<St> {
             Stage::Sent => true,
             Stage::Unsent => false,
         };
+        let remove = !sent && self.fresh;
         crate::telemetry::receipt_outcome(if sent {
             "cancelled_after_send"
         } else {
@@ -107,10 +123,10 @@ impl<St: ReceiptStore> Drop for Intent<St> {
             std::mem::take(&mut self.owner),
         );
         let settle = async move {
-            let _ = if sent {
-                store.release(&key, &owner).await
-            } else {
+            let _ = if remove {
                 store.abandon(&key, &owner).await
+            } else {
+                store.release(&key, &owner).await
             };
         };
         match tokio::runtime::Handle::try_current() {

@@ -249,8 +249,10 @@ where
     ) -> Result<S::Response, BoxError> {
         let key = self.action.key().clone();
         if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
-            // Never sent: forget the intent.
-            intent.abandon().await;
+            // Never sent: forget the intent (keep one taken over, lease given up).
+            if let Some(outcome) = intent.abandon().await {
+                counted(outcome);
+            }
             return Err(e.into());
         }
         intent.sent();
@@ -276,11 +278,12 @@ where
                 tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
             }
             _ => {
-                // It did not take effect: forget the intent, so a later call starts fresh.
-                if intent.abandon().await {
-                    counted("abandoned");
+                // This call did not take effect: forget the intent, so a later call starts
+                // fresh (one taken over from a crashed caller stays, lease given up).
+                if let Some(outcome) = intent.abandon().await {
+                    counted(outcome);
                 }
-                tracing::debug!(key = %key, "failure without effect; intent removed");
+                tracing::debug!(key = %key, "failure without effect; intent removed unless taken over");
             }
         }
         result.map_err(Into::into)
