@@ -7,6 +7,8 @@
 //! disagree judge leases alike. Every statement runs under `statement_timeout` and
 //! `lock_timeout`, so no call waits without bound.
 
+mod committer;
+
 use super::clock::{Clock, StoreClock};
 use super::store::{
     Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
@@ -14,7 +16,6 @@ use super::store::{
 use crate::error::ConfigError;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls, Statement};
@@ -132,13 +133,12 @@ impl PostgresOptions {
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let first = open(&self).await?;
         let slots = (0..self.connections)
-            .map(|i| tokio::sync::Mutex::new((i == 0).then(|| first.clone())))
+            .map(|i| committer::Slot::start(self.clone(), (i == 0).then(|| first.clone())))
             .collect();
         Ok(PostgresStore {
             pool: Arc::new(Pool {
                 options: self,
                 slots,
-                next: AtomicUsize::new(0),
             }),
         })
     }
@@ -146,8 +146,8 @@ impl PostgresOptions {
 
 struct Pool {
     options: PostgresOptions,
-    slots: Box<[tokio::sync::Mutex<Option<Arc<Conn>>>]>,
-    next: AtomicUsize,
+    /// One committer (and its connection) per slot.
+    slots: Box<[committer::Slot]>,
 }
 
 struct Conn {
@@ -282,29 +282,21 @@ impl Conn {
 }
 
 impl Pool {
-    /// A live connection for `key` (always the same slot for one key, so one key's statements
-    /// run in the order they were sent; any slot for `None`), opened again if it was closed.
-    async fn conn(&self, key: Option<&str>) -> Result<Arc<Conn>, StoreError> {
-        let i = match key {
-            Some(key) => {
-                use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-                BuildHasherDefault::<DefaultHasher>::default().hash_one(key) as usize
-            }
-            None => self.next.fetch_add(1, Ordering::Relaxed),
-        } % self.slots.len();
-        let mut slot = self.slots[i].lock().await;
-        if let Some(conn) = slot.as_ref().filter(|c| !c.client.is_closed()) {
-            return Ok(conn.clone());
-        }
-        if slot.is_some() {
-            tracing::info!(
-                slot = i,
-                "receipt store connection was closed; reconnecting"
-            );
-        }
-        let conn = open(&self.options).await?;
-        *slot = Some(conn.clone());
-        Ok(conn)
+    /// Queues `work` to `key`'s slot (always the same one for one key, so one key's calls run
+    /// in the order they were made) and answers once it has committed.
+    fn submit<T, F, Fut>(
+        &self,
+        key: &str,
+        work: F,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send
+    where
+        T: Send + 'static,
+        F: Fn(Arc<Conn>, Option<i64>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default().hash_one(key);
+        self.slots[(hash % self.slots.len() as u64) as usize].submit(work)
     }
 
     /// The test clock's reading, or `None` for the server's clock.
@@ -363,7 +355,7 @@ impl PostgresStore {
     /// # }
     /// ```
     pub async fn synchronous_commit(&self) -> Result<String, StoreError> {
-        let conn = self.pool.conn(None).await?;
+        let conn = open(&self.pool.options).await?;
         let row = conn
             .client
             .query_one("SHOW synchronous_commit", &[])
@@ -375,7 +367,7 @@ impl PostgresStore {
     /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
     /// provider and settles with [`ReceiptStore::resolve`].
     pub async fn pending(&self, limit: usize) -> Result<Vec<PendingIntent>, StoreError> {
-        let conn = self.pool.conn(None).await?;
+        let conn = open(&self.pool.options).await?;
         let rows = conn
             .client
             .query(
@@ -405,11 +397,10 @@ impl PostgresStore {
     /// lock timeout) only if something is missing; a busy table then fails it in bounded time
     /// rather than queueing every writer behind it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let conn = self.pool.conn(None).await?;
-        if schema_is_current(&conn.client).await? {
+        let own = open(&self.pool.options).await?;
+        if schema_is_current(&own.client).await? {
             return Ok(());
         }
-        let own = open(&self.pool.options).await?;
         let result = own
             .client
             .batch_execute(
@@ -473,61 +464,45 @@ impl ReceiptStore for PostgresStore {
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let pool = self.pool.clone();
-        let (key, fingerprint, owner) =
-            (key.to_string(), fingerprint.to_string(), owner.to_string());
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            loop {
-                let now = pool.now();
-                let inserted = conn
-                    .client
-                    .query_opt(&st.insert, &[&key, &fingerprint, &owner, &ms(lease), &now])
-                    .await
-                    .map_err(err("record the intent"))?;
-                if inserted.is_some() {
-                    return Ok(Begin::Fresh);
+        let args = Arc::new((key.to_string(), fingerprint.to_string(), owner.to_string()));
+        self.pool.submit(key, move |conn, now| {
+            let args = args.clone();
+            async move {
+                let (key, fingerprint, owner) = &*args;
+                let st = conn.statements().await?;
+                loop {
+                    let inserted = conn
+                        .client
+                        .query_opt(&st.insert, &[key, fingerprint, owner, &ms(lease), &now])
+                        .await
+                        .map_err(err("record the intent"))?;
+                    if inserted.is_some() {
+                        return Ok(Begin::Fresh);
+                    }
+                    // A new statement sees the row the conflicting insert committed.
+                    let row = conn
+                        .client
+                        .query_opt(&st.select, &[key, &now])
+                        .await
+                        .map_err(err("read the record"))?;
+                    let Some(row) = row else {
+                        continue; // removed in between (an abandoned intent): try again
+                    };
+                    let (fp, holder, receipt): (String, String, Option<Vec<u8>>) =
+                        (row.get(0), row.get(1), row.get(4));
+                    let (since, lease_until, at): (i64, i64, i64) =
+                        (row.get(2), row.get(3), row.get(5));
+                    let record = Record {
+                        fingerprint: &fp,
+                        owner: &holder,
+                        since_ms: since as u64,
+                        lease_until_ms: lease_until as u64,
+                        receipt: receipt.as_deref(),
+                    };
+                    return Ok(Begin::decide(Some(record), fingerprint, owner, at as u64));
                 }
-                // A new statement sees the row the conflicting insert committed.
-                let row = conn
-                    .client
-                    .query_opt(&st.select, &[&key, &now])
-                    .await
-                    .map_err(err("read the record"))?;
-                let Some(row) = row else {
-                    continue; // removed in between (an abandoned intent): try again
-                };
-                let (fp, holder, since, lease_until, receipt, now): (
-                    String,
-                    String,
-                    i64,
-                    i64,
-                    Option<Vec<u8>>,
-                    i64,
-                ) = (
-                    row.get(0),
-                    row.get(1),
-                    row.get(2),
-                    row.get(3),
-                    row.get(4),
-                    row.get(5),
-                );
-                let record = Record {
-                    fingerprint: &fp,
-                    owner: &holder,
-                    since_ms: since as u64,
-                    lease_until_ms: lease_until as u64,
-                    receipt: receipt.as_deref(),
-                };
-                return Ok(Begin::decide(
-                    Some(record),
-                    &fingerprint,
-                    &owner,
-                    now as u64,
-                ));
             }
-        }
+        })
     }
 
     fn claim(
@@ -536,18 +511,20 @@ impl ReceiptStore for PostgresStore {
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let pool = self.pool.clone();
-        let (key, owner) = (key.to_string(), owner.to_string());
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            let n = conn
-                .client
-                .execute(&st.claim, &[&key, &owner, &ms(lease), &pool.now()])
-                .await
-                .map_err(err("claim the intent"))?;
-            Ok(n == 1)
-        }
+        let args = Arc::new((key.to_string(), owner.to_string()));
+        self.pool.submit(key, move |conn, now| {
+            let args = args.clone();
+            async move {
+                let (key, owner) = &*args;
+                let st = conn.statements().await?;
+                let n = conn
+                    .client
+                    .execute(&st.claim, &[key, owner, &ms(lease), &now])
+                    .await
+                    .map_err(err("claim the intent"))?;
+                Ok(n == 1)
+            }
+        })
     }
 
     fn release(
@@ -555,17 +532,19 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let pool = self.pool.clone();
-        let (key, owner) = (key.to_string(), owner.to_string());
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            conn.client
-                .execute(&st.release, &[&key, &owner, &pool.now()])
-                .await
-                .map_err(err("release the intent"))?;
-            Ok(())
-        }
+        let args = Arc::new((key.to_string(), owner.to_string()));
+        self.pool.submit(key, move |conn, now| {
+            let args = args.clone();
+            async move {
+                let (key, owner) = &*args;
+                let st = conn.statements().await?;
+                conn.client
+                    .execute(&st.release, &[key, owner, &now])
+                    .await
+                    .map_err(err("release the intent"))?;
+                Ok(())
+            }
+        })
     }
 
     fn complete(
@@ -574,22 +553,24 @@ impl ReceiptStore for PostgresStore {
         owner: &str,
         receipt: &[u8],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let pool = self.pool.clone();
-        let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            let n = conn
-                .client
-                .execute(&st.complete, &[&key, &receipt, &owner, &pool.now()])
-                .await
-                .map_err(err("record the receipt"))?;
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::not_holder(&key))
+        let args = Arc::new((key.to_string(), owner.to_string(), receipt.to_vec()));
+        self.pool.submit(key, move |conn, now| {
+            let args = args.clone();
+            async move {
+                let (key, owner, receipt) = &*args;
+                let st = conn.statements().await?;
+                let n = conn
+                    .client
+                    .execute(&st.complete, &[key, receipt, owner, &now])
+                    .await
+                    .map_err(err("record the receipt"))?;
+                if n == 1 {
+                    Ok(())
+                } else {
+                    Err(StoreError::not_holder(key))
+                }
             }
-        }
+        })
     }
 
     fn abandon(
@@ -597,17 +578,19 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let pool = self.pool.clone();
-        let (key, owner) = (key.to_string(), owner.to_string());
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            conn.client
-                .execute(&st.abandon, &[&key, &owner])
-                .await
-                .map_err(err("remove the intent"))?;
-            Ok(())
-        }
+        let args = Arc::new((key.to_string(), owner.to_string()));
+        self.pool.submit(key, move |conn, _| {
+            let args = args.clone();
+            async move {
+                let (key, owner) = &*args;
+                let st = conn.statements().await?;
+                conn.client
+                    .execute(&st.abandon, &[key, owner])
+                    .await
+                    .map_err(err("remove the intent"))?;
+                Ok(())
+            }
+        })
     }
 
     fn resolve(
@@ -615,45 +598,49 @@ impl ReceiptStore for PostgresStore {
         key: &str,
         resolution: Resolution,
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
-        let pool = self.pool.clone();
-        let key = key.to_string();
-        async move {
-            let conn = pool.conn(Some(&key)).await?;
-            let st = conn.statements().await?;
-            let n = match &resolution {
-                Resolution::Done(receipt) => conn
+        let args = Arc::new((key.to_string(), resolution));
+        self.pool.submit(key, move |conn, now| {
+            let args = args.clone();
+            async move {
+                let (key, resolution) = &*args;
+                let st = conn.statements().await?;
+                let n = match resolution {
+                    Resolution::Done(receipt) => conn
+                        .client
+                        .execute(&st.settle_done, &[key, receipt, &now])
+                        .await
+                        .map_err(err("record the receipt"))?,
+                    Resolution::NotDone => conn
+                        .client
+                        .execute(&st.settle_not_done, &[key])
+                        .await
+                        .map_err(err("remove the intent"))?,
+                };
+                if n == 1 {
+                    return Ok(Resolved::Settled);
+                }
+                let done = conn
                     .client
-                    .execute(&st.settle_done, &[&key, receipt, &pool.now()])
+                    .query_opt(&st.done, &[key])
                     .await
-                    .map_err(err("record the receipt"))?,
-                Resolution::NotDone => conn
-                    .client
-                    .execute(&st.settle_not_done, &[&key])
-                    .await
-                    .map_err(err("remove the intent"))?,
-            };
-            if n == 1 {
-                return Ok(Resolved::Settled);
+                    .map_err(err("read the record"))?;
+                Ok(match done {
+                    Some(_) => Resolved::AlreadyDone,
+                    None => Resolved::NoRecord,
+                })
             }
-            let done = conn
-                .client
-                .query_opt(&st.done, &[&key])
-                .await
-                .map_err(err("read the record"))?;
-            Ok(match done {
-                Some(_) => Resolved::AlreadyDone,
-                None => Resolved::NoRecord,
-            })
-        }
+        })
     }
 
+    /// On a connection of its own, one batch of rows per statement (autocommit), so it never
+    /// joins a batch of calls (nor holds their rows' locks while it runs).
     fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
         let pool = self.pool.clone();
         async move {
+            let conn = open(&pool.options).await?;
+            let st = conn.statements().await?;
             let mut removed = 0;
             loop {
-                let conn = pool.conn(None).await?;
-                let st = conn.statements().await?;
                 let n = conn
                     .client
                     .execute(&st.prune, &[&ms(older_than), &pool.now()])
