@@ -1,9 +1,11 @@
 //! The PostgreSQL receipt store: several processes or machines share one run's receipts.
 //!
-//! A small pool of connections (8 by default): commits on different connections are flushed
-//! together by the server (group commit), so many writers are not held to one flush each. A
-//! connection found closed (the backend was killed, the server restarted) is opened again on
-//! the next call. Every time is the server's (`clock_timestamp()`), so callers whose clocks
+//! A small pool of connections (8 by default), each driven by a committer task: the calls
+//! queued while one transaction commits run together in the next, their statements pipelined,
+//! so many writers share one WAL flush (group commit; see `committer.rs`), and the server
+//! flushes the commits of different connections together too. Each key's calls go to one
+//! connection, in the order they were made. A connection found closed (the backend was killed,
+//! the server restarted) is opened again for the next batch. Every time is the server's (`clock_timestamp()`), so callers whose clocks
 //! disagree judge leases alike. Every statement runs under `statement_timeout` and
 //! `lock_timeout`, so no call waits without bound.
 
