@@ -417,3 +417,35 @@ fn one_number_in_three_spellings_is_one_key_whatever_serde_jsons_features() {
         "[10000000000000000,10000000000000000,10000000000000000]"
     );
 }
+
+#[test]
+fn an_f32_saved_and_read_back_keeps_its_key() {
+    #[derive(serde::Serialize)]
+    struct Order {
+        qty: f32,
+        price: f64,
+    }
+    for qty in [0.1f32, 1.1, 3.3e-7, 16_777_217.0, f32::MAX] {
+        let order = Order {
+            qty,
+            price: 0.01 * 1.19,
+        };
+        let text = serde_json::to_string(&order).unwrap();
+        let back: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            IdempotencyKey::derive("r", "s", "t", &order).unwrap(),
+            IdempotencyKey::derive("r", "s", "t", &back).unwrap(),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn no_identity_fields_and_integers_beyond_64_bits_are_refused() {
+    let args = json!({"invoice_id": 4471});
+    assert!(IdempotencyKey::derive_fields("r", "s", "t", &args, &[]).is_err());
+    assert!(stormguard::key::Action::task("r", "s", "t", &args, &[], &["invoice_id"]).is_err());
+    assert!(IdempotencyKey::derive("r", "s", "t", &(u128::from(u64::MAX) + 1)).is_err());
+    assert!(IdempotencyKey::derive("r", "s", "t", &i128::MIN).is_err());
+    assert!(IdempotencyKey::derive("r", "s", "t", &u128::from(u64::MAX)).is_ok());
+}

@@ -912,6 +912,13 @@ impl ReceiptStore for FailsOnce {
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
         self.0.resolve(key, resolution)
     }
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<stormguard::receipt::PendingIntent>, StoreError>> + Send
+    {
+        self.0.pending(limit)
+    }
     fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
         self.0.prune(older_than)
     }
@@ -1030,7 +1037,7 @@ async fn a_take_over_cut_short_never_removes_the_crashed_callers_intent() {
         .unwrap_err();
     assert_eq!(code(err), ErrorCode::StoreUnavailable);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let pending = store.0.pending(10);
+    let pending = store.0.pending(10).await.unwrap();
     assert_eq!(
         pending.len(),
         1,
@@ -1065,7 +1072,7 @@ async fn a_resumed_call_that_fails_without_effect_keeps_the_crashed_intent_and_i
     assert!(svc.ready().await.unwrap().call(send(146)).await.is_err());
     // The resend proved nothing about the crashed send: the intent stays, as old as it was, so
     // two hours later it is past the key window and escalated, not resent as a fresh action.
-    let pending = store.pending(10);
+    let pending = store.pending(10).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].age_ms, 23 * 3600 * 1000);
     clock.advance_ms(2 * 3600 * 1000);
@@ -1080,4 +1087,86 @@ async fn a_resumed_call_that_fails_without_effect_keeps_the_crashed_intent_and_i
         .unwrap_err();
     assert_eq!(code(err), ErrorCode::OutcomeUnknown);
     assert_eq!(provider.deliveries(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Found by an outside review.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_processes_may_migrate_a_new_schema_at_once() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let starts: Vec<_> = (0..6)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let store = PostgresStore::connect_with(&url, Durability::Process).await?;
+                store.migrate().await
+            })
+        })
+        .collect();
+    for start in starts {
+        start.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_write_answered_503_is_retried_not_stored_as_its_receipt() {
+    let (addr, calls) =
+        server::serve(|n| server::status(if n == 0 { 503 } else { 200 }, &[])).await;
+    let store = InMemoryStore::new();
+    let receipts = ReceiptLayer::new(store, ToolClass::KeyedWrite, email_action)
+        .classifier(HttpClassifier)
+        .codec(StatusCodec);
+    let mut tool = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(receipts.clone())
+        .service(status_client());
+    let ok = tool.ready().await.unwrap().call(email(addr)).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    // The 200 is the receipt: a resume is answered from it.
+    let again = receipts
+        .layer(status_client())
+        .oneshot(email(addr))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_postgres_lease_of_any_length_is_accepted() {
+    let Some((store, _)) = pg_store().await else {
+        return;
+    };
+    assert_eq!(
+        store.begin("k", "fp", "me", Duration::MAX).await.unwrap(),
+        Begin::Fresh
+    );
+    assert!(matches!(
+        store.begin("k", "fp", "you", Duration::MAX).await.unwrap(),
+        Begin::Pending { lease_left_ms, .. } if lease_left_ms > 1_000_000_000
+    ));
+}
+
+#[test]
+fn open_existing_refuses_an_empty_file_and_another_database() {
+    let empty = temp_db("empty");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(SqliteStore::open_existing(&empty, Durability::Process).is_err());
+    let other = temp_db("other");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+        .unwrap();
+    assert!(SqliteStore::open_existing(&other, Durability::Process).is_err());
+    let real = temp_db("real");
+    drop(SqliteStore::open(&real, Durability::Process).unwrap());
+    assert!(SqliteStore::open_existing(&real, Durability::Process).is_ok());
 }

@@ -692,6 +692,13 @@ impl ReceiptStore for Broken {
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
         down()
     }
+    fn pending(
+        &self,
+        _: usize,
+    ) -> impl Future<Output = Result<Vec<stormguard::receipt::PendingIntent>, StoreError>> + Send
+    {
+        down()
+    }
     fn prune(&self, _: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
         down()
     }

@@ -36,6 +36,12 @@ pub(super) fn pick(
     args: &serde_json::Value,
     fields: &[&str],
 ) -> Result<serde_json::Value, KeyError> {
+    if fields.is_empty() {
+        return Err(KeyError::new(
+            "args",
+            "name at least one field (with none, every action of the step would share one key)",
+        ));
+    }
     let serde_json::Value::Object(object) = args else {
         return Err(KeyError::new(
             "args",

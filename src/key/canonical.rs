@@ -16,7 +16,9 @@
 //!   in either form before it reaches a key, or leave it out of the identity fields.
 //!
 //! This crate turns on serde_json's `float_roundtrip`, so a float saved as JSON (by serde_json,
-//! anywhere in the build) and read back is the same double, and gives the same key.
+//! anywhere in the build) and read back is the same double, and the key is computed from the
+//! JSON text the arguments serialise to (an `f32` included), so it is the same before and after
+//! a save-and-reload.
 
 use super::KeyError;
 use serde::ser::{self, Serialize};
@@ -40,7 +42,7 @@ use std::fmt;
 pub const MAX_DEPTH: usize = 128;
 
 /// The canonical JSON text of `value` (RFC 8785, integers exact; see the
-/// [module docs](self)).
+/// [module docs](crate::key)).
 ///
 /// ```
 /// use serde_json::json;
@@ -177,9 +179,16 @@ pub fn es_number(f: f64) -> String {
 /// `args` as a JSON value, after checking (without building anything) that it holds no
 /// non-finite float and is nested at most [`MAX_DEPTH`] deep: serde_json would write such a
 /// float as `null`, and a deeper value would exhaust the stack.
+///
+/// The value is read from the JSON text `args` serialises to, as a checkpoint saved and read
+/// back would be: serde_json writes an `f32` as its own shortest digits (`0.1`) but
+/// `serde_json::to_value` widens it to the double `0.10000000149011612`, so only the text gives
+/// one key before and after a save-and-reload.
 pub(crate) fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
     args.serialize(Check { depth: 0 }).map_err(|e| e.0)?;
-    serde_json::to_value(args).map_err(|_| KeyError::new("args", "could not be serialised to JSON"))
+    let unserialisable = |_| KeyError::new("args", "could not be serialised to JSON");
+    let text = serde_json::to_string(args).map_err(unserialisable)?;
+    serde_json::from_str(&text).map_err(unserialisable)
 }
 
 #[derive(Debug)]
@@ -227,6 +236,18 @@ impl Check {
     }
 }
 
+/// An integer beyond 64 bits would be read back as a double: two ids could share a key.
+fn wide(fits: bool) -> Result<(), CheckError> {
+    if fits {
+        Ok(())
+    } else {
+        Err(CheckError(KeyError::new(
+            "args",
+            "hold an integer beyond 64 bits; pass it as a string",
+        )))
+    }
+}
+
 macro_rules! fine {
     ($($name:ident: $ty:ty),*) => {
         $(fn $name(self, _: $ty) -> Result<(), CheckError> { Ok(()) })*
@@ -245,9 +266,15 @@ impl ser::Serializer for Check {
     type SerializeStructVariant = Check;
 
     fine!(serialize_bool: bool, serialize_i8: i8, serialize_i16: i16, serialize_i32: i32,
-        serialize_i64: i64, serialize_i128: i128, serialize_u8: u8, serialize_u16: u16,
-        serialize_u32: u32, serialize_u64: u64, serialize_u128: u128, serialize_char: char,
-        serialize_str: &str, serialize_bytes: &[u8]);
+        serialize_i64: i64, serialize_u8: u8, serialize_u16: u16, serialize_u32: u32,
+        serialize_u64: u64, serialize_char: char, serialize_str: &str, serialize_bytes: &[u8]);
+
+    fn serialize_i128(self, v: i128) -> Result<(), CheckError> {
+        wide(i64::try_from(v).is_ok() || u64::try_from(v).is_ok())
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), CheckError> {
+        wide(u64::try_from(v).is_ok())
+    }
 
     fn serialize_f32(self, v: f32) -> Result<(), CheckError> {
         self.float(f64::from(v))

@@ -93,7 +93,8 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
         Ok(self)
     }
 
-    /// How long records are kept (at least one hour; longer than your longest resume). A resume
+    /// How long records are kept (at least one hour, at most ten years; longer than your
+    /// longest resume). A resume
     /// that finds an older intent without a receipt is refused with `receipt_expired`; a receipt
     /// on hand still answers, whatever its age.
     pub fn retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
@@ -126,7 +127,11 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
         Ok(self)
     }
 
-    /// Replaces the classifier that decides what a result means for the intent.
+    /// Replaces the classifier that decides what a result means for the intent. The default,
+    /// [`DefaultClassifier`], counts every `Ok` as a success and stores it as the receipt: over
+    /// an HTTP client, whose 5xx answers are `Ok` responses, give it
+    /// [`HttpClassifier`](crate::classify::HttpClassifier) (as the `Retry` above has), or a 503
+    /// would be stored as the receipt and the write never sent again.
     pub fn classifier<C2>(self, classifier: C2) -> ReceiptLayer<St, F, C2, Cd, RB> {
         ReceiptLayer {
             store: self.store,

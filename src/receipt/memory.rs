@@ -112,28 +112,6 @@ impl InMemoryStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
-    /// provider and settles with [`ReceiptStore::resolve`].
-    pub fn pending(&self, limit: usize) -> Vec<PendingIntent> {
-        let now = self.now();
-        let mut out: Vec<PendingIntent> = Vec::new();
-        for shard in self.shared.shards.iter() {
-            out.extend(
-                lock(shard)
-                    .iter()
-                    .filter(|(_, r)| r.receipt.is_none())
-                    .map(|(k, r)| PendingIntent {
-                        key: k.to_string(),
-                        age_ms: now.saturating_sub(r.since_ms),
-                        lease_left_ms: r.lease_until_ms.saturating_sub(now),
-                    }),
-            );
-        }
-        out.sort_by(|a, b| b.age_ms.cmp(&a.age_ms).then_with(|| a.key.cmp(&b.key)));
-        out.truncate(limit);
-        out
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -263,6 +241,29 @@ impl ReceiptStore for InMemoryStore {
             }
         };
         ready(Ok(resolved))
+    }
+
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send {
+        let now = self.now();
+        let mut out: Vec<PendingIntent> = Vec::new();
+        for shard in self.shared.shards.iter() {
+            out.extend(
+                lock(shard)
+                    .iter()
+                    .filter(|(_, r)| r.receipt.is_none())
+                    .map(|(k, r)| PendingIntent {
+                        key: k.to_string(),
+                        age_ms: now.saturating_sub(r.since_ms),
+                        lease_left_ms: r.lease_until_ms.saturating_sub(now),
+                    }),
+            );
+        }
+        out.sort_by(|a, b| b.age_ms.cmp(&a.age_ms).then_with(|| a.key.cmp(&b.key)));
+        out.truncate(limit);
+        ready(Ok(out))
     }
 
     fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {

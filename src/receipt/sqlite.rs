@@ -100,8 +100,9 @@ impl SqliteStore {
         Self::start(path.as_ref(), durability, true, StoreClock::default())
     }
 
-    /// Opens the store at `path`, which must exist: for a process that resumes a run, where an
-    /// empty new store would forget every receipt and intent.
+    /// Opens the store at `path`, which must exist and hold a receipt store: for a process that
+    /// resumes a run, where an empty new store would forget every receipt and intent. A missing
+    /// file, an empty one or another application's database is an error.
     pub fn open_existing(
         path: impl AsRef<Path>,
         durability: Durability,
@@ -138,6 +139,21 @@ impl SqliteStore {
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = {sync}; PRAGMA busy_timeout = 5000;"
         ))
         .map_err(err("configure"))?;
+        if !create {
+            // An existing store, not an empty file nor another application's database.
+            let found: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'stormguard_receipts'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(err("open"))?;
+            if found != 1 {
+                return Err(StoreError::new(
+                    "open: the file holds no receipt store (empty, or another database)",
+                ));
+            }
+        }
         conn.execute_batch(SCHEMA)
             .map_err(err("create the table"))?;
         let id = file_id(path).ok_or_else(|| StoreError::new("the store file vanished at open"))?;
@@ -158,33 +174,6 @@ impl SqliteStore {
     /// The file the store lives in.
     pub fn path(&self) -> &Path {
         &self.shared.path
-    }
-
-    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
-    /// provider and settles with [`ReceiptStore::resolve`].
-    pub async fn pending(&self, limit: usize) -> Result<Vec<PendingIntent>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.with(move |conn, now| {
-            let mut st = conn
-                .prepare_cached(
-                    "SELECT key, since_ms, lease_until_ms FROM stormguard_receipts
-                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1",
-                )
-                .map_err(err("list the pending intents"))?;
-            let rows = st
-                .query_map(params![limit], |r| {
-                    let (key, since, lease): (String, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-                    Ok(PendingIntent {
-                        key,
-                        age_ms: now.saturating_sub(since as u64),
-                        lease_left_ms: (lease as u64).saturating_sub(now),
-                    })
-                })
-                .map_err(err("list the pending intents"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(err("list the pending intents"))
-        })
-        .await
     }
 
     /// Queues `f` to the writer thread now (so calls run in the order they were made, whether or
@@ -460,6 +449,33 @@ impl ReceiptStore for SqliteStore {
                     Ok(Resolved::Settled)
                 }
             }
+        })
+    }
+
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.with(move |conn, now| {
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT key, since_ms, lease_until_ms FROM stormguard_receipts
+                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1",
+                )
+                .map_err(err("list the pending intents"))?;
+            let rows = st
+                .query_map(params![limit], |r| {
+                    let (key, since, lease): (String, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+                    Ok(PendingIntent {
+                        key,
+                        age_ms: now.saturating_sub(since as u64),
+                        lease_left_ms: (lease as u64).saturating_sub(now),
+                    })
+                })
+                .map_err(err("list the pending intents"))?;
+            rows.collect::<Result<Vec<_>, _>>()
+                .map_err(err("list the pending intents"))
         })
     }
 

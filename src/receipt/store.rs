@@ -121,7 +121,7 @@ pub enum Resolution {
     NotDone,
 }
 
-/// An intent without a receipt, as an operator's listing shows it (`pending` on each store).
+/// An intent without a receipt, as an operator's listing shows it ([`ReceiptStore::pending`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -131,7 +131,7 @@ pub enum Resolution {
 /// # async fn main() {
 /// let store = InMemoryStore::new();
 /// store.begin("run-1:step-2:send:ab12", "fp", "crashed", Duration::from_secs(30)).await.unwrap();
-/// let pending = store.pending(10);
+/// let pending = store.pending(10).await.unwrap();
 /// assert_eq!(pending[0].key, "run-1:step-2:send:ab12");
 /// assert!(pending[0].lease_left_ms > 0); // its caller may still be running
 /// # }
@@ -340,6 +340,13 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
         key: &str,
         resolution: Resolution,
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send;
+
+    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
+    /// provider and settles with [`resolve`](Self::resolve).
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send;
 
     /// Removes every record whose intent is older than `older_than` (store clock), in bounded
     /// batches so that other calls run in between; returns how many.

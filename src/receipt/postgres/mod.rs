@@ -215,8 +215,10 @@ fn err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| StoreError::from_source(what, e)
 }
 
+/// A duration in ms for SQL, capped at a century (so `now + lease` never overflows a bigint).
 fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    const CENTURY_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
+    i64::try_from(d.as_millis()).map_or(CENTURY_MS, |v| v.min(CENTURY_MS))
 }
 
 /// Opens one connection with this store's session settings.
@@ -366,64 +368,53 @@ impl PostgresStore {
         Ok(row.get(0))
     }
 
-    /// Up to `limit` intents without a receipt, oldest first: what an operator checks with the
-    /// provider and settles with [`ReceiptStore::resolve`].
-    pub async fn pending(&self, limit: usize) -> Result<Vec<PendingIntent>, StoreError> {
-        let conn = open(&self.pool.options).await?;
-        let rows = conn
-            .client
-            .query(
-                "SELECT key, since_ms, lease_until_ms,
-                    COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
-                 FROM stormguard_receipts WHERE receipt IS NULL ORDER BY since_ms, key LIMIT $1",
-                &[&i64::try_from(limit).unwrap_or(i64::MAX), &self.pool.now()],
-            )
-            .await
-            .map_err(err("list the pending intents"))?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let (since, lease, now): (i64, i64, i64) = (r.get(1), r.get(2), r.get(3));
-                PendingIntent {
-                    key: r.get(0),
-                    age_ms: now.saturating_sub(since).max(0) as u64,
-                    lease_left_ms: lease.saturating_sub(now).max(0) as u64,
-                }
-            })
-            .collect())
-    }
-
     /// Creates the table and index if they are missing (and adds columns a newer version needs).
-    /// Safe to run at every start: it first reads the catalog, which takes no lock on the
-    /// table, and changes the schema (on a connection of its own, in one transaction, under the
-    /// lock timeout) only if something is missing; a busy table then fails it in bounded time
-    /// rather than queueing every writer behind it.
+    /// Safe to run at every start, from many processes at once: it first reads the catalog,
+    /// which takes no lock on the table, and changes the schema (on a connection of its own, in
+    /// one transaction holding an advisory lock, so concurrent starts migrate one at a time,
+    /// under the lock timeout) only if something is missing; a busy table then fails it in
+    /// bounded time rather than queueing every writer behind it.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let own = open(&self.pool.options).await?;
         if schema_is_current(&own.client).await? {
             return Ok(());
         }
-        let result = own
+        // One migration at a time per schema (several processes starting together would race
+        // on the catalog: PostgreSQL answers 23505 on pg_type for two concurrent CREATE TABLE),
+        // and the schema read again under the lock: another process may have just done it.
+        let begun = own
             .client
             .batch_execute(
-                "BEGIN;
-                CREATE TABLE IF NOT EXISTS stormguard_receipts (
-                    key TEXT PRIMARY KEY,
-                    fingerprint TEXT NOT NULL,
-                    owner TEXT NOT NULL,
-                    since_ms BIGINT NOT NULL,
-                    lease_until_ms BIGINT NOT NULL,
-                    receipt BYTEA,
-                    done_ms BIGINT
-                );
-                ALTER TABLE stormguard_receipts
-                    ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
-                ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS done_ms BIGINT;
-                CREATE INDEX IF NOT EXISTS stormguard_receipts_since
-                    ON stormguard_receipts (since_ms);
-                COMMIT;",
+                "BEGIN; SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.stormguard_receipts'));",
             )
             .await;
+        let result = match begun {
+            Err(e) => Err(e),
+            Ok(()) if schema_is_current(&own.client).await? => {
+                own.client.batch_execute("COMMIT").await
+            }
+            Ok(()) => {
+                own.client
+                    .batch_execute(
+                        "CREATE TABLE IF NOT EXISTS stormguard_receipts (
+                            key TEXT PRIMARY KEY,
+                            fingerprint TEXT NOT NULL,
+                            owner TEXT NOT NULL,
+                            since_ms BIGINT NOT NULL,
+                            lease_until_ms BIGINT NOT NULL,
+                            receipt BYTEA,
+                            done_ms BIGINT
+                        );
+                        ALTER TABLE stormguard_receipts
+                            ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
+                        ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS done_ms BIGINT;
+                        CREATE INDEX IF NOT EXISTS stormguard_receipts_since
+                            ON stormguard_receipts (since_ms);
+                        COMMIT;",
+                    )
+                    .await
+            }
+        };
         if result.is_err() {
             let _ = own.client.batch_execute("ROLLBACK").await;
         }
@@ -632,6 +623,37 @@ impl ReceiptStore for PostgresStore {
                 })
             }
         })
+    }
+
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send {
+        let pool = self.pool.clone();
+        async move {
+            let conn = open(&pool.options).await?;
+            let rows = conn
+                .client
+                .query(
+                    "SELECT key, since_ms, lease_until_ms,
+                    COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+                 FROM stormguard_receipts WHERE receipt IS NULL ORDER BY since_ms, key LIMIT $1",
+                    &[&i64::try_from(limit).unwrap_or(i64::MAX), &pool.now()],
+                )
+                .await
+                .map_err(err("list the pending intents"))?;
+            Ok(rows
+                .iter()
+                .map(|r| {
+                    let (since, lease, now): (i64, i64, i64) = (r.get(1), r.get(2), r.get(3));
+                    PendingIntent {
+                        key: r.get(0),
+                        age_ms: now.saturating_sub(since).max(0) as u64,
+                        lease_left_ms: lease.saturating_sub(now).max(0) as u64,
+                    }
+                })
+                .collect())
+        }
     }
 
     /// On a connection of its own, one batch of rows per statement (autocommit), so it never
