@@ -99,6 +99,19 @@ fn receipts(c: &mut Criterion) {
                 ("postgres_power_loss", Durability::PowerLoss),
             ] {
                 let store = rt.block_on(async {
+                    // A schema of its own, new for each run: a table grown by earlier runs
+                    // would measure its own size, not the store.
+                    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                        .await
+                        .expect("connect");
+                    tokio::spawn(conn);
+                    client
+                        .batch_execute(&format!(
+                            "DROP SCHEMA IF EXISTS sg_bench_{name} CASCADE; CREATE SCHEMA sg_bench_{name};"
+                        ))
+                        .await
+                        .expect("bench schema");
+                    let url = format!("{url} options='-c search_path=sg_bench_{name}'");
                     let store = PostgresStore::connect_with(&url, durability)
                         .await
                         .expect("connect");

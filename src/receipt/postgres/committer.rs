@@ -4,13 +4,14 @@
 //! Each pool slot has a committer task that owns its connection. A call is queued to it when
 //! it is made (so one key's calls, always on one slot, run in the order they were made); the
 //! task takes what is queued, runs a lone call in autocommit (no transaction to pay for) and
-//! several in one transaction, their statements pipelined. If the transaction fails (a lock
+//! several in one transaction, their statements pipelined (with `Durability::Process`, whose
+//! commits wait for no flush, each call commits on its own, still pipelined). If the transaction fails (a lock
 //! timeout, a deadlock) nothing of it took effect, and each call runs again alone; if the
 //! connection dies before the commit is confirmed, the calls are answered with an error (their
 //! outcome is unknown to the caller, as any lost reply is) and the next batch reconnects.
 
 use super::{open, Conn, PostgresOptions};
-use crate::receipt::store::StoreError;
+use crate::receipt::store::{Durability, StoreError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -150,6 +151,16 @@ async fn committer(
             let job = batch.pop().expect("one job");
             job.run(live, now()).await;
             job.deliver(None);
+            continue;
+        }
+        if options.durability == Durability::Process {
+            // A commit waits for no flush: each call commits on its own, all pipelined.
+            let at = now();
+            let runs: Vec<Running> = batch.iter().map(|job| job.run(live.clone(), at)).collect();
+            join_all(runs.into_iter()).await;
+            for job in batch {
+                job.deliver(None);
+            }
             continue;
         }
         let began = live.client.batch_execute("BEGIN").await.is_ok();
