@@ -19,6 +19,10 @@
 //!   calls fail;
 //! - `recovery` at 100 requests/s for 90 s: every call fails for 30 s, then the dependency heals;
 //!   `recovery_ms` is the time from healing to the first success a caller sees;
+//! - `partial` at 100 requests/s for 60 s: each call fails with probability 0.5 (a dependency
+//!   that is half up: a breaker must not make it an outage);
+//! - `brownout` at 100 requests/s for 120 s: every call fails for 20 s, then 30 % fail for 40 s,
+//!   then none; `recovery_ms` is from the end of the full outage to the first success;
 //! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s;
 //! - `fairness`: two agent runs share one budget (defaults) for 300 s, each with its own
 //!   three-layer stack over its own dependency: run `a` in an outage at 10 requests/s, run `b`
@@ -68,6 +72,13 @@ enum Failing {
     HalfEmpty(f64),
     /// Every call fails until this long after the start.
     Until(Duration),
+    /// Every call fails for `outage`, then each fails with probability `p` until `until`, then
+    /// none does.
+    Brownout {
+        outage: Duration,
+        p: f64,
+        until: Duration,
+    },
 }
 
 #[derive(Clone)]
@@ -107,6 +118,7 @@ impl Dependency {
         let s = self.state.lock().unwrap();
         match (self.failing, s.first_success_after_heal) {
             (Failing::Until(heal), Some(at)) => Some(at - heal),
+            (Failing::Brownout { outage, .. }, Some(at)) => Some(at - outage),
             _ => None,
         }
     }
@@ -155,6 +167,14 @@ impl Service<u64> for Dependency {
                     s.first_success_after_heal = Some(now);
                 }
                 now < heal
+            }
+            Failing::Brownout { outage, p, until } => {
+                let now = s.start.elapsed();
+                let fail = now < outage || (now < until && next_f64(&mut s.rng) < p);
+                if now >= outage && !fail && s.first_success_after_heal.is_none() {
+                    s.first_success_after_heal = Some(now);
+                }
+                fail
             }
         };
         std::future::ready(if fail {
@@ -741,6 +761,28 @@ fn main() {
             Failing::Until(Duration::from_secs(30)),
             100.0,
             90,
+        ));
+    }
+    for stack in Stack::ALL {
+        emit(simulate(
+            "partial",
+            stack,
+            Failing::WithProbability(0.5),
+            100.0,
+            60,
+        ));
+    }
+    for stack in Stack::ALL {
+        emit(simulate(
+            "brownout",
+            stack,
+            Failing::Brownout {
+                outage: Duration::from_secs(20),
+                p: 0.3,
+                until: Duration::from_secs(60),
+            },
+            100.0,
+            120,
         ));
     }
     for stack in Stack::ALL {

@@ -31,8 +31,12 @@ async fn run(svc: &mut Svc, n: usize) -> Vec<Result<u32, BoxError>> {
     out
 }
 
+/// The defaults, with the classic time-only open state of 5 s (no turned-away-calls rule): the
+/// tests of the other rules read more simply on one clock. The probe rule has tests of its own.
 fn config() -> stormguard::breaker::BreakerConfigBuilder {
     BreakerConfig::builder()
+        .probe_after(0)
+        .open_duration(Duration::from_secs(5), Duration::from_secs(60))
 }
 
 fn rejection(err: BoxError) -> ToolError {
@@ -303,14 +307,15 @@ async fn half_open_admits_its_trials_then_closes_on_success() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_open_duration_grows_on_repeated_trips_up_to_its_cap() {
+async fn an_open_breaker_probes_after_enough_turned_away_calls_or_its_longest_open_time() {
     let log: Arc<Mutex<Vec<Transition>>> = Arc::default();
     let sink = log.clone();
     let breaker = Breaker::new(
         "dep",
         config()
             .consecutive_failures(1)
-            .open_duration(Duration::from_secs(5), Duration::from_secs(12))
+            .open_duration(Duration::from_secs(1), Duration::from_secs(12))
+            .probe_after(3)
             .on_transition(move |t| sink.lock().unwrap().push(t.clone()))
             .build()
             .unwrap(),
@@ -318,23 +323,38 @@ async fn the_open_duration_grows_on_repeated_trips_up_to_its_cap() {
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut svc = guarded(&dep, &breaker);
     run(&mut svc, 1).await;
-    let mut waits = Vec::new();
-    for _ in 0..4 {
-        let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
-        let wait = err.retry_after().unwrap();
-        waits.push(wait);
-        tokio::time::advance(wait).await;
-        run(&mut svc, 1).await; // the trial fails: open again, for longer
+    // Busy traffic: the shortest open time passes, 3 calls are turned away, the 4th probes.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    for _ in 0..3 {
+        assert_eq!(
+            rejection(call(&mut svc, 1u32).await.unwrap_err()).code(),
+            ErrorCode::CircuitOpen
+        );
     }
-    let secs: Vec<u64> = waits.iter().map(|d| d.as_secs()).collect();
-    assert_eq!(secs, vec![5, 10, 12, 12]);
-    assert_eq!(breaker.opens(), 5);
+    run(&mut svc, 1).await; // the probe fails: open again, for no longer than before
+    assert_eq!(dep.calls(), 2);
+    // Quiet traffic: one call, then nothing for the longest open time; the next call probes.
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    assert_eq!(
+        err.retry_after(),
+        Some(Duration::from_secs(1)),
+        "never doubled"
+    );
+    tokio::time::advance(Duration::from_secs(12)).await;
+    run(&mut svc, 1).await;
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(breaker.opens(), 3);
     let log = log.lock().unwrap();
     assert_eq!((log[0].from, log[0].to), (State::Closed, State::Open));
     assert_eq!((log[1].from, log[1].to), (State::Open, State::HalfOpen));
     assert_eq!((log[2].from, log[2].to), (State::HalfOpen, State::Open));
     assert!(
         log[0].reason.contains("1 calls in a row to dep failed"),
+        "{}",
+        log[0].reason
+    );
+    assert!(
+        log[0].reason.contains("3 turned-away calls"),
         "{}",
         log[0].reason
     );
@@ -470,6 +490,15 @@ fn invalid_configs_are_rejected() {
             "open_duration",
         ),
         (config().trials(0).build(), "trials"),
+        (config().probe_after(1_000_001).build(), "probe_after"),
+        (
+            config().failure_rate(0.5, Window::Count(10), 20).build(),
+            "min_calls",
+        ),
+        (
+            config().failure_rate(0.01, Window::Count(50), 20).build(),
+            "failure_rate",
+        ),
         (config().slow_call(Duration::ZERO).build(), "slow_call"),
     ];
     for (result, field) in cases {
@@ -478,16 +507,16 @@ fn invalid_configs_are_rejected() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_recovery_resets_the_open_duration() {
+async fn the_open_time_never_grows() {
     let breaker = Breaker::new("dep", config().consecutive_failures(1).build().unwrap());
     let fail = Outcome::Fail(FailureClass::Transient);
-    // fail (open 5 s), trial fails (open 10 s), trial succeeds (closed), fail: open 5 s again.
+    // fail (open 5 s), trial fails (open 5 s), trial succeeds (closed), fail: open 5 s again.
     let dep = Dependency::script([fail, fail, Outcome::Ok, fail], Outcome::Ok);
     let mut svc = guarded(&dep, &breaker);
     run(&mut svc, 1).await;
     tokio::time::advance(Duration::from_secs(5)).await;
     run(&mut svc, 1).await;
-    tokio::time::advance(Duration::from_secs(10)).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
     run(&mut svc, 1).await;
     assert_eq!(breaker.state(), State::Closed);
     run(&mut svc, 1).await;
@@ -583,7 +612,7 @@ mod model {
     #[derive(Debug, PartialEq, Clone, Copy)]
     enum Model {
         Closed { in_a_row: u32 },
-        Open { until: u64 },
+        Open { until: u64, max: u64, rejected: u32 },
         HalfOpen { successes: u32 },
     }
 
@@ -596,7 +625,7 @@ mod model {
 
     proptest! {
         #[test]
-        fn matches_the_model(steps in proptest::collection::vec(step(), 1..80), trials in 1u32..4) {
+        fn matches_the_model(steps in proptest::collection::vec(step(), 1..80), trials in 1u32..4, probe_after in 0u32..4) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .start_paused(true)
@@ -608,6 +637,7 @@ mod model {
                     .consecutive_failures(threshold)
                     .no_failure_rate()
                     .open_duration(Duration::from_millis(open_ms), Duration::from_millis(max_ms))
+                    .probe_after(probe_after)
                     .trials(trials)
                     .build()
                     .unwrap());
@@ -618,38 +648,30 @@ mod model {
                 ));
                 let start = tokio::time::Instant::now();
                 let mut model = Model::Closed { in_a_row: 0 };
-                let mut trips = 0u32;
                 for s in steps {
                     match s {
                         Step::Wait(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
                         Step::Call(ok) => {
                             let now = start.elapsed().as_millis() as u64;
-                            if let Model::Open { until } = model {
-                                if now >= until {
+                            if let Model::Open { until, max, rejected } = model {
+                                if now >= max || (now >= until && rejected >= probe_after) {
                                     model = Model::HalfOpen { successes: 0 };
                                 }
                             }
                             let result = call(&mut svc, ok).await;
-                            let open_for = |trips: u32| (open_ms << (trips - 1).min(10)).min(max_ms);
+                            let opened = Model::Open { until: now + open_ms, max: now + max_ms, rejected: 0 };
                             model = match model {
-                                Model::Open { until } => {
+                                Model::Open { until, max, rejected } => {
                                     prop_assert!(result.is_err());
                                     let err = result.unwrap_err().downcast::<ToolError>().unwrap();
                                     prop_assert_eq!(err.code(), ErrorCode::CircuitOpen);
-                                    Model::Open { until }
+                                    Model::Open { until, max, rejected: rejected + 1 }
                                 }
-                                Model::Closed { in_a_row } if !ok && in_a_row + 1 >= threshold => {
-                                    trips += 1;
-                                    Model::Open { until: now + open_for(trips) }
-                                }
+                                Model::Closed { in_a_row } if !ok && in_a_row + 1 >= threshold => opened,
                                 Model::Closed { in_a_row } if !ok => Model::Closed { in_a_row: in_a_row + 1 },
                                 Model::Closed { .. } => Model::Closed { in_a_row: 0 },
-                                Model::HalfOpen { .. } if !ok => {
-                                    trips += 1;
-                                    Model::Open { until: now + open_for(trips) }
-                                }
+                                Model::HalfOpen { .. } if !ok => opened,
                                 Model::HalfOpen { successes } if successes + 1 >= trials => {
-                                    trips = 0;
                                     Model::Closed { in_a_row: 0 }
                                 }
                                 Model::HalfOpen { successes } => Model::HalfOpen { successes: successes + 1 },

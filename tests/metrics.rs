@@ -109,6 +109,8 @@ fn breaker_transitions_rejections_and_outcomes_are_counted() {
     recorded(&recorder, || async {
         let config = BreakerConfig::builder()
             .consecutive_failures(3)
+            .probe_after(0)
+            .open_duration(Duration::from_secs(5), Duration::from_secs(30))
             .build()
             .unwrap();
         let breaker = Breaker::new("billing-api", config);

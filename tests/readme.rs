@@ -265,15 +265,24 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
         let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::Unavailable);
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 9, "3 calls each, 9 failures in a row");
-    // The 10th failure opens the breaker; the retry after it is rejected, and not retried.
-    let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 9, "3 calls each");
+    // Failures go on (fewer retries once the budget is spent) until the 20th in a row opens
+    // the breaker; the call after it is rejected, and not retried.
+    let mut charges = 3;
+    let err = loop {
+        let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
+        charges += 1;
+        assert!(charges < 30, "the breaker never opened");
+        if err.code() == ErrorCode::CircuitOpen {
+            break err;
+        }
+    };
     assert_eq!(err.code(), ErrorCode::CircuitOpen);
-    assert_eq!(calls.load(Ordering::SeqCst), 10);
+    assert_eq!(calls.load(Ordering::SeqCst), 20, "20 failures in a row, after {charges} charges");
     let err = billing.ready().await.unwrap().call(charge()).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::CircuitOpen);
     assert!(err.retry_after().is_some_and(|d| d > Duration::ZERO));
-    assert_eq!(calls.load(Ordering::SeqCst), 10, "rejected without reaching the API");
+    assert_eq!(calls.load(Ordering::SeqCst), 20, "rejected without reaching the API");
 }
 
 #[cfg(feature = "reqwest")]

@@ -45,11 +45,11 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 ///
 /// | setting | default | resilience4j | Polly v8 | why |
 /// |---|---|---|---|---|
-/// | consecutive failures | 10 | - | - | trips a dead dependency fast at low rates; at a 10 % failure rate the chance of 10 in a row is 10⁻¹⁰ per call |
-/// | failure rate | 50 % | 50 % | 10 % | |
-/// | window | last 50 counted calls | last 100 | 30 s | a count window works at any rate; 50 keeps false trips at p = 0.1 below 10⁻¹² per call |
+/// | consecutive failures | 20 | - | - | trips a dead dependency after 20 calls at any rate; at a 50 % failure rate the chance of 20 in a row is 10⁻⁶ per call |
+/// | failure rate | 90 % | 50 % | 10 % | trips only a dependency that accepts almost nothing: one that still answers half its calls is kept, because shedding its successes makes a partial failure an outage (measured: 0.2 % success with a 50 % rule, 55 % without a breaker) |
+/// | window | last 50 counted calls | last 100 | 30 s | a count window works at any rate |
 /// | minimum calls | 20 | 100 | 100 | an agent run may make only dozens of calls |
-/// | open duration | 5 s, doubling per repeated trip, capped at 30 s | 60 s | 5 s | Envoy-style growth: a dependency that stays down is probed less often |
+/// | open time | at least 250 ms, then a probe after 25 turned-away calls, at most 30 s | 60 s | 5 s | the probe rate follows the traffic (every 0.25 s at 100 calls/s, every 25 s at 1/s), and nothing doubles: a healed dependency is back within a second |
 /// | half-open trials | 1 | 10 | 1 | Fowler's single trial call; its success closes the breaker |
 /// | slow call | off | 60 s | - | |
 ///
@@ -59,9 +59,9 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 ///
 /// let config = BreakerConfig::default();
 /// assert_eq!(config.trials(), 1);
-/// assert_eq!(config.open_duration_after(1), Duration::from_secs(5));
-/// assert_eq!(config.open_duration_after(2), Duration::from_secs(10));
-/// assert_eq!(config.open_duration_after(4), Duration::from_secs(30)); // capped
+/// assert_eq!(config.open_min(), Duration::from_millis(250));
+/// assert_eq!(config.open_max(), Duration::from_secs(30));
+/// assert_eq!(config.probe_after(), 25);
 /// ```
 #[derive(Clone)]
 pub struct BreakerConfig {
@@ -70,6 +70,7 @@ pub struct BreakerConfig {
     pub(super) slow_call: Option<Duration>,
     pub(super) open_duration: Duration,
     pub(super) max_open_duration: Duration,
+    pub(super) probe_after: u32,
     pub(super) trials: u32,
     pub(super) on_transition: Option<OnTransition>,
 }
@@ -82,12 +83,19 @@ impl BreakerConfig {
         }
     }
 
-    /// The open duration after `trips` consecutive trips (1 = the first).
-    pub fn open_duration_after(&self, trips: u32) -> Duration {
-        let factor = 1u32 << trips.saturating_sub(1).min(20);
+    /// The shortest time the breaker stays open after a trip.
+    pub fn open_min(&self) -> Duration {
         self.open_duration
-            .saturating_mul(factor)
-            .min(self.max_open_duration)
+    }
+
+    /// The longest time it stays open: a probe goes then, whatever the traffic.
+    pub fn open_max(&self) -> Duration {
+        self.max_open_duration
+    }
+
+    /// How many calls it turns away, after the shortest open time, before a probe goes.
+    pub fn probe_after(&self) -> u32 {
+        self.probe_after
     }
 
     /// The number of trial calls admitted while half-open.
@@ -99,11 +107,12 @@ impl BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig {
-            consecutive_failures: Some(10),
-            failure_rate: Some((0.5, Window::Count(50), 20)),
+            consecutive_failures: Some(20),
+            failure_rate: Some((0.9, Window::Count(50), 20)),
             slow_call: None,
-            open_duration: Duration::from_secs(5),
+            open_duration: Duration::from_millis(250),
             max_open_duration: Duration::from_secs(30),
+            probe_after: 25,
             trials: 1,
             on_transition: None,
         }
@@ -118,6 +127,7 @@ impl fmt::Debug for BreakerConfig {
             .field("slow_call", &self.slow_call)
             .field("open_duration", &self.open_duration)
             .field("max_open_duration", &self.max_open_duration)
+            .field("probe_after", &self.probe_after)
             .field("trials", &self.trials)
             .field("on_transition", &self.on_transition.is_some())
             .finish()
@@ -135,11 +145,15 @@ impl fmt::Debug for BreakerConfig {
 ///     .failure_rate(0.5, Window::Time(Duration::from_secs(30)), 10)
 ///     .slow_call(Duration::from_secs(10))
 ///     .open_duration(Duration::from_secs(2), Duration::from_secs(60))
+///     .probe_after(10)
 ///     .trials(3)
 ///     .build()?;
-/// assert_eq!(config.open_duration_after(3), Duration::from_secs(8));
+/// assert_eq!(config.open_min(), Duration::from_secs(2));
 ///
 /// assert!(BreakerConfig::builder().trials(0).build().is_err());
+/// // A rule that can never fire is refused: 20 calls can never fill a ring of 10.
+/// let never = BreakerConfig::builder().failure_rate(0.5, Window::Count(10), 20).build();
+/// assert_eq!(never.unwrap_err().field(), "min_calls");
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
@@ -179,11 +193,22 @@ impl BreakerConfigBuilder {
         self
     }
 
-    /// How long the breaker stays open after its first trip, and the cap it grows to (doubling)
-    /// on repeated trips without a recovery in between.
-    pub fn open_duration(mut self, first: Duration, max: Duration) -> Self {
-        self.config.open_duration = first;
+    /// The shortest and the longest time the breaker stays open after a trip: a probe goes
+    /// once `min` has passed and [`probe_after`](Self::probe_after) calls were turned away, or
+    /// once `max` has passed whatever the traffic.
+    pub fn open_duration(mut self, min: Duration, max: Duration) -> Self {
+        self.config.open_duration = min;
         self.config.max_open_duration = max;
+        self
+    }
+
+    /// How many calls an open breaker turns away (after the shortest open time) before it lets
+    /// a probe through (0 to 1,000,000; 0: a probe goes as soon as the shortest open time has
+    /// passed, the classic time-only breaker). Counting calls rather than seconds makes the probe rate
+    /// follow the traffic: frequent at a high rate, so a healed dependency is back at once;
+    /// rare at a low one, so an outage still sheds nearly every call.
+    pub fn probe_after(mut self, calls: u32) -> Self {
+        self.config.probe_after = calls;
         self
     }
 
@@ -233,6 +258,20 @@ impl BreakerConfigBuilder {
             if min_calls == 0 {
                 return Err(ConfigError::new("min_calls", "must be at least 1"));
             }
+            if let Window::Count(n) = window {
+                if min_calls > n {
+                    return Err(ConfigError::new(
+                        "min_calls",
+                        "exceeds what the count window holds: the rule could never fire",
+                    ));
+                }
+            }
+            if threshold * f64::from(min_calls) < 1.0 {
+                return Err(ConfigError::new(
+                    "failure_rate",
+                    "threshold x min_calls is below one failure: the rule would trip on any single failure (say consecutive_failures(1) if that is meant)",
+                ));
+            }
         }
         if c.consecutive_failures.is_none() && c.failure_rate.is_none() {
             return Err(ConfigError::new(
@@ -251,6 +290,9 @@ impl BreakerConfigBuilder {
         }
         if c.max_open_duration > Duration::from_secs(24 * 3600) {
             return Err(ConfigError::new("open_duration", "the maximum is one day"));
+        }
+        if c.probe_after > 1_000_000 {
+            return Err(ConfigError::new("probe_after", "must be at most 1,000,000"));
         }
         if !(1..=1000).contains(&c.trials) {
             return Err(ConfigError::new("trials", "must be from 1 to 1,000"));

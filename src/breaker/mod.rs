@@ -18,7 +18,8 @@
 //!
 //! A rejection is a [`ToolError`] with code `circuit_open`,
 //! `retry_after` = the time left, and a hint that names the dependency and why it opened, e.g.
-//! `"12 calls in a row to billing-api failed; open for 5000 ms; calls are paused, retry after 5 s"`.
+//! `"20 calls in a row to billing-api failed; open for at least 250 ms, then probing after 25
+//! turned-away calls (at most 30000 ms); calls are paused, retry after 1 s"`.
 //! stormguard's [`Retry`](crate::retry::Retry) never retries it and spends no budget on it.
 //!
 //! ```
@@ -29,7 +30,11 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
-//! let config = BreakerConfig::builder().consecutive_failures(3).build().unwrap();
+//! let config = BreakerConfig::builder()
+//!     .consecutive_failures(3)
+//!     .open_duration(Duration::from_secs(5), Duration::from_secs(30))
+//!     .build()
+//!     .unwrap();
 //! let breaker = Breaker::new("billing-api", config);
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(CircuitBreakerLayer::new(breaker.clone()))

@@ -163,6 +163,36 @@ impl Admission {
     }
 }
 
+/// What an open breaker does with a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum OpenDecision {
+    /// Turn it away; the caller may try again in about this long.
+    Reject { retry_after_ms: u64 },
+    /// Let it through as a half-open probe.
+    Probe,
+}
+
+/// The open state's rule, as a pure function of the clock and the count: a probe goes once the
+/// shortest open time has passed *and* `probe_after` calls have been turned away since the
+/// trip, or once the longest open time has passed whatever the traffic. With the defaults
+/// (250 ms, 25 calls, 30 s): at 100 calls/s a probe every quarter second (so a healed
+/// dependency is back within one); at one call a second, one call in 25 (so an outage still
+/// sheds nearly everything); at one a minute, one every half minute. No doubling: a healthy dependency is never kept waiting for a grown open time.
+pub(super) fn open_decision(
+    now_ms: u64,
+    shortest_until_ms: u64,
+    longest_until_ms: u64,
+    rejected: u32,
+    probe_after: u32,
+) -> OpenDecision {
+    if now_ms >= longest_until_ms || (now_ms >= shortest_until_ms && rejected >= probe_after) {
+        return OpenDecision::Probe;
+    }
+    OpenDecision::Reject {
+        retry_after_ms: shortest_until_ms.saturating_sub(now_ms).max(1),
+    }
+}
+
 fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
@@ -307,10 +337,13 @@ pub(super) struct Shared {
     pub(super) name: Cow<'static, str>,
     pub(super) config: BreakerConfig,
     word: AtomicU64,
-    /// (generation << 40) | milliseconds since `epoch` when the open state ends.
+    /// (generation << 40) | milliseconds since `epoch` when the shortest open time ends.
     open_until: AtomicU64,
-    /// Trips since the breaker last closed (the open duration grows with it).
-    trips: AtomicU32,
+    /// Milliseconds since `epoch` when the longest open time ends (a probe goes then whatever
+    /// the traffic).
+    open_max_until: AtomicU64,
+    /// Calls rejected since the breaker last opened (a probe goes after `probe_after` of them).
+    rejected_since_open: AtomicU32,
     opens: AtomicU64,
     consecutive: AtomicU32,
     tally: Tally,
@@ -358,7 +391,8 @@ impl Breaker {
                 config,
                 word: AtomicU64::new(Word::new(0, CLOSED).0),
                 open_until: AtomicU64::new(0),
-                trips: AtomicU32::new(0),
+                open_max_until: AtomicU64::new(0),
+                rejected_since_open: AtomicU32::new(0),
                 opens: AtomicU64::new(0),
                 consecutive: AtomicU32::new(0),
                 tally,
@@ -416,16 +450,29 @@ impl Breaker {
                 CLOSED => return Admission::closed(word.generation()),
                 OPEN => {
                     let until = s.open_until.load(Ordering::Acquire);
-                    let first = s.config.open_duration;
+                    let shortest = s.config.open_duration;
                     if until >> GEN_SHIFT != u64::from(word.generation()) {
                         // Opened a moment ago; its end is being written.
-                        return Admission::rejected(millis(first));
+                        return Admission::rejected(millis(shortest));
                     }
                     let until_ms = until & ((1 << GEN_SHIFT) - 1);
                     let now = self.now_ms();
-                    if now < until_ms {
+                    let rejected = s.rejected_since_open.load(Ordering::Acquire);
+                    let max_until = s.open_max_until.load(Ordering::Acquire);
+                    let wait = match open_decision(
+                        now,
+                        until_ms,
+                        max_until,
+                        rejected,
+                        s.config.probe_after,
+                    ) {
+                        OpenDecision::Probe => None,
+                        OpenDecision::Reject { retry_after_ms } => Some(retry_after_ms),
+                    };
+                    if let Some(retry_after_ms) = wait {
+                        s.rejected_since_open.fetch_add(1, Ordering::AcqRel);
                         return Admission::rejected(
-                            u32::try_from(until_ms - now).unwrap_or(u32::MAX),
+                            u32::try_from(retry_after_ms).unwrap_or(u32::MAX),
                         );
                     }
                     let half_open = word.next(HALF_OPEN);
@@ -439,7 +486,7 @@ impl Breaker {
                             self.transition(
                                 State::Open,
                                 State::HalfOpen,
-                                "the open duration has passed".into(),
+                                "enough calls were turned away, or the longest open time passed: probing".into(),
                             );
                             word = half_open;
                         }
@@ -584,7 +631,6 @@ impl Breaker {
                         Ordering::Acquire,
                     ) {
                         Ok(_) if next.state() == CLOSED => {
-                            s.trips.store(0, Ordering::Release);
                             s.consecutive.store(0, Ordering::Release);
                             match &s.tally {
                                 Tally::Count(ring) => ring.reset(),
@@ -612,15 +658,23 @@ impl Breaker {
         {
             return;
         }
-        let trips = s.trips.fetch_add(1, Ordering::AcqRel) + 1;
-        let duration = s.config.open_duration_after(trips);
-        let until = self.now_ms() + duration.as_millis() as u64;
+        let now = self.now_ms();
+        let (shortest, longest) = (s.config.open_duration, s.config.max_open_duration);
+        s.rejected_since_open.store(0, Ordering::Release);
+        s.open_max_until
+            .store(now + longest.as_millis() as u64, Ordering::Release);
         s.open_until.store(
-            u64::from(open.generation()) << GEN_SHIFT | until,
+            u64::from(open.generation()) << GEN_SHIFT | (now + shortest.as_millis() as u64),
             Ordering::Release,
         );
+        let duration = shortest;
         s.opens.fetch_add(1, Ordering::AcqRel);
-        let reason = format!("{reason}; open for {} ms", duration.as_millis());
+        let reason = format!(
+            "{reason}; open for at least {} ms, then probing after {} turned-away calls (at most {} ms)",
+            duration.as_millis(),
+            s.config.probe_after,
+            longest.as_millis()
+        );
         *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
         self.transition(from, State::Open, reason);
     }
