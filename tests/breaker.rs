@@ -491,6 +491,7 @@ fn invalid_configs_are_rejected() {
         ),
         (config().trials(0).build(), "trials"),
         (config().probe_after(1_000_001).build(), "probe_after"),
+        (config().trial_timeout(Duration::ZERO).build(), "trial_timeout"),
         (
             config().failure_rate(0.5, Window::Count(10), 20).build(),
             "min_calls",
@@ -735,4 +736,46 @@ async fn outcomes_from_an_earlier_generation_do_not_count() {
     let _ = call(&mut s, 1).await;
     assert_eq!(breaker.state(), State::Closed);
     assert_eq!(breaker.opens(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_trial_counts_as_failed_after_the_trial_timeout() {
+    let breaker = Breaker::new(
+        "dep",
+        config()
+            .consecutive_failures(1)
+            .trial_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap(),
+    );
+    // 0 fails, 1 hangs for ever (nothing below the breaker times it out), 2 succeeds.
+    let dep = tower::service_fn(|n: u32| async move {
+        match n {
+            0 => Err::<u32, BoxError>(support::error_for(FailureClass::Transient)),
+            1 => std::future::pending().await,
+            _ => Ok(n),
+        }
+    });
+    let svc = CircuitBreakerLayer::new(breaker.clone()).layer(dep);
+    let _ = call(&mut svc.clone(), 0).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    // The trial is admitted and stays in flight (its future is kept, never finished).
+    let mut trial_svc = svc.clone();
+    let hung = call(&mut trial_svc, 1);
+    tokio::pin!(hung);
+    assert!(tokio::time::timeout(Duration::ZERO, &mut hung).await.is_err());
+    assert_eq!(breaker.state(), State::HalfOpen);
+    // Within the trial timeout the permit is taken: calls are turned away.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let err = rejection(call(&mut svc.clone(), 2).await.unwrap_err());
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    // After it, the hung trial counts as failed: open again, and the next probe closes it.
+    tokio::time::advance(Duration::from_millis(500)).await;
+    let err = rejection(call(&mut svc.clone(), 2).await.unwrap_err());
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(breaker.state(), State::Open);
+    assert!(breaker.reason().contains("did not answer within 1000 ms"), "{}", breaker.reason());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert_eq!(call(&mut svc.clone(), 2).await.unwrap(), 2);
+    assert_eq!(breaker.state(), State::Closed);
 }

@@ -51,6 +51,7 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 /// | minimum calls | 20 | 100 | 100 | an agent run may make only dozens of calls |
 /// | open time | at least 250 ms, then a probe after 25 turned-away calls, at most 30 s | 60 s | 5 s | the probe rate follows the traffic (every 0.25 s at 100 calls/s, every 25 s at 1/s), and nothing doubles: a healed dependency is back within a second |
 /// | half-open trials | 1 | 10 | 1 | Fowler's single trial call; its success closes the breaker |
+/// | trial timeout | 10 s | - | - | a trial unanswered this long counts as failed, so a hung call cannot keep the breaker half-open |
 /// | slow call | off | 60 s | - | |
 ///
 /// ```
@@ -71,6 +72,7 @@ pub struct BreakerConfig {
     pub(super) open_duration: Duration,
     pub(super) max_open_duration: Duration,
     pub(super) probe_after: u32,
+    pub(super) trial_timeout: Duration,
     pub(super) trials: u32,
     pub(super) on_transition: Option<OnTransition>,
 }
@@ -113,6 +115,7 @@ impl Default for BreakerConfig {
             open_duration: Duration::from_millis(250),
             max_open_duration: Duration::from_secs(30),
             probe_after: 25,
+            trial_timeout: Duration::from_secs(10),
             trials: 1,
             on_transition: None,
         }
@@ -128,6 +131,7 @@ impl fmt::Debug for BreakerConfig {
             .field("open_duration", &self.open_duration)
             .field("max_open_duration", &self.max_open_duration)
             .field("probe_after", &self.probe_after)
+            .field("trial_timeout", &self.trial_timeout)
             .field("trials", &self.trials)
             .field("on_transition", &self.on_transition.is_some())
             .finish()
@@ -212,6 +216,15 @@ impl BreakerConfigBuilder {
         self
     }
 
+    /// How long a half-open trial may go unanswered (1 ms to one hour, default 10 s) before it
+    /// counts as failed: the breaker opens again and a later probe tries, so one hung call
+    /// cannot keep a healed dependency shut. A `Timeout` below the breaker bounds the call
+    /// itself; this bounds the breaker's wait for it whatever is below.
+    pub fn trial_timeout(mut self, timeout: Duration) -> Self {
+        self.config.trial_timeout = timeout;
+        self
+    }
+
     /// Trial calls admitted while half-open (1 to 1,000); that many successes close the breaker.
     pub fn trials(mut self, n: u32) -> Self {
         self.config.trials = n;
@@ -290,6 +303,13 @@ impl BreakerConfigBuilder {
         }
         if c.max_open_duration > Duration::from_secs(24 * 3600) {
             return Err(ConfigError::new("open_duration", "the maximum is one day"));
+        }
+        if c.trial_timeout < Duration::from_millis(1) || c.trial_timeout > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::new(
+                "trial_timeout",
+                "must be between 1 ms and one hour",
+            ));
         }
         if c.probe_after > 1_000_000 {
             return Err(ConfigError::new("probe_after", "must be at most 1,000,000"));

@@ -68,6 +68,22 @@
 //! as evidence of its health. One [`Breaker`] per dependency (a [`BreakerRegistry`] hands them
 //! out by name).
 //!
+//! Put a `Timeout` *below* the breaker:
+//!
+//! ```text
+//! Retry ──► ReceiptLayer ──► CircuitBreaker ──► Timeout ──► client
+//!                                  ▲               │
+//!                                  └── Elapsed ────┘  a hung call ends as a counted failure
+//! ```
+//!
+//! There a hung call ends as `Elapsed`, a failure the breaker counts, so a dependency that hangs
+//! trips it like one that refuses. Above the breaker, a timeout drops the call's future: a
+//! dropped call counts as nothing (not a failure, not a success), so any number of hung calls
+//! never trip it. Either way a half-open trial is bounded by
+//! [`trial_timeout`](BreakerConfigBuilder::trial_timeout) (10 s): unanswered that long, it
+//! counts as failed and a later probe tries again, so one hung trial cannot keep a healed
+//! dependency shut.
+//!
 //! # Observability
 //!
 //! Tracing: an INFO event `circuit breaker transition` (`breaker`, `from`, `to`, `reason`) on

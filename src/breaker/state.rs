@@ -344,6 +344,9 @@ pub(super) struct Shared {
     open_max_until: AtomicU64,
     /// Calls rejected since the breaker last opened (a probe goes after `probe_after` of them).
     rejected_since_open: AtomicU32,
+    /// (generation << 40) | milliseconds since `epoch` when the half-open state's first trial
+    /// was admitted (a trial unanswered after `trial_timeout` counts as failed).
+    trial_started: AtomicU64,
     opens: AtomicU64,
     consecutive: AtomicU32,
     tally: Tally,
@@ -393,6 +396,7 @@ impl Breaker {
                 open_until: AtomicU64::new(0),
                 open_max_until: AtomicU64::new(0),
                 rejected_since_open: AtomicU32::new(0),
+                trial_started: AtomicU64::new(0),
                 opens: AtomicU64::new(0),
                 consecutive: AtomicU32::new(0),
                 tally,
@@ -495,6 +499,21 @@ impl Breaker {
                 }
                 _ => {
                     if word.admitted() >= u64::from(s.config.trials) {
+                        // A trial that does not answer in time counts as failed: a hung call
+                        // must not keep a healed dependency shut.
+                        let started = s.trial_started.load(Ordering::Acquire);
+                        let timeout = s.config.trial_timeout.as_millis() as u64;
+                        if started >> GEN_SHIFT == u64::from(word.generation())
+                            && self.now_ms() >= (started & ((1 << GEN_SHIFT) - 1)) + timeout
+                        {
+                            let reason = format!(
+                                "a trial call to {} did not answer within {} ms",
+                                s.name, timeout
+                            );
+                            self.trip(word, State::HalfOpen, reason);
+                            word = self.word();
+                            continue;
+                        }
                         return Admission::rejected(millis(s.config.open_duration));
                     }
                     match s.word.compare_exchange(
@@ -503,7 +522,15 @@ impl Breaker {
                         Ordering::AcqRel,
                         Ordering::Acquire,
                     ) {
-                        Ok(_) => return Admission::trial(word.generation()),
+                        Ok(_) => {
+                            if word.admitted() == 0 {
+                                s.trial_started.store(
+                                    u64::from(word.generation()) << GEN_SHIFT | self.now_ms(),
+                                    Ordering::Release,
+                                );
+                            }
+                            return Admission::trial(word.generation());
+                        }
                         Err(actual) => word = Word(actual),
                     }
                 }
