@@ -491,7 +491,10 @@ fn invalid_configs_are_rejected() {
         ),
         (config().trials(0).build(), "trials"),
         (config().probe_after(1_000_001).build(), "probe_after"),
-        (config().trial_timeout(Duration::ZERO).build(), "trial_timeout"),
+        (
+            config().trial_timeout(Duration::ZERO).build(),
+            "trial_timeout",
+        ),
         (
             config().failure_rate(0.5, Window::Count(10), 20).build(),
             "min_calls",
@@ -763,7 +766,9 @@ async fn a_hung_trial_counts_as_failed_after_the_trial_timeout() {
     let mut trial_svc = svc.clone();
     let hung = call(&mut trial_svc, 1);
     tokio::pin!(hung);
-    assert!(tokio::time::timeout(Duration::ZERO, &mut hung).await.is_err());
+    assert!(tokio::time::timeout(Duration::ZERO, &mut hung)
+        .await
+        .is_err());
     assert_eq!(breaker.state(), State::HalfOpen);
     // Within the trial timeout the permit is taken: calls are turned away.
     tokio::time::advance(Duration::from_millis(500)).await;
@@ -774,7 +779,11 @@ async fn a_hung_trial_counts_as_failed_after_the_trial_timeout() {
     let err = rejection(call(&mut svc.clone(), 2).await.unwrap_err());
     assert_eq!(err.code(), ErrorCode::CircuitOpen);
     assert_eq!(breaker.state(), State::Open);
-    assert!(breaker.reason().contains("did not answer within 1000 ms"), "{}", breaker.reason());
+    assert!(
+        breaker.reason().contains("did not answer within 1000 ms"),
+        "{}",
+        breaker.reason()
+    );
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(call(&mut svc.clone(), 2).await.unwrap(), 2);
     assert_eq!(breaker.state(), State::Closed);

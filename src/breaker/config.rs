@@ -1,4 +1,4 @@
-use super::state::Transition;
+use super::transition::Transition;
 use crate::error::ConfigError;
 use std::fmt;
 use std::sync::Arc;

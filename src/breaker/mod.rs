@@ -105,13 +105,16 @@ mod layer;
 mod policy;
 mod registry;
 mod state;
+mod transition;
+mod window;
 
 pub use config::{BreakerConfig, BreakerConfigBuilder, OnTransition, Window};
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};
 pub use registry::BreakerRegistry;
-pub use state::{Breaker, State, Transition};
+pub use state::Breaker;
+pub use transition::{State, Transition};
 
 use crate::classify::{Classify, DefaultClassifier, FailureClass};
 use crate::error::{BoxError, ErrorCode, ToolError};
