@@ -188,9 +188,11 @@ impl Gcra {
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let base = tat.max(now);
+            // Saturating: a slow quota (one a day) with hundreds of thousands of waiters would
+            // overflow u64 nanoseconds; the line then ends at the far future, never wraps.
             match self.tat.compare_exchange_weak(
                 tat,
-                base + self.interval,
+                base.saturating_add(self.interval),
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             ) {
@@ -206,6 +208,18 @@ impl Gcra {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_quota_with_a_long_line_never_overflows() {
+        let gcra = Gcra::new(Quota::per(1, Duration::from_secs(86_400)).build().unwrap());
+        let mut last = Duration::ZERO;
+        for _ in 0..300_000 {
+            let wait = gcra.reserve();
+            assert!(wait >= last, "waits never go back: {wait:?} after {last:?}");
+            last = wait;
+        }
+        assert!(last > Duration::from_secs(500 * 365 * 86_400));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_goes_at_once_then_calls_are_spaced() {
