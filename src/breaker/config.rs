@@ -24,6 +24,25 @@ pub enum Window {
     Time(Duration),
 }
 
+/// The failure-rate trip rule: open when at least `threshold` of the counted outcomes in
+/// `window` failed, once it holds at least `min_calls` of them.
+///
+/// ```
+/// use stormguard::breaker::{BreakerConfig, FailureRate, Window};
+///
+/// let rule = BreakerConfig::default().failure_rate().unwrap();
+/// assert_eq!(rule, FailureRate { threshold: 0.9, window: Window::Count(50), min_calls: 20 });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FailureRate {
+    /// The share of failures that trips it (0 < threshold <= 1).
+    pub threshold: f64,
+    /// Which outcomes count.
+    pub window: Window,
+    /// How many outcomes the window must hold before the rule applies.
+    pub min_calls: u32,
+}
+
 /// A callback run on every state transition (after the transition, on the caller's task).
 ///
 /// ```
@@ -67,7 +86,7 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 #[derive(Clone)]
 pub struct BreakerConfig {
     pub(super) consecutive_failures: Option<u32>,
-    pub(super) failure_rate: Option<(f64, Window, u32)>,
+    pub(super) failure_rate: Option<FailureRate>,
     pub(super) slow_call: Option<Duration>,
     pub(super) open_duration: Duration,
     pub(super) max_open_duration: Duration,
@@ -83,6 +102,11 @@ impl BreakerConfig {
         BreakerConfigBuilder {
             config: BreakerConfig::default(),
         }
+    }
+
+    /// The failure-rate rule, if on.
+    pub fn failure_rate(&self) -> Option<FailureRate> {
+        self.failure_rate
     }
 
     /// The shortest time the breaker stays open after a trip.
@@ -110,7 +134,11 @@ impl Default for BreakerConfig {
     fn default() -> Self {
         BreakerConfig {
             consecutive_failures: Some(20),
-            failure_rate: Some((0.9, Window::Count(50), 20)),
+            failure_rate: Some(FailureRate {
+                threshold: 0.9,
+                window: Window::Count(50),
+                min_calls: 20,
+            }),
             slow_call: None,
             open_duration: Duration::from_millis(250),
             max_open_duration: Duration::from_secs(30),
@@ -181,7 +209,11 @@ impl BreakerConfigBuilder {
     /// Opens when at least `threshold` (0 < threshold <= 1) of the counted outcomes in `window`
     /// failed, once the window holds at least `min_calls` of them.
     pub fn failure_rate(mut self, threshold: f64, window: Window, min_calls: u32) -> Self {
-        self.config.failure_rate = Some((threshold, window, min_calls));
+        self.config.failure_rate = Some(FailureRate {
+            threshold,
+            window,
+            min_calls,
+        });
         self
     }
 
@@ -246,7 +278,12 @@ impl BreakerConfigBuilder {
                 "must be at least 1",
             ));
         }
-        if let Some((threshold, window, min_calls)) = c.failure_rate {
+        if let Some(FailureRate {
+            threshold,
+            window,
+            min_calls,
+        }) = c.failure_rate
+        {
             if !(threshold > 0.0 && threshold <= 1.0) {
                 return Err(ConfigError::new(
                     "failure_rate",

@@ -108,7 +108,7 @@ mod state;
 mod transition;
 mod window;
 
-pub use config::{BreakerConfig, BreakerConfigBuilder, OnTransition, Window};
+pub use config::{BreakerConfig, BreakerConfigBuilder, FailureRate, OnTransition, Window};
 pub use future::ResponseFuture;
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};

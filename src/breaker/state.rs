@@ -131,6 +131,30 @@ pub(super) fn open_decision(
     }
 }
 
+/// Whether a failure recorded while closed trips the breaker, and why: a pure function of the
+/// rules, the failures in a row and the window's (calls, failures) after the record.
+pub(super) fn trip_reason(
+    config: &BreakerConfig,
+    name: &str,
+    in_a_row: u32,
+    window: Option<(u32, u32)>,
+) -> Option<String> {
+    if config.consecutive_failures.is_some_and(|n| in_a_row >= n) {
+        return Some(format!("{in_a_row} calls in a row to {name} failed"));
+    }
+    let (rule, (calls, failures)) = config.failure_rate.zip(window)?;
+    if calls < rule.min_calls || f64::from(failures) < rule.threshold * f64::from(calls) {
+        return None;
+    }
+    Some(match rule.window {
+        Window::Count(_) => format!("{failures} of the last {calls} calls to {name} failed"),
+        Window::Time(d) => format!(
+            "{failures} of {calls} calls to {name} in the last {} s failed",
+            d.as_secs()
+        ),
+    })
+}
+
 fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
@@ -183,9 +207,9 @@ impl Breaker {
     /// A closed breaker named `name` (used in hints, traces and metric labels).
     pub fn new(name: impl Into<Cow<'static, str>>, config: BreakerConfig) -> Breaker {
         let name = name.into();
-        let tally = match config.failure_rate {
-            Some((_, Window::Count(n), _)) => Tally::Count(Ring::new(n)),
-            Some((_, Window::Time(d), _)) => Tally::Time(Buckets::new(d.as_secs())),
+        let tally = match config.failure_rate.map(|rule| rule.window) {
+            Some(Window::Count(n)) => Tally::Count(Ring::new(n)),
+            Some(Window::Time(d)) => Tally::Time(Buckets::new(d.as_secs())),
             None => Tally::Off,
         };
         let label = name.to_string();
@@ -411,25 +435,8 @@ impl Breaker {
         if !failed {
             return;
         }
-        let reason = match (s.config.consecutive_failures, s.config.failure_rate, window) {
-            (Some(n), _, _) if in_a_row >= n => {
-                format!("{in_a_row} calls in a row to {} failed", s.name)
-            }
-            (_, Some((threshold, window_kind, min_calls)), Some((calls, failures)))
-                if calls >= min_calls && f64::from(failures) >= threshold * f64::from(calls) =>
-            {
-                match window_kind {
-                    Window::Count(_) => {
-                        format!("{failures} of the last {calls} calls to {} failed", s.name)
-                    }
-                    Window::Time(d) => format!(
-                        "{failures} of {calls} calls to {} in the last {} s failed",
-                        s.name,
-                        d.as_secs()
-                    ),
-                }
-            }
-            _ => return,
+        let Some(reason) = trip_reason(&s.config, &s.name, in_a_row, window) else {
+            return;
         };
         let word = self.word();
         if word.state() == CLOSED && word.generation() == generation {
@@ -557,6 +564,42 @@ impl fmt::Debug for Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_trip_rules_fire_exactly_at_their_thresholds() {
+        let config = BreakerConfig::default();
+        assert_eq!(
+            trip_reason(&config, "dep", 19, Some((19, 19))),
+            None,
+            "under min_calls"
+        );
+        assert!(trip_reason(&config, "dep", 20, Some((20, 20)))
+            .unwrap()
+            .contains("20 calls in a row"));
+        // 90 % of the last 50: 44 failures do not trip, 45 do (in any order).
+        assert_eq!(trip_reason(&config, "dep", 3, Some((50, 44))), None);
+        let reason = trip_reason(&config, "dep", 3, Some((50, 45))).unwrap();
+        assert_eq!(reason, "45 of the last 50 calls to dep failed");
+        // Half failing is kept: no rule fires.
+        assert_eq!(trip_reason(&config, "dep", 10, Some((50, 25))), None);
+    }
+
+    #[test]
+    fn an_open_breaker_probes_by_traffic_or_by_its_longest_open_time() {
+        let reject = |ms| OpenDecision::Reject { retry_after_ms: ms };
+        // Before the shortest open time: rejected, whatever was turned away.
+        assert_eq!(open_decision(100, 250, 30_000, 1_000, 25), reject(150));
+        // After it: a probe once enough calls were turned away.
+        assert_eq!(open_decision(300, 250, 30_000, 24, 25), reject(1));
+        assert_eq!(open_decision(300, 250, 30_000, 25, 25), OpenDecision::Probe);
+        // Quiet traffic: the longest open time lets one through anyway.
+        assert_eq!(
+            open_decision(30_000, 250, 30_000, 0, 25),
+            OpenDecision::Probe
+        );
+        // probe_after 0: the classic time-only breaker.
+        assert_eq!(open_decision(250, 250, 30_000, 0, 0), OpenDecision::Probe);
+    }
 
     #[test]
     fn an_admission_round_trips_through_its_packed_word() {
