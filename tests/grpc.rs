@@ -66,6 +66,8 @@ struct Billing {
     script: Script,
     calls: Arc<Mutex<Vec<(String, u64)>>>,
     delivered: Arc<Mutex<HashSet<String>>>,
+    /// Each call's `grpc-previous-rpc-attempts` metadata.
+    previous: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl Billing {
@@ -101,6 +103,12 @@ impl tonic::server::UnaryService<SendInvoice> for Unary {
                 .unwrap_or("")
                 .to_string();
             let invoice_id = req.get_ref().invoice_id;
+            billing.previous.lock().unwrap().push(
+                req.metadata()
+                    .get("grpc-previous-rpc-attempts")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string),
+            );
             let n = {
                 let mut calls = billing.calls.lock().unwrap();
                 calls.push((key.clone(), invoice_id));
@@ -155,6 +163,7 @@ async fn serve(script: impl Fn(usize) -> Answer + Send + Sync + 'static) -> (Bil
         script: Arc::new(script),
         calls: Arc::default(),
         delivered: Arc::default(),
+        previous: Arc::default(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -374,4 +383,84 @@ async fn a_refused_connection_is_retried_even_for_an_unkeyed_write() {
     let err: ToolError = call(&mut svc, invoice(10, "")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
     assert_eq!(err.attempts(), 3, "{err}");
+}
+
+#[tokio::test]
+async fn each_retry_says_how_many_attempts_came_before_it() {
+    let (billing, channel) = serve(|n| {
+        if n < 2 {
+            Answer::Refuse(Status::unavailable("warming up"))
+        } else {
+            Answer::Deliver
+        }
+    })
+    .await;
+    let mut svc = keyed(channel);
+    call(&mut svc, invoice(4471, "Dear customer"))
+        .await
+        .unwrap();
+    let previous = billing.previous.lock().unwrap().clone();
+    assert_eq!(
+        previous,
+        [None, Some("1".to_string()), Some("2".to_string())]
+    );
+}
+
+/// A `google.rpc.Status` whose details hold one `RetryInfo` asking for `ms` milliseconds.
+fn retry_info_details(code: i32, ms: u64) -> Vec<u8> {
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    fn field(tag: u64, bytes: &[u8], out: &mut Vec<u8>) {
+        varint(tag << 3 | 2, out);
+        varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+    let mut duration = Vec::new();
+    varint(1 << 3, &mut duration);
+    varint(ms / 1000, &mut duration);
+    varint(2 << 3, &mut duration);
+    varint((ms % 1000) * 1_000_000, &mut duration);
+    let mut info = Vec::new();
+    field(1, &duration, &mut info);
+    let mut any = Vec::new();
+    field(1, b"type.googleapis.com/google.rpc.RetryInfo", &mut any);
+    field(2, &info, &mut any);
+    let mut status = Vec::new();
+    varint(1 << 3, &mut status);
+    varint(code as u64, &mut status);
+    field(3, &any, &mut status);
+    status
+}
+
+#[tokio::test]
+async fn a_retry_info_in_the_status_details_is_the_servers_delay() {
+    let (billing, channel) = serve(|n| {
+        if n == 0 {
+            Answer::Refuse(Status::with_details(
+                tonic::Code::Unavailable,
+                "draining",
+                retry_info_details(14, 300).into(),
+            ))
+        } else {
+            Answer::Deliver
+        }
+    })
+    .await;
+    // The backoff is 5 ms; the server asked for 300 ms.
+    let mut svc = retrying(ToolClass::Read, channel);
+    let started = std::time::Instant::now();
+    call(&mut svc, invoice(4471, "Dear customer"))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(billing.calls(), 2);
 }

@@ -93,13 +93,17 @@ pub(super) fn classify_status(status: &tonic::Status) -> Classification {
     if c.failure_class().is_none() {
         return c;
     }
-    // Present but not text is as malformed as "abc": do not retry (gRFC A6).
+    // Present but not text is as malformed as "abc": do not retry (gRFC A6). Without it, a
+    // `google.rpc.RetryInfo` in the status details is the server's delay.
     match status.metadata().get("grpc-retry-pushback-ms") {
         Some(v) => c.with_hint(v.to_str().map_or(
             super::ServerHint::DoNotRetry,
             super::hint::parse_pushback_ms,
         )),
-        None => c,
+        None => match super::retry_info::retry_info_delay(status.details()) {
+            Some(delay) => c.with_hint(super::ServerHint::RetryAfter(delay)),
+            None => c,
+        },
     }
 }
 

@@ -40,6 +40,7 @@ pub mod hint;
 mod http;
 #[cfg(feature = "reqwest")]
 mod reqwest;
+mod retry_info;
 
 pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
@@ -48,6 +49,7 @@ pub use hint::ServerHint;
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 #[cfg(feature = "reqwest")]
 pub use reqwest::ReqwestClassifier;
+pub use retry_info::retry_info_delay;
 
 pub use crate::error::FailureClass;
 use crate::error::{ErrorCode, ToolError};

@@ -201,11 +201,14 @@ where
                             .with_attempts(attempts);
                         return Poll::Ready(Err(err));
                     }
-                    let Some(request) = this.request.take() else {
+                    let Some(mut request) = this.request.take() else {
                         // A retry is only granted with a copy of the request in hand.
                         return Poll::Ready(Err(ToolError::new(ErrorCode::Internal)));
                     };
                     *this.request = kit.replay.replay(&request);
+                    // The ledger counts the granted retry already: the ones before it are one fewer.
+                    let previous = this.track.op(kit, |op| op.attempts().saturating_sub(1));
+                    kit.replay.mark_retry(&mut request, previous);
                     // The layers below compare their budgets with this one's again.
                     let budget = kit.budget.id();
                     this.track.op(kit, |op| op.set_caller(budget));

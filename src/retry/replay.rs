@@ -30,6 +30,13 @@ pub trait Replay<Req> {
         let _ = req;
         false
     }
+
+    /// Marks the copy about to be sent as a retry after `previous_attempts` attempts of the
+    /// operation (every layer's). Nothing unless overridden; [`GrpcReplay`] sets gRFC A6's
+    /// `grpc-previous-rpc-attempts` metadata.
+    fn mark_retry(&self, req: &mut Req, previous_attempts: u32) {
+        let _ = (req, previous_attempts);
+    }
 }
 
 /// Replays any `Clone` request; reports no idempotency key.
@@ -96,9 +103,12 @@ impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
 ///
 /// let mut req = tonic::Request::new("send invoice 4471".to_string());
 /// req.metadata_mut().insert("idempotency-key", "run-1:step-2".parse().unwrap());
-/// let again = GrpcReplay.replay(&req).unwrap();
+/// let mut again = GrpcReplay.replay(&req).unwrap();
 /// assert_eq!(again.get_ref(), req.get_ref());
 /// assert!(GrpcReplay.carries_key(&again));
+/// // A retry says how many attempts came before it (gRFC A6).
+/// GrpcReplay.mark_retry(&mut again, 2);
+/// assert_eq!(again.metadata()["grpc-previous-rpc-attempts"], "2");
 /// ```
 #[cfg(feature = "tonic")]
 #[derive(Clone, Copy, Debug, Default)]
@@ -116,5 +126,12 @@ impl<T: Clone> Replay<tonic::Request<T>> for GrpcReplay {
 
     fn carries_key(&self, req: &tonic::Request<T>) -> bool {
         req.metadata().contains_key("idempotency-key")
+    }
+
+    fn mark_retry(&self, req: &mut tonic::Request<T>, previous_attempts: u32) {
+        if let Ok(value) = previous_attempts.to_string().parse() {
+            req.metadata_mut()
+                .insert("grpc-previous-rpc-attempts", value);
+        }
     }
 }
