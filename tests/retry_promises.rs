@@ -454,9 +454,16 @@ async fn retries_use_the_service_as_get_mut_left_it() {
 async fn a_cancelled_operation_leaves_the_next_one_clean() {
     let budget = RetryBudget::default();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    // A 100 ms backoff without jitter: full jitter may draw less than the 1 ms timeout below.
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(
+            RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone())
+                .policy(constant(ToolClass::UnkeyedWrite, 100).build().unwrap()),
+        )
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget.clone())
+                .policy(constant(ToolClass::Read, 100).build().unwrap()),
+        )
         .service(dep.clone());
     // Dropped during its first backoff.
     let cut = tokio::time::timeout(Duration::from_millis(1), call(&mut stack, 1u32)).await;
