@@ -108,7 +108,7 @@ impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
 /// assert!(GrpcReplay.carries_key(&again));
 /// // A retry says how many attempts came before it (gRFC A6).
 /// GrpcReplay.mark_retry(&mut again, 2);
-/// assert_eq!(again.metadata()["grpc-previous-rpc-attempts"], "2");
+/// assert_eq!(again.metadata().get("grpc-previous-rpc-attempts").unwrap(), "2");
 /// ```
 #[cfg(feature = "tonic")]
 #[derive(Clone, Copy, Debug, Default)]
