@@ -29,9 +29,14 @@
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► ReceiptLayer ─► SetIdempotencyKeyLayer ─► CircuitBreaker ─► Quota ─► client
+//! agent loop ─► Retry(class) ─► ReceiptLayer ─► CircuitBreaker ─► Timeout ─► Quota ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
+//!
+//! The receipt layer stamps the action's idempotency key itself; without receipts, a
+//! `SetIdempotencyKeyLayer` with the same `MakeIdempotencyKey` takes its place. The `Timeout`
+//! goes below the breaker, so that a hung call ends as a failure the breaker counts (see the
+//! [`breaker`] module docs).
 //!
 //! The quota goes last, right above the client: every attempt the layers above decide to make
 //! waits for room in it, and a call the breaker rejects takes none.
@@ -49,6 +54,9 @@
 //! | `Transient` | retry | retry | retry | retry | retry | return |
 //! | `Ambiguous` | retry | retry | retry, same key | `missing_idempotency_key` | `outcome_unknown` | `outcome_unknown` |
 //! | `ModelRecoverable`, `Permanent`, `Policy` | return | return | return | return | return | return |
+//!
+//! HTTP 500, 502, 503 and 504 are `Ambiguous` (a proxy answers 503 after forwarding, too; a
+//! provider documented otherwise is declared with `classify::NotProcessed`).
 //!
 //! An escalation in this table holds whatever came with the failure: a server hint, a
 //! non-retryable error from below, a spent budget. The order of the other checks is in the
