@@ -1170,3 +1170,94 @@ fn open_existing_refuses_an_empty_file_and_another_database() {
     drop(SqliteStore::open(&real, Durability::Process).unwrap());
     assert!(SqliteStore::open_existing(&real, Durability::Process).is_ok());
 }
+
+/// The in-memory store whose first `claim` says another caller took the intent, and removes it
+/// (that caller finished without effect and abandoned it).
+#[derive(Clone)]
+struct LosesTheTakeOver(InMemoryStore, Arc<AtomicU32>);
+
+impl ReceiptStore for LosesTheTakeOver {
+    fn begin(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
+        self.0.begin(key, fingerprint, owner, lease)
+    }
+    fn claim(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let first = self.1.fetch_add(1, Ordering::SeqCst) == 0;
+        let (store, gone) = (self.0.clone(), key.to_string());
+        let claimed = self.0.claim(key, owner, lease);
+        async move {
+            if first {
+                let _ = store.resolve(&gone, Resolution::NotDone).await;
+                return Ok(false);
+            }
+            claimed.await
+        }
+    }
+    fn release(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.release(key, owner)
+    }
+    fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        receipt: &[u8],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.complete(key, owner, receipt)
+    }
+    fn abandon(
+        &self,
+        key: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.0.abandon(key, owner)
+    }
+    fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        self.0.resolve(key, resolution)
+    }
+    fn pending(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<stormguard::receipt::PendingIntent>, StoreError>> + Send
+    {
+        self.0.pending(limit)
+    }
+    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.0.prune(older_than)
+    }
+}
+
+#[tokio::test]
+async fn an_intent_recorded_after_a_lost_take_over_is_this_calls_own() {
+    // A stale keyed intent; the take-over is lost and the record removed; the waiting call then
+    // records a fresh intent, and its send fails without effect: that intent must be removed
+    // (it is this call's), so the next attempt starts fresh rather than finding a pending one.
+    let store = LosesTheTakeOver(InMemoryStore::new(), Arc::default());
+    crash_short(&store.0, 147).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite)
+        .read_back(SentLog(Provider::default()), Consistency::Immediate)
+        .layer(Refusing);
+    assert!(svc.ready().await.unwrap().call(send(147)).await.is_err());
+    assert!(
+        store.0.pending(10).await.unwrap().is_empty(),
+        "its own intent was removed"
+    );
+}

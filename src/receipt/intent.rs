@@ -46,6 +46,13 @@ impl<St: ReceiptStore> Intent<St> {
         &self.owner
     }
 
+    /// A `begin` is about to be sent: whatever it records is this call's own (after a lost
+    /// take-over, the next `begin` may find the record gone and record a fresh one).
+    pub(super) fn recording(&mut self) {
+        self.stage = Stage::Unsent;
+        self.fresh = true;
+    }
+
     /// The record found was not this call's: nothing to settle.
     pub(super) fn disown(&mut self) {
         self.stage = Stage::Settled;

@@ -130,6 +130,7 @@ where
         let mut intent = Intent::new(store.clone(), key.as_str(), owner_token());
         let deadline = tokio::time::Instant::now() + settings.wait;
         loop {
+            intent.recording();
             let begin = store
                 .begin(
                     key.as_str(),
@@ -166,7 +167,11 @@ where
                 Begin::Pending {
                     age_ms,
                     lease_left_ms,
-                } => (age_ms, lease_left_ms),
+                } => {
+                    // Another caller's record: nothing of this call's to clean up while waiting.
+                    intent.disown();
+                    (age_ms, lease_left_ms)
+                }
             };
             if u128::from(age_ms) > settings.retention.as_millis() {
                 intent.disown();
