@@ -334,12 +334,9 @@ async fn an_open_breaker_probes_after_enough_turned_away_calls_or_its_longest_op
     run(&mut svc, 1).await; // the probe fails: open again, for no longer than before
     assert_eq!(dep.calls(), 2);
     // Quiet traffic: one call, then nothing for the longest open time; the next call probes.
+    // It is told the time a probe is sure to go: the longest open time, not a doubled one.
     let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
-    assert_eq!(
-        err.retry_after(),
-        Some(Duration::from_secs(1)),
-        "never doubled"
-    );
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(12)));
     tokio::time::advance(Duration::from_secs(12)).await;
     run(&mut svc, 1).await;
     assert_eq!(dep.calls(), 3);
@@ -379,7 +376,7 @@ async fn a_rejection_says_what_to_do_in_json() {
         hint.contains("2 calls in a row to billing-api failed"),
         "{hint}"
     );
-    assert!(hint.contains("retry after 5 s"), "{hint}");
+    assert!(hint.contains("retry after 5000 ms"), "{hint}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -787,4 +784,41 @@ async fn a_hung_trial_counts_as_failed_after_the_trial_timeout() {
     tokio::time::advance(Duration::from_secs(5)).await;
     assert_eq!(call(&mut svc.clone(), 2).await.unwrap(), 2);
     assert_eq!(breaker.state(), State::Closed);
+}
+
+/// Found by an outside review: a rule whose threshold times minimum is exactly one failure
+/// would trip on one failure, and a rejection's `retry_after` must be a time after which a
+/// call may really go.
+#[test]
+fn a_rate_rule_that_one_failure_fires_is_refused() {
+    let one = config()
+        .no_consecutive_failures()
+        .failure_rate(0.05, Window::Count(50), 20)
+        .build();
+    assert_eq!(one.unwrap_err().field(), "failure_rate");
+    // An explicit single-failure rule is allowed: it says what it means.
+    assert!(config().consecutive_failures(1).build().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_out_a_rejections_retry_after_lets_a_probe_through() {
+    let breaker = Breaker::new("dep", BreakerConfig::default());
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
+    let mut svc = guarded(&dep, &breaker);
+    run(&mut svc, 20).await;
+    assert_eq!(breaker.state(), State::Open);
+    // A quiet caller is told the time after which a probe is sure to go (the longest open
+    // time: nobody else is turning calls away), and waiting it out lets its call through.
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    let wait = err.retry_after().unwrap();
+    assert_eq!(wait, Duration::from_secs(30));
+    assert!(err.hint().contains("retry after 30 s"), "{}", err.hint());
+    tokio::time::advance(wait).await;
+    let calls = dep.calls();
+    let _ = call(&mut svc, 1u32).await;
+    assert_eq!(
+        dep.calls(),
+        calls + 1,
+        "the call after the wait was the probe"
+    );
 }

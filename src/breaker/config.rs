@@ -238,9 +238,10 @@ impl BreakerConfigBuilder {
         self
     }
 
-    /// How many calls an open breaker turns away (after the shortest open time) before it lets
-    /// a probe through (0 to 1,000,000; 0: a probe goes as soon as the shortest open time has
-    /// passed, the classic time-only breaker). Counting calls rather than seconds makes the probe rate
+    /// How many calls an open breaker turns away, counted from the trip (those turned away
+    /// before the shortest open time included), before it lets a probe through once the
+    /// shortest open time has passed (0 to 1,000,000; 0: a probe goes as soon as the shortest
+    /// open time has passed, the classic time-only breaker). Counting calls rather than seconds makes the probe rate
     /// follow the traffic: frequent at a high rate, so a healed dependency is back at once;
     /// rare at a low one, so an outage still sheds nearly every call.
     pub fn probe_after(mut self, calls: u32) -> Self {
@@ -316,7 +317,7 @@ impl BreakerConfigBuilder {
                     ));
                 }
             }
-            if threshold * f64::from(min_calls) < 1.0 {
+            if threshold * f64::from(min_calls) <= 1.0 {
                 return Err(ConfigError::new(
                     "failure_rate",
                     "threshold x min_calls is below one failure: the rule would trip on any single failure (say consecutive_failures(1) if that is meant)",

@@ -149,13 +149,18 @@ impl<F, C, P> fmt::Debug for ResponseFuture<F, C, P> {
 
 pub(super) fn retry_after_hint(breaker: &Breaker, after: Duration) -> String {
     let reason = breaker.reason();
-    let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+    // Said as `retry_after` says it: milliseconds below ten seconds, else whole seconds.
+    let wait = if after < Duration::from_secs(10) {
+        format!("{} ms", after.as_millis().max(1))
+    } else {
+        format!("{} s", after.as_secs_f64().ceil() as u64)
+    };
     if reason.is_empty() {
         format!(
-            "calls to {} are paused after repeated failures; retry after {secs} s",
+            "calls to {} are paused after repeated failures; retry after {wait}",
             breaker.name()
         )
     } else {
-        format!("{reason}; calls are paused, retry after {secs} s")
+        format!("{reason}; calls are paused, retry after {wait}")
     }
 }

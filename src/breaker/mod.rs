@@ -2,9 +2,19 @@
 //!
 //! [`CircuitBreaker`] goes Closed → Open when a trip rule fires (consecutive failures, or a
 //! failure rate over a count or time window with a minimum number of calls), rejects calls at once
-//! while open, then goes HalfOpen after the open duration and admits exactly
+//! while open, then goes HalfOpen (once the shortest open time has passed and enough calls were
+//! turned away, or once the longest open time has passed) and admits exactly
 //! [`trials`](BreakerConfigBuilder::trials) trial calls: enough successes close it, a failure
-//! opens it again for longer (the open duration doubles per repeated trip, up to a cap).
+//! opens it again, for no longer than before (the open time never doubles).
+//!
+//! **What it does to a partial failure.** The default rates trip only a dependency that accepts
+//! almost nothing (90 % of the last 50 counted calls failed, or 20 in a row). A dependency failing
+//! up to about 70 % of its calls practically never trips it, so it loses nothing by the breaker
+//! (measured: 50 % failing, the same success rate as without a breaker; 70 %, 0.9 points less).
+//! Between about 75 % and 90 %, runs of failures trip it by chance, and each trip turns away the
+//! calls of one open period: at 85 % failing, 4.4 % of calls succeed with the breaker against
+//! 15.0 % without. Where a dependency that poor is still worth calling, raise the threshold or
+//! turn the rate rule off.
 //!
 //! What counts comes from the same [`Classification`](crate::classify::Classification) the retry
 //! layer uses, mapped by a [`CountPolicy`]: by default only `Failure(Transient | Ambiguous)` counts
@@ -17,9 +27,11 @@
 //! last state change can need hundreds of failures).
 //!
 //! A rejection is a [`ToolError`] with code `circuit_open`,
-//! `retry_after` = the time left, and a hint that names the dependency and why it opened, e.g.
+//! a `retry_after`, and a hint that names the dependency and why it opened, e.g.
 //! `"20 calls in a row to billing-api failed; open for at least 250 ms, then probing after 25
-//! turned-away calls (at most 30000 ms); calls are paused, retry after 1 s"`.
+//! turned-away calls (at most 30000 ms); calls are paused, retry after 30 s"`: `retry_after` is
+//! the time after which a call is sure to go through as a probe (the longest open time, or the
+//! shortest once enough calls were turned away); under traffic the probe comes sooner.
 //! stormguard's [`Retry`](crate::retry::Retry) never retries it and spends no budget on it.
 //!
 //! ```
@@ -48,7 +60,9 @@
 //! let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
 //! let err = err.downcast::<ToolError>().unwrap();
 //! assert_eq!(err.code(), ErrorCode::CircuitOpen);
-//! assert_eq!(err.retry_after(), Some(Duration::from_secs(5)));
+//! // The time after which a probe is sure to go: the longest open time (under traffic, a probe
+//! // goes once 5 s have passed and 25 calls were turned away).
+//! assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
 //! # }
 //! ```
 //!

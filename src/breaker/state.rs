@@ -126,8 +126,19 @@ pub(super) fn open_decision(
     if now_ms >= longest_until_ms || (now_ms >= shortest_until_ms && rejected >= probe_after) {
         return OpenDecision::Probe;
     }
+    // The time after which a call is sure to go through as a probe: the shortest open time if
+    // enough calls were turned away already (or none need be), else the longest. Under traffic
+    // the probe comes sooner. (By then another caller may hold the probe: a half-open breaker
+    // admits its trials only.)
+    let to_longest = longest_until_ms - now_ms;
+    let to_shortest = shortest_until_ms.saturating_sub(now_ms);
+    let sure = if rejected >= probe_after {
+        to_shortest
+    } else {
+        to_longest
+    };
     OpenDecision::Reject {
-        retry_after_ms: shortest_until_ms.saturating_sub(now_ms).max(1),
+        retry_after_ms: sure.max(1),
     }
 }
 
@@ -587,17 +598,21 @@ mod tests {
     #[test]
     fn an_open_breaker_probes_by_traffic_or_by_its_longest_open_time() {
         let reject = |ms| OpenDecision::Reject { retry_after_ms: ms };
-        // Before the shortest open time: rejected, whatever was turned away.
+        // Shortest open time until 250 ms, longest until 30 s.
+        // Before the shortest open time: rejected; the sure time is the longest unless enough
+        // calls were turned away already.
+        assert_eq!(open_decision(100, 250, 30_000, 3, 25), reject(29_900));
         assert_eq!(open_decision(100, 250, 30_000, 1_000, 25), reject(150));
         // After it: a probe once enough calls were turned away.
-        assert_eq!(open_decision(300, 250, 30_000, 24, 25), reject(1));
         assert_eq!(open_decision(300, 250, 30_000, 25, 25), OpenDecision::Probe);
+        assert_eq!(open_decision(300, 250, 30_000, 24, 25), reject(29_700));
         // Quiet traffic: the longest open time lets one through anyway.
         assert_eq!(
             open_decision(30_000, 250, 30_000, 0, 25),
             OpenDecision::Probe
         );
         // probe_after 0: the classic time-only breaker.
+        assert_eq!(open_decision(100, 250, 30_000, 0, 0), reject(150));
         assert_eq!(open_decision(250, 250, 30_000, 0, 0), OpenDecision::Probe);
     }
 

@@ -14,7 +14,8 @@
 pub enum State {
     /// Calls flow; outcomes are counted.
     Closed,
-    /// Calls are rejected at once until the open duration has passed.
+    /// Calls are rejected at once until a probe may go (see
+    /// [`probe_after`](super::BreakerConfigBuilder::probe_after)).
     Open,
     /// A bounded number of trial calls decide whether to close or open again.
     HalfOpen,
@@ -48,7 +49,7 @@ impl State {
 ///     breaker: "billing-api".into(),
 ///     from: State::HalfOpen,
 ///     to: State::Open,
-///     reason: "a trial call to billing-api failed; open for 10000 ms".into(),
+///     reason: "a trial call to billing-api failed; open for at least 250 ms".into(),
 /// };
 /// let line = format!("{}: {} -> {}", t.breaker, t.from.as_str(), t.to.as_str());
 /// assert_eq!(line, "billing-api: half_open -> open");

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 const RETRY_INFO: &str = "type.googleapis.com/google.rpc.RetryInfo";
 
-/// The delay a `RetryInfo` in `details` asks for; `None` if there is none, or it is malformed
-/// or negative.
+/// The delay a `RetryInfo` in `details` asks for, clamped to [`MAX_HINT`](super::hint::MAX_HINT)
+/// as every server hint is; `None` if there is none, or it is malformed or negative.
 ///
 /// ```
 /// use std::time::Duration;
@@ -56,7 +56,7 @@ pub fn retry_info_delay(details: &[u8]) -> Option<Duration> {
             if seconds < 0 || !(0..1_000_000_000).contains(&nanos) {
                 return None;
             }
-            Some(Duration::new(seconds as u64, nanos as u32))
+            Some(Duration::new(seconds as u64, nanos as u32).min(super::hint::MAX_HINT))
         }
         _ => None,
     })
