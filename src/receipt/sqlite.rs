@@ -232,10 +232,11 @@ fn writer(
             }
             continue;
         }
-        if let [_] = batch[..] {
+        if batch.len() == 1 {
             // Alone: one autocommit statement or two, no transaction of our own to pay for.
-            let job = batch.pop().expect("one job");
-            job(Ok((&conn, clock.now_ms()))).0(None);
+            for job in batch {
+                job(Ok((&conn, clock.now_ms()))).0(None);
+            }
             continue;
         }
         if let Err(e) = exec(&conn, "BEGIN IMMEDIATE") {

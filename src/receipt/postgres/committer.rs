@@ -148,9 +148,10 @@ async fn committer(
             }
         };
         if batch.len() == 1 {
-            let job = batch.pop().expect("one job");
-            job.run(live, now()).await;
-            job.deliver(None);
+            for job in batch {
+                job.run(live.clone(), now()).await;
+                job.deliver(None);
+            }
             continue;
         }
         if options.durability == Durability::Process {
