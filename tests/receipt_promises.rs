@@ -847,11 +847,42 @@ async fn an_old_receipt_on_hand_still_answers() {
     assert!(err.hint().contains("resolve"), "{}", err.hint());
 }
 
-/// The in-memory store, with its first `complete` (or every `claim`) failing: a full disk.
-#[derive(Clone)]
-struct FailsOnce(InMemoryStore, Arc<AtomicU32>, bool);
+/// What goes wrong in a [`Faulty`] store.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    /// The first `complete` fails (a full disk).
+    FirstCompleteFails,
+    /// Every `claim` is recorded, but its reply is lost.
+    ClaimRepliesLost,
+    /// The first `claim` finds another caller took the intent, finished without effect and
+    /// removed it.
+    FirstClaimLostToAnother,
+}
 
-impl ReceiptStore for FailsOnce {
+/// The in-memory store with one [`Fault`].
+#[derive(Clone)]
+struct Faulty {
+    store: InMemoryStore,
+    calls: Arc<AtomicU32>,
+    fault: Fault,
+}
+
+impl Faulty {
+    fn new(fault: Fault) -> Self {
+        Faulty {
+            store: InMemoryStore::new(),
+            calls: Arc::default(),
+            fault,
+        }
+    }
+
+    /// Whether this is the first call the fault counts.
+    fn first(&self, fault: Fault) -> bool {
+        self.fault == fault && self.calls.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+impl ReceiptStore for Faulty {
     fn begin(
         &self,
         key: &str,
@@ -859,7 +890,7 @@ impl ReceiptStore for FailsOnce {
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        self.0.begin(key, fingerprint, owner, lease)
+        self.store.begin(key, fingerprint, owner, lease)
     }
     fn claim(
         &self,
@@ -867,10 +898,17 @@ impl ReceiptStore for FailsOnce {
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let (fail, claimed) = (self.2, self.0.claim(key, owner, lease));
+        let lost = self.fault == Fault::ClaimRepliesLost;
+        let taken = self.first(Fault::FirstClaimLostToAnother);
+        let (store, gone) = (self.store.clone(), key.to_string());
+        let claimed = self.store.claim(key, owner, lease);
         async move {
+            if taken {
+                let _ = store.resolve(&gone, Resolution::NotDone).await;
+                return Ok(false);
+            }
             let claimed = claimed.await;
-            if fail {
+            if lost {
                 return Err(StoreError::new("the reply was lost"));
             }
             claimed
@@ -881,7 +919,7 @@ impl ReceiptStore for FailsOnce {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.release(key, owner)
+        self.store.release(key, owner)
     }
     fn complete(
         &self,
@@ -889,8 +927,8 @@ impl ReceiptStore for FailsOnce {
         owner: &str,
         receipt: &[u8],
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let fail = self.1.fetch_add(1, Ordering::SeqCst) == 0;
-        let done = self.0.complete(key, owner, receipt);
+        let fail = self.first(Fault::FirstCompleteFails);
+        let done = self.store.complete(key, owner, receipt);
         async move {
             if fail {
                 return Err(StoreError::new("disk full"));
@@ -903,30 +941,30 @@ impl ReceiptStore for FailsOnce {
         key: &str,
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.abandon(key, owner)
+        self.store.abandon(key, owner)
     }
     fn resolve(
         &self,
         key: &str,
         resolution: Resolution,
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
-        self.0.resolve(key, resolution)
+        self.store.resolve(key, resolution)
     }
     fn pending(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<stormguard::receipt::PendingIntent>, StoreError>> + Send
     {
-        self.0.pending(limit)
+        self.store.pending(limit)
     }
     fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.0.prune(older_than)
+        self.store.prune(older_than)
     }
 }
 
 #[tokio::test]
 async fn a_failed_receipt_write_gives_up_its_lease() {
-    let store = FailsOnce(InMemoryStore::new(), Arc::default(), false);
+    let store = Faulty::new(Fault::FirstCompleteFails);
     let provider = Provider::keyed();
     let mut svc = layer(&store, ToolClass::KeyedWrite).layer(provider.clone());
     // The effect happened; its receipt could not be stored: the caller still gets the result.
@@ -1021,8 +1059,8 @@ async fn an_operator_settles_an_outcome_unknown() {
 async fn a_take_over_cut_short_never_removes_the_crashed_callers_intent() {
     // The claim is recorded but its reply is lost: the call fails, and its clean-up must not
     // remove the intent of the crashed caller, which may have sent the email.
-    let store = FailsOnce(InMemoryStore::new(), Arc::default(), true);
-    crash_short(&store.0, 145).await;
+    let store = Faulty::new(Fault::ClaimRepliesLost);
+    crash_short(&store.store, 145).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let provider = Provider::default();
     let mut svc = layer(&store, ToolClass::UnkeyedWrite)
@@ -1037,7 +1075,7 @@ async fn a_take_over_cut_short_never_removes_the_crashed_callers_intent() {
         .unwrap_err();
     assert_eq!(code(err), ErrorCode::StoreUnavailable);
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let pending = store.0.pending(10).await.unwrap();
+    let pending = store.store.pending(10).await.unwrap();
     assert_eq!(
         pending.len(),
         1,
@@ -1171,93 +1209,20 @@ fn open_existing_refuses_an_empty_file_and_another_database() {
     assert!(SqliteStore::open_existing(&real, Durability::Process).is_ok());
 }
 
-/// The in-memory store whose first `claim` says another caller took the intent, and removes it
-/// (that caller finished without effect and abandoned it).
-#[derive(Clone)]
-struct LosesTheTakeOver(InMemoryStore, Arc<AtomicU32>);
-
-impl ReceiptStore for LosesTheTakeOver {
-    fn begin(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        self.0.begin(key, fingerprint, owner, lease)
-    }
-    fn claim(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let first = self.1.fetch_add(1, Ordering::SeqCst) == 0;
-        let (store, gone) = (self.0.clone(), key.to_string());
-        let claimed = self.0.claim(key, owner, lease);
-        async move {
-            if first {
-                let _ = store.resolve(&gone, Resolution::NotDone).await;
-                return Ok(false);
-            }
-            claimed.await
-        }
-    }
-    fn release(
-        &self,
-        key: &str,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.release(key, owner)
-    }
-    fn complete(
-        &self,
-        key: &str,
-        owner: &str,
-        receipt: &[u8],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.complete(key, owner, receipt)
-    }
-    fn abandon(
-        &self,
-        key: &str,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.0.abandon(key, owner)
-    }
-    fn resolve(
-        &self,
-        key: &str,
-        resolution: Resolution,
-    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
-        self.0.resolve(key, resolution)
-    }
-    fn pending(
-        &self,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<stormguard::receipt::PendingIntent>, StoreError>> + Send
-    {
-        self.0.pending(limit)
-    }
-    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.0.prune(older_than)
-    }
-}
-
 #[tokio::test]
 async fn an_intent_recorded_after_a_lost_take_over_is_this_calls_own() {
     // A stale keyed intent; the take-over is lost and the record removed; the waiting call then
     // records a fresh intent, and its send fails without effect: that intent must be removed
     // (it is this call's), so the next attempt starts fresh rather than finding a pending one.
-    let store = LosesTheTakeOver(InMemoryStore::new(), Arc::default());
-    crash_short(&store.0, 147).await;
+    let store = Faulty::new(Fault::FirstClaimLostToAnother);
+    crash_short(&store.store, 147).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut svc = layer(&store, ToolClass::UnkeyedWrite)
         .read_back(SentLog(Provider::default()), Consistency::Immediate)
         .layer(Refusing);
     assert!(svc.ready().await.unwrap().call(send(147)).await.is_err());
     assert!(
-        store.0.pending(10).await.unwrap().is_empty(),
+        store.store.pending(10).await.unwrap().is_empty(),
         "its own intent was removed"
     );
 }
