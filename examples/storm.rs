@@ -90,7 +90,6 @@ struct Dependency {
 struct DepState {
     calls: u64,
     per_op: HashMap<u64, u32>,
-    rng: u64,
     start: Instant,
     /// When the first call after healing succeeded, from the start.
     first_success_after_heal: Option<Duration>,
@@ -103,7 +102,6 @@ impl Dependency {
             state: Arc::new(Mutex::new(DepState {
                 calls: 0,
                 per_op: HashMap::new(),
-                rng: SEED,
                 start: Instant::now(),
                 first_success_after_heal: None,
             })),
@@ -149,13 +147,19 @@ impl Service<u64> for Dependency {
     fn call(&mut self, op: u64) -> Self::Future {
         let mut s = self.state.lock().unwrap();
         s.calls += 1;
-        *s.per_op.entry(op).or_default() += 1;
+        let nth = s.per_op.entry(op).or_default();
+        *nth += 1;
+        // A call's fate is drawn from its operation and its attempt number, not from the order
+        // calls arrive in: every stack sees the same fate for the same attempt of the same
+        // operation (common random numbers), so stacks that make fewer calls are compared on the
+        // same luck, not on a reshuffled one.
+        let mut fate = SEED ^ op.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(*nth) << 48;
+        let roll = next_f64(&mut fate);
         let mut answer = op;
         let fail = match self.failing {
             Failing::Always => true,
-            Failing::WithProbability(p) => next_f64(&mut s.rng) < p,
+            Failing::WithProbability(p) => roll < p,
             Failing::HalfEmpty(p) => {
-                let roll = next_f64(&mut s.rng);
                 if roll >= p && roll < 0.5 + p / 2.0 {
                     answer = EMPTY;
                 }
@@ -170,7 +174,7 @@ impl Service<u64> for Dependency {
             }
             Failing::Brownout { outage, p, until } => {
                 let now = s.start.elapsed();
-                let fail = now < outage || (now < until && next_f64(&mut s.rng) < p);
+                let fail = now < outage || (now < until && roll < p);
                 if now >= outage && !fail && s.first_success_after_heal.is_none() {
                     s.first_success_after_heal = Some(now);
                 }
@@ -721,8 +725,47 @@ fn outage_http(stack: Stack) -> Row {
     }
 }
 
+const SCENARIOS: [&str; 10] = [
+    "outage",
+    "transient",
+    "empty-results",
+    "recovery",
+    "partial",
+    "brownout",
+    "tail",
+    "outage-http",
+    "fairness",
+    "",
+];
+
 fn main() {
-    let json = std::env::args().any(|a| a == "--json");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json = args.iter().any(|a| a == "--json");
+    // `--scenario NAME` (repeatable) runs only those scenarios.
+    let mut only = Vec::new();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--json" => {}
+            "--scenario" => match it.next() {
+                Some(name) if SCENARIOS.contains(&name.as_str()) && !name.is_empty() => {
+                    only.push(name.clone())
+                }
+                other => {
+                    eprintln!(
+                        "storm: --scenario takes one of {:?}, got {other:?}",
+                        &SCENARIOS[..SCENARIOS.len() - 1]
+                    );
+                    std::process::exit(2);
+                }
+            },
+            other => {
+                eprintln!("storm: unknown argument {other:?} (use --json, --scenario NAME)");
+                std::process::exit(2);
+            }
+        }
+    }
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut rows = Vec::new();
     let mut emit = |row: Row| {
         if json {
@@ -730,66 +773,82 @@ fn main() {
         }
         rows.push(row);
     };
-    for stack in Stack::ALL {
-        emit(simulate("outage", stack, Failing::Always, 1.0, 600));
+    if wanted("outage") {
+        for stack in Stack::ALL {
+            emit(simulate("outage", stack, Failing::Always, 1.0, 600));
+        }
+        for stack in Stack::ALL {
+            emit(simulate("outage", stack, Failing::Always, 100.0, 60));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate("outage", stack, Failing::Always, 100.0, 60));
+    if wanted("transient") {
+        for stack in Stack::ALL {
+            emit(simulate(
+                "transient",
+                stack,
+                Failing::WithProbability(0.1),
+                100.0,
+                300,
+            ));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate(
-            "transient",
-            stack,
-            Failing::WithProbability(0.1),
-            100.0,
-            300,
-        ));
+    if wanted("empty-results") {
+        for stack in Stack::ALL {
+            emit(simulate(
+                "empty-results",
+                stack,
+                Failing::HalfEmpty(0.05),
+                100.0,
+                300,
+            ));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate(
-            "empty-results",
-            stack,
-            Failing::HalfEmpty(0.05),
-            100.0,
-            300,
-        ));
+    if wanted("recovery") {
+        for stack in Stack::ALL {
+            emit(simulate(
+                "recovery",
+                stack,
+                Failing::Until(Duration::from_secs(30)),
+                100.0,
+                90,
+            ));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate(
-            "recovery",
-            stack,
-            Failing::Until(Duration::from_secs(30)),
-            100.0,
-            90,
-        ));
+    if wanted("partial") {
+        for stack in Stack::ALL {
+            emit(simulate(
+                "partial",
+                stack,
+                Failing::WithProbability(0.5),
+                100.0,
+                60,
+            ));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate(
-            "partial",
-            stack,
-            Failing::WithProbability(0.5),
-            100.0,
-            60,
-        ));
+    if wanted("brownout") {
+        for stack in Stack::ALL {
+            emit(simulate(
+                "brownout",
+                stack,
+                Failing::Brownout {
+                    outage: Duration::from_secs(20),
+                    p: 0.3,
+                    until: Duration::from_secs(60),
+                },
+                100.0,
+                120,
+            ));
+        }
     }
-    for stack in Stack::ALL {
-        emit(simulate(
-            "brownout",
-            stack,
-            Failing::Brownout {
-                outage: Duration::from_secs(20),
-                p: 0.3,
-                until: Duration::from_secs(60),
-            },
-            100.0,
-            120,
-        ));
+    if wanted("outage-http") {
+        for stack in Stack::ALL {
+            emit(outage_http(stack));
+        }
     }
-    for stack in Stack::ALL {
-        emit(outage_http(stack));
-    }
-    for row in fairness() {
-        emit(row);
+    if wanted("fairness") {
+        for row in fairness() {
+            emit(row);
+        }
     }
     if !json {
         println!(
