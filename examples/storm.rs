@@ -340,7 +340,8 @@ impl Stack {
         S::Future: Send + 'static,
         Req: Clone + Send + 'static,
         Res: Failed + Send + 'static,
-        C: Classify<Res, S::Error>
+        // Decided at the head (no stream to watch): the breaker hands `Res` on as it is.
+        C: Classify<Res, S::Error, ClassifyEos = NeverClassifyEos>
             + Classify<Res, ToolError>
             + Classify<Res, tower::BoxError>
             + Clone

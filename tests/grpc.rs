@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use stormguard::backoff::Backoff;
+use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::DefaultClassifier;
+use stormguard::classify::{DefaultClassifier, GrpcClassifier};
 use stormguard::error::ErrorCode;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{GrpcReplay, RetryLayer};
@@ -144,11 +145,53 @@ impl Service<http::Request<Body>> for Billing {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let billing = self.clone();
         Box::pin(async move {
+            if req.uri().path() == LIST_PATH {
+                let mut grpc = tonic::server::Grpc::new(ProstCodec::<Sent, SendInvoice>::default());
+                return Ok(grpc.server_streaming(Listing(billing), req).await);
+            }
             if req.uri().path() != PATH {
                 return Ok(Status::unimplemented(req.uri().path().to_string()).into_http());
             }
             let mut grpc = tonic::server::Grpc::new(ProstCodec::<Sent, SendInvoice>::default());
             Ok(grpc.unary(Unary(billing), req).await)
+        })
+    }
+}
+
+const LIST_PATH: &str = "/billing.Billing/ListSent";
+
+/// The server-streaming call: `invoice_id` messages, then the status the script gives
+/// (`Answer::Refuse(status)`: that status in the trailers; otherwise OK).
+struct Listing(Billing);
+
+type SentStream = Pin<Box<dyn futures_util::Stream<Item = Result<Sent, Status>> + Send>>;
+
+impl tonic::server::ServerStreamingService<SendInvoice> for Listing {
+    type Response = Sent;
+    type ResponseStream = SentStream;
+    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<SentStream>, Status>> + Send>>;
+
+    fn call(&mut self, req: tonic::Request<SendInvoice>) -> Self::Future {
+        let billing = self.0.clone();
+        Box::pin(async move {
+            let count = req.get_ref().invoice_id;
+            let n = {
+                let mut calls = billing.calls.lock().unwrap();
+                calls.push((String::new(), count));
+                calls.len() - 1
+            };
+            let mut items: Vec<Result<Sent, Status>> = (0..count)
+                .map(|i| {
+                    Ok(Sent {
+                        message_id: format!("msg-{i}"),
+                    })
+                })
+                .collect();
+            if let Answer::Refuse(status) = (billing.script)(n) {
+                items.push(Err(status));
+            }
+            let stream: SentStream = Box::pin(futures_util::stream::iter(items));
+            Ok(tonic::Response::new(stream))
         })
     }
 }
@@ -463,4 +506,121 @@ async fn a_retry_info_in_the_status_details_is_the_servers_delay() {
         started.elapsed()
     );
     assert_eq!(billing.calls(), 2);
+}
+
+/// A server-streaming call through a typed `Retry` over tonic's client over a breaker on the
+/// channel (HTTP level, `GrpcClassifier`): what the stream ended with, and the messages before.
+async fn list(
+    retry: &mut (impl Service<Call, Response = tonic::Response<tonic::Streaming<Sent>>, Error = ToolError>
+              + Send),
+    count: u64,
+) -> (usize, Result<(), Status>) {
+    let response = call(retry, invoice(count, ""))
+        .await
+        .expect("the head arrives");
+    let mut stream = response.into_inner();
+    let mut got = 0;
+    loop {
+        match stream.message().await {
+            Ok(Some(_)) => got += 1,
+            Ok(None) => return (got, Ok(())),
+            Err(status) => return (got, Err(status)),
+        }
+    }
+}
+
+fn streaming_stack(
+    channel: Channel,
+    breaker: &Breaker,
+) -> impl Service<Call, Response = tonic::Response<tonic::Streaming<Sent>>, Error = ToolError> + Send
+{
+    let guarded = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(GrpcClassifier))
+        // The classifiers read errors as `AsDynError`: a channel's error, boxed.
+        .map_err(tower::BoxError::from)
+        .service(channel);
+    let client = tower::service_fn(move |req: Call| {
+        let mut grpc = tonic::client::Grpc::new(guarded.clone());
+        async move {
+            grpc.ready()
+                .await
+                .map_err(Status::from_error)?;
+            let path = http::uri::PathAndQuery::from_static(LIST_PATH);
+            grpc.server_streaming(req, path, ProstCodec::<SendInvoice, Sent>::default())
+                .await
+        }
+    });
+    ServiceBuilder::new()
+        .layer(retry(ToolClass::Read, &RetryBudget::default()))
+        .service(client)
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_in_its_trailers_counts_against_the_breaker_and_is_not_retried() {
+    let (billing, channel) =
+        serve(|_| Answer::Refuse(Status::unavailable("shard lost mid-stream"))).await;
+    let breaker = Breaker::new(
+        "billing-stream",
+        BreakerConfig::builder()
+            .consecutive_failures(3)
+            .no_failure_rate()
+            .build()
+            .unwrap(),
+    );
+    let mut stack = streaming_stack(channel, &breaker);
+    for n in 1..=3 {
+        let (got, end) = list(&mut stack, 2).await;
+        // The messages and the trailers' status reach the caller untouched.
+        assert_eq!(got, 2);
+        assert_eq!(end.unwrap_err().code(), tonic::Code::Unavailable);
+        // Committed once the head arrived: one call per stream, not retried.
+        assert_eq!(billing.calls(), n);
+    }
+    // Three streams failed in their trailers: the breaker counted each one and opened.
+    assert_eq!(breaker.opens(), 1);
+    assert_eq!(breaker.state(), stormguard::breaker::State::Open);
+    let err = call(&mut stack, invoice(2, "")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(billing.calls(), 3, "an open breaker sends nothing");
+}
+
+#[tokio::test]
+async fn streams_that_end_ok_or_are_dropped_never_trip_the_breaker() {
+    // Every other stream fails in its trailers, the others end OK; from the 11th on, all fail.
+    let (billing, channel) = serve(|n| {
+        if n % 2 == 0 || n >= 10 {
+            Answer::Refuse(Status::internal("lost"))
+        } else {
+            Answer::Deliver
+        }
+    })
+    .await;
+    let breaker = Breaker::new(
+        "billing-stream",
+        BreakerConfig::builder()
+            .consecutive_failures(2)
+            .no_failure_rate()
+            .build()
+            .unwrap(),
+    );
+    let mut stack = streaming_stack(channel, &breaker);
+    for _ in 0..5 {
+        let (_, end) = list(&mut stack, 1).await; // fails
+        assert!(end.is_err());
+        let (got, end) = list(&mut stack, 3).await; // ends OK: resets the run of failures
+        assert_eq!((got, end.is_ok()), (3, true));
+    }
+    assert_eq!(breaker.opens(), 0);
+    // Streams dropped before their end are no evidence: two failing ones dropped unread.
+    for _ in 0..2 {
+        let response = call(&mut stack, invoice(4, "")).await.unwrap();
+        drop(response);
+    }
+    assert_eq!(breaker.opens(), 0);
+    assert_eq!(billing.calls(), 12);
+    // Read to their end, two failing streams open it.
+    for _ in 0..2 {
+        assert!(list(&mut stack, 1).await.1.is_err());
+    }
+    assert_eq!(breaker.opens(), 1);
 }

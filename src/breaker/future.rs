@@ -2,7 +2,7 @@
 
 use super::policy::{Count, CountPolicy};
 use super::state::{Admission, Breaker};
-use crate::classify::{Classification, ClassifiedResponse, Classify};
+use crate::classify::{Classification, ClassifiedResponse, Classify, StreamEnd, WatchStream};
 use crate::error::{BoxError, ToolError};
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -37,19 +37,60 @@ impl Ticket {
         }
     }
 
+    /// Whether the call is slow by now (the slow-call rule; never without one).
+    fn slow(&self) -> bool {
+        self.breaker.shared.config.slow_call.is_some_and(|slow| {
+            self.started != 0 && Duration::from_nanos(self.breaker.now_tick() - self.started) > slow
+        })
+    }
+
     fn settle(&mut self, count: Count) {
-        let count = match (count, self.breaker.shared.config.slow_call) {
-            (Count::Success, Some(slow))
-                if self.started != 0
-                    && Duration::from_nanos(self.breaker.now_tick() - self.started) > slow =>
-            {
-                Count::Failure
-            }
-            (count, _) => count,
+        let count = match count {
+            Count::Success if self.slow() => Count::Failure,
+            count => count,
         };
+        self.record(count);
+    }
+
+    fn record(&mut self, count: Count) {
         // Settled: what is left to drop holds no permit (a rejection gives nothing back).
         let admission = std::mem::replace(&mut self.admission, Admission::rejected(0));
         self.breaker.record(admission, count);
+    }
+}
+
+/// A streamed call's claim on the breaker, carried by its response body until the stream ends:
+/// then the end's verdict is counted (a trial settles the breaker's state). Dropped untold (the
+/// caller dropped the stream), it counts nothing and gives a trial permit back.
+pub struct StreamTicket<P> {
+    ticket: Ticket,
+    policy: P,
+    /// Slow at the head already (the slow-call rule times the head, not the whole stream).
+    slow: bool,
+}
+
+impl<P: CountPolicy> StreamEnd for StreamTicket<P> {
+    fn ended(mut self, outcome: Classification) {
+        let count = match self.policy.count(&outcome) {
+            Count::Success if self.slow => Count::Failure,
+            count => count,
+        };
+        self.ticket.record(count);
+    }
+}
+
+impl<P> fmt::Debug for StreamTicket<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamTicket")
+            .field("breaker", &self.ticket.breaker.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ticket {
+    /// A ticket that holds nothing, left behind when the real one goes with a stream.
+    fn settled(from: &Ticket) -> Ticket {
+        Ticket::new(from.breaker.clone(), Admission::rejected(0))
     }
 }
 
@@ -111,27 +152,54 @@ impl<F, C, P> ResponseFuture<F, C, P> {
     }
 }
 
+/// The response a [`CircuitBreaker`](super::CircuitBreaker) hands on: the inner response, or
+/// (for a classifier that decides at the end of a stream) the same response watched until then.
+pub type Watched<C, Res, E, P> =
+    <<C as Classify<Res, E>>::ClassifyEos as WatchStream<Res>>::Watched<StreamTicket<P>>;
+
 impl<F, C, P, Res, E> Future for ResponseFuture<F, C, P>
 where
     F: Future<Output = Result<Res, E>>,
     E: Into<BoxError>,
     C: Classify<Res, E>,
-    P: CountPolicy,
+    P: CountPolicy + Clone,
 {
-    type Output = Result<Res, BoxError>;
+    type Output = Result<Watched<C, Res, E, P>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.state.project() {
             StateProj::Called { future, ticket } => {
                 let result = ready!(future.poll(cx));
-                let classification = match this.classifier.classify(&result) {
-                    ClassifiedResponse::Ready(c) => c,
-                    // The outcome of a streamed response is not known yet: no evidence either way.
-                    ClassifiedResponse::RequiresEos(_) => Classification::empty(),
+                let eos = match this.classifier.classify(&result) {
+                    ClassifiedResponse::Ready(c) => {
+                        ticket.settle(this.policy.count(&c));
+                        None
+                    }
+                    ClassifiedResponse::RequiresEos(eos) => Some(eos),
                 };
-                ticket.settle(this.policy.count(&classification));
-                Poll::Ready(result.map_err(Into::into))
+                Poll::Ready(match (result, eos) {
+                    (Ok(res), None) => Ok(C::ClassifyEos::pass(res)),
+                    (Ok(res), Some(eos)) => {
+                        // The verdict comes at the end of the stream: the ticket goes with it.
+                        let slow = ticket.slow();
+                        let ticket = std::mem::replace(ticket, Ticket::settled(ticket));
+                        Ok(eos.watch(
+                            res,
+                            StreamTicket {
+                                ticket,
+                                policy: this.policy.clone(),
+                                slow,
+                            },
+                        ))
+                    }
+                    // An error with no verdict yet is no evidence either way.
+                    (Err(e), Some(_)) => {
+                        ticket.record(Count::Ignore);
+                        Err(e.into())
+                    }
+                    (Err(e), None) => Err(e.into()),
+                })
             }
             StateProj::Rejected { error } => Poll::Ready(Err(match error.take() {
                 Some(e) => Box::new(e),

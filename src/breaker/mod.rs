@@ -123,7 +123,8 @@ mod transition;
 mod window;
 
 pub use config::{BreakerConfig, BreakerConfigBuilder, FailureRate, OnTransition, Window};
-pub use future::ResponseFuture;
+pub use future::Watched as WatchedResponse;
+pub use future::{ResponseFuture, StreamTicket};
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};
 pub use registry::BreakerRegistry;
@@ -132,7 +133,7 @@ pub use transition::{State, Transition};
 
 use crate::classify::{Classify, DefaultClassifier, FailureClass};
 use crate::error::{BoxError, ErrorCode, ToolError};
-use future::{retry_after_hint, Ticket};
+use future::{retry_after_hint, Ticket, Watched};
 use state::{Admission, Admit};
 use std::fmt;
 use std::task::{Context, Poll};
@@ -232,7 +233,7 @@ where
     C: Classify<S::Response, S::Error> + Clone,
     P: CountPolicy + Clone,
 {
-    type Response = S::Response;
+    type Response = Watched<C, S::Response, S::Error, P>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future, C, P>;
 

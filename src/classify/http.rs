@@ -39,8 +39,8 @@ use std::time::SystemTime;
 /// `grpc-status` in the head. A 2xx head carrying `grpc-status` is classified by that code
 /// ([`classify_grpc_code`]), so the classifier works on a tonic `Channel`. A status that arrives
 /// in the trailers of a streamed body is not seen from the head: the response counts as a
-/// success there (the room for a verdict at the end of the stream is
-/// [`ClassifiedResponse::RequiresEos`]).
+/// success here; [`GrpcClassifier`](super::GrpcClassifier) reads it from the trailers
+/// ([`ClassifiedResponse::RequiresEos`]) for a breaker below the tonic client.
 ///
 /// ```
 /// use stormguard::classify::{Classify, ClassifiedResponse, HttpClassifier, ServerHint, Verdict, FailureClass};
@@ -111,7 +111,7 @@ pub(super) fn classify_response(status: StatusCode, headers: &HeaderMap) -> Clas
     c.with_hint(server_hint(headers))
 }
 
-fn server_hint(headers: &HeaderMap) -> ServerHint {
+pub(super) fn server_hint(headers: &HeaderMap) -> ServerHint {
     if let Some(v) = headers.get("grpc-retry-pushback-ms") {
         // Malformed (or not text) means "do not retry" (gRFC A6).
         return v.to_str().map_or(ServerHint::DoNotRetry, parse_pushback_ms);

@@ -33,6 +33,8 @@
 //! assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Ambiguous));
 //! ```
 
+#[cfg(feature = "http")]
+mod body;
 mod error;
 mod grpc;
 pub mod hint;
@@ -41,7 +43,10 @@ mod http;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 mod retry_info;
+mod stream;
 
+#[cfg(feature = "http")]
+pub use body::{ClassifiedBody, GrpcClassifier, GrpcEos};
 pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
@@ -50,6 +55,7 @@ pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 #[cfg(feature = "reqwest")]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;
+pub use stream::{StreamEnd, WatchStream};
 
 pub use crate::error::FailureClass;
 use crate::error::{ErrorCode, ToolError};
@@ -197,6 +203,16 @@ pub trait ClassifyEos {
 
     /// The outcome, given the trailers if there were any.
     fn classify_eos(self, trailers: Option<&Self::Trailers>) -> Classification;
+
+    /// The outcome of a stream that broke before its end (the body returned an error: a reset,
+    /// a dropped connection). By default an `Ambiguous` `unavailable`: what was asked may have
+    /// been done, and the dependency failed to finish the answer.
+    fn classify_broken(self) -> Classification
+    where
+        Self: Sized,
+    {
+        Classification::failure(FailureClass::Ambiguous, ErrorCode::Unavailable)
+    }
 }
 
 /// A [`ClassifyEos`] that cannot be built: for classifiers that always decide from the head.
@@ -238,8 +254,10 @@ impl ClassifyEos for NeverClassifyEos {
 /// assert!(matches!(classifier.classify(&Ok(None)), ClassifiedResponse::Ready(c) if c == Classification::empty()));
 /// ```
 pub trait Classify<Res, E> {
-    /// The end-of-stream classifier for responses that need one.
-    type ClassifyEos: ClassifyEos;
+    /// The end-of-stream classifier for responses that need one, and how it watches a
+    /// response until then ([`WatchStream`]). [`NeverClassifyEos`] for a classifier that always
+    /// decides at the head: its watched response is the response itself.
+    type ClassifyEos: ClassifyEos + WatchStream<Res>;
 
     /// Classifies one result.
     fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<Self::ClassifyEos>;

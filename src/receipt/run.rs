@@ -264,7 +264,10 @@ where
         let result = self.inner.call(req).await;
         let verdict = match self.shared.classifier.classify(&result) {
             ClassifiedResponse::Ready(c) => c.verdict(),
-            ClassifiedResponse::RequiresEos(_) => Verdict::Success,
+            // A streamed answer's outcome comes at its end, after this layer has handed it on:
+            // it is not a receipt. The intent stays pending (lease given up) for a read-back
+            // or `resolve` to settle.
+            ClassifiedResponse::RequiresEos(_) => Verdict::Failure(FailureClass::Ambiguous),
         };
         match (&result, verdict) {
             (Ok(res), Verdict::Success | Verdict::Empty) => match self.shared.codec.encode(res) {
