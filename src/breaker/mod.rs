@@ -98,6 +98,27 @@
 //! counts as failed and a later probe tries again, so one hung trial cannot keep a healed
 //! dependency shut.
 //!
+//! # Streams
+//!
+//! A call whose outcome comes at the end of its stream (a gRPC server-streaming call fails in
+//! its trailers) is counted then, not at its head. With a classifier whose
+//! [`ClassifyEos`](crate::classify::ClassifyEos) watches the response
+//! ([`GrpcClassifier`](crate::classify::GrpcClassifier) on a tonic `Channel`), the breaker hands
+//! the response on with its body wrapped in a
+//! [`ClassifiedBody`](crate::classify::ClassifiedBody) that carries the call's
+//! [`StreamTicket`]: the trailers' status is counted when the caller reads the stream to its
+//! end (a trial settles the breaker's state then); a stream dropped before its end counts as
+//! nothing and gives a trial permit back. The slow-call rule times the head. A classifier that
+//! decides at the head ([`NeverClassifyEos`](crate::classify::NeverClassifyEos), every stock one
+//! but `GrpcClassifier`) leaves the response as it is: the breaker's `Response` is the inner
+//! service's.
+//!
+//! ```text
+//! tonic client ──► CircuitBreaker(GrpcClassifier) ──► Channel
+//!                      │  head: 200, application/grpc ─► body wrapped, verdict pending
+//!                      └◄ trailers: grpc-status 14 ──────► counted as a failure
+//! ```
+//!
 //! # Observability
 //!
 //! Tracing: an INFO event `circuit breaker transition` (`breaker`, `from`, `to`, `reason`) on
@@ -109,6 +130,7 @@
 //! | `stormguard_breaker_transitions_total` | counter | `breaker`, `from`, `to` |
 //! | `stormguard_breaker_rejections_total` | counter | `breaker` |
 //! | `stormguard_breaker_outcomes_total` | counter | `breaker`, `count` = `success` / `failure` / `ignored` |
+//! | `stormguard_stream_end_total` | counter (by [`ClassifiedBody`](crate::classify::ClassifiedBody)) | `verdict` = `success` / `empty` / `failure` |
 //!
 //! Outcome and rejection counters are registered when the breaker is made: install your metrics
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
