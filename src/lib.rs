@@ -117,6 +117,7 @@ pub mod budget;
 pub mod class;
 pub mod classify;
 pub mod error;
+pub mod hedge;
 pub mod key;
 pub mod operation;
 pub mod quota;

@@ -542,9 +542,7 @@ fn streaming_stack(
     let client = tower::service_fn(move |req: Call| {
         let mut grpc = tonic::client::Grpc::new(guarded.clone());
         async move {
-            grpc.ready()
-                .await
-                .map_err(Status::from_error)?;
+            grpc.ready().await.map_err(Status::from_error)?;
             let path = http::uri::PathAndQuery::from_static(LIST_PATH);
             grpc.server_streaming(req, path, ProstCodec::<SendInvoice, Sent>::default())
                 .await

@@ -1,0 +1,373 @@
+//! Hedged reads: a second attempt after a delay, inside the operation's attempts and the budget.
+//!
+//! [`Hedge`] sends a call, and if no answer has come after the delay (fixed, or a quantile of
+//! recent latencies), sends a copy; the first success wins and the other attempt is dropped
+//! (cancelled). Unlike tower's `Hedge`, the second attempt is not free:
+//!
+//! - **Reads only.** Under a stormguard [`Retry`](crate::retry::Retry) the hedge reads the
+//!   operation's class from its ledger: any class but [`ToolClass::Read`] (a nested layer that
+//!   declared a write makes the whole operation one) is never hedged, and its request is not
+//!   even copied.
+//! - **Inside the operation's attempts.** The hedge is an attempt in the operation's ledger:
+//!   with `max_attempts` 3, a hedged call that fails twice leaves the `Retry` above one more
+//!   attempt, never a fourth. Alone (no `Retry` above) a call has at most two attempts.
+//! - **From the same budget.** Each hedge withdraws one retry from the [`RetryBudget`] the
+//!   layers share; when it refuses, the first attempt goes on alone. In an outage, where the
+//!   budget is spent, hedging stops with the retries.
+//!
+//! The decision (closed operation, class, attempts, budget, in that order) is a pure function
+//! tested against the rule above. A failure before the hedge went is the answer at once; a
+//! failure while the other attempt runs waits for it.
+//!
+//! ```text
+//! Retry(Read) ──► Hedge ──► client
+//!                   │ t = 0      attempt 1 ─────────────────────────► (slow)     dropped
+//!                   │ t = delay  attempt 2 (ledger +1, budget -1) ─► answer ──► wins
+//! ```
+//!
+//! # The delay
+//!
+//! [`HedgeBuilder::fixed`] waits a set time; [`HedgeBuilder::percentile`] waits the `q` quantile
+//! of the last 512 answers' latencies (nearest rank, recomputed every 32 answers, after at
+//! least `min_samples`; no hedge before). Recording an answer is two atomic operations and the
+//! recompute copies the ring to the stack: no lock and no allocation on any call. The request is
+//! copied (with the layer's [`Replay`]) when the call is made and a hedge is possible, as
+//! tower's `Hedge` does.
+//!
+//! ```
+//! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use std::time::Duration;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use stormguard::{budget::RetryBudget, class::ToolClass, hedge::HedgeLayer, retry::RetryLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! // The first attempt of every call hangs for a second; the second answers in 10 ms.
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let counter = calls.clone();
+//! let search = service_fn(move |q: u32| {
+//!     let n = counter.fetch_add(1, Ordering::SeqCst);
+//!     async move {
+//!         let wait = if n % 2 == 0 { 1_000 } else { 10 };
+//!         tokio::time::sleep(Duration::from_millis(wait)).await;
+//!         Ok::<_, std::io::Error>(q)
+//!     }
+//! });
+//! let budget = RetryBudget::default();
+//! let mut svc = ServiceBuilder::new()
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+//!     .layer(HedgeLayer::builder(budget).fixed(Duration::from_millis(50)).build().unwrap())
+//!     .service(search);
+//!
+//! let start = tokio::time::Instant::now();
+//! assert_eq!(svc.ready().await.unwrap().call(7).await.unwrap(), 7);
+//! assert_eq!(start.elapsed(), Duration::from_millis(60)); // the hedge answered
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! # }
+//! ```
+//!
+//! # Where it belongs
+//!
+//! Below the innermost [`Retry`](crate::retry::Retry) (so the ledger it joins is the
+//! operation's) and above the breaker and the client. Not below a
+//! [`ReceiptLayer`](crate::receipt::ReceiptLayer): receipts are for writes, which are never
+//! hedged.
+//!
+//! # Observability
+//!
+//! `stormguard_hedge_total` (counter, labels `layer` and `event`: `sent`, `first_won`,
+//! `hedge_won`, and why a hedge did not go: `closed`, `not_read`, `attempts_spent`, `budget`,
+//! `not_ready`) and a DEBUG event for each hedge decision.
+
+mod decide;
+mod future;
+mod latency;
+
+pub use future::ResponseFuture;
+
+use crate::budget::RetryBudget;
+use crate::class::ToolClass;
+use crate::classify::{Classify, DefaultClassifier};
+use crate::error::ConfigError;
+use crate::operation::ledger::with_current;
+use crate::retry::{CloneReplay, Replay};
+use future::Spare;
+use latency::Latencies;
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// The longest fixed delay accepted.
+const MAX_DELAY: Duration = Duration::from_secs(3600);
+
+/// What a layer's services share.
+pub(crate) struct Shared<C, R> {
+    budget: RetryBudget,
+    fixed: Option<Duration>,
+    latencies: Latencies,
+    classifier: C,
+    replay: R,
+    name: &'static str,
+}
+
+impl<C, R> Shared<C, R> {
+    #[cold]
+    fn count(&self, event: &'static str) {
+        metrics::counter!("stormguard_hedge_total", "layer" => self.name, "event" => event)
+            .increment(1);
+    }
+}
+
+/// Builds a [`HedgeLayer`]; choose the delay with [`fixed`](Self::fixed) or
+/// [`percentile`](Self::percentile).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
+///
+/// let layer = HedgeLayer::builder(RetryBudget::default()).percentile(0.95, 100).name("search").build()?;
+/// # let _ = layer;
+/// // No delay chosen, a quantile outside (0, 1): refused.
+/// assert_eq!(HedgeLayer::builder(RetryBudget::default()).build().unwrap_err().field(), "delay");
+/// assert!(HedgeLayer::builder(RetryBudget::default()).percentile(1.0, 10).build().is_err());
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+#[must_use]
+pub struct HedgeBuilder<C = DefaultClassifier, R = CloneReplay> {
+    budget: RetryBudget,
+    delay: Option<DelaySpec>,
+    classifier: C,
+    replay: R,
+    name: &'static str,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum DelaySpec {
+    Fixed(Duration),
+    Percentile { q: f64, min_samples: u32 },
+}
+
+impl<C, R> fmt::Debug for HedgeBuilder<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeBuilder")
+            .field("delay", &self.delay)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C, R> HedgeBuilder<C, R> {
+    /// Hedge a call still unanswered after `delay` (1 µs to 1 h).
+    pub fn fixed(mut self, delay: Duration) -> Self {
+        self.delay = Some(DelaySpec::Fixed(delay));
+        self
+    }
+
+    /// Hedge a call still unanswered after the `q` quantile (`0 < q < 1`, e.g. 0.95) of the
+    /// last 512 answers' latencies, once `min_samples` (1 to 1,000,000) answers were seen.
+    pub fn percentile(mut self, q: f64, min_samples: u32) -> Self {
+        self.delay = Some(DelaySpec::Percentile { q, min_samples });
+        self
+    }
+
+    /// The layer's name in metrics and traces (default `hedge`).
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    /// Replaces the classifier (what a failure is: a failure waits for the other attempt).
+    pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
+        HedgeBuilder {
+            budget: self.budget,
+            delay: self.delay,
+            classifier,
+            replay: self.replay,
+            name: self.name,
+        }
+    }
+
+    /// Replaces how a request is copied for the hedge (default: `Clone`; `HttpReplay`,
+    /// `GrpcReplay` for those requests).
+    pub fn replay<R2>(self, replay: R2) -> HedgeBuilder<C, R2> {
+        HedgeBuilder {
+            budget: self.budget,
+            delay: self.delay,
+            classifier: self.classifier,
+            replay,
+            name: self.name,
+        }
+    }
+
+    /// The layer, or what is wrong with the settings.
+    pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
+        let (fixed, latencies) = match self.delay {
+            None => {
+                return Err(ConfigError::new(
+                    "delay",
+                    "choose a fixed delay or a latency percentile",
+                ))
+            }
+            Some(DelaySpec::Fixed(d)) => {
+                if d < Duration::from_micros(1) || d > MAX_DELAY {
+                    return Err(ConfigError::new("delay", "must be between 1 µs and 1 h"));
+                }
+                (Some(d), Latencies::new(0.5, u32::MAX))
+            }
+            Some(DelaySpec::Percentile { q, min_samples }) => {
+                if !(q > 0.0 && q < 1.0) {
+                    return Err(ConfigError::new(
+                        "percentile",
+                        "the quantile must be above 0 and below 1",
+                    ));
+                }
+                if !(1..=1_000_000).contains(&min_samples) {
+                    return Err(ConfigError::new(
+                        "min_samples",
+                        "must be between 1 and 1,000,000",
+                    ));
+                }
+                (None, Latencies::new(q, min_samples))
+            }
+        };
+        Ok(HedgeLayer {
+            shared: Arc::new(Shared {
+                budget: self.budget,
+                fixed,
+                latencies,
+                classifier: self.classifier,
+                replay: self.replay,
+                name: self.name,
+            }),
+        })
+    }
+}
+
+/// Applies [`Hedge`] to a service; every service it makes shares one latency record.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
+///
+/// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(30)).build()?;
+/// # let _ = layer;
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+pub struct HedgeLayer<C = DefaultClassifier, R = CloneReplay> {
+    shared: Arc<Shared<C, R>>,
+}
+
+impl HedgeLayer {
+    /// A builder drawing hedges from `budget` (the budget the `Retry` layers share).
+    pub fn builder(budget: RetryBudget) -> HedgeBuilder {
+        HedgeBuilder {
+            budget,
+            delay: None,
+            classifier: DefaultClassifier,
+            replay: CloneReplay,
+            name: "hedge",
+        }
+    }
+}
+
+impl<C, R> HedgeLayer<C, R> {
+    /// The delay a call made now would wait before its hedge, if one is known yet.
+    pub fn delay(&self) -> Option<Duration> {
+        self.shared.fixed.or_else(|| self.shared.latencies.delay())
+    }
+}
+
+impl<C, R> Clone for HedgeLayer<C, R> {
+    fn clone(&self) -> Self {
+        HedgeLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<C, R> fmt::Debug for HedgeLayer<C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgeLayer")
+            .field("name", &self.shared.name)
+            .field("delay", &self.delay())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
+    type Service = Hedge<S, C, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Hedge {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Hedges reads: see the [module docs](self).
+pub struct Hedge<S, C = DefaultClassifier, R = CloneReplay> {
+    inner: S,
+    shared: Arc<Shared<C, R>>,
+}
+
+impl<S: Clone, C, R> Clone for Hedge<S, C, R> {
+    fn clone(&self) -> Self {
+        Hedge {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C, R> fmt::Debug for Hedge<S, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Hedge")
+            .field("inner", &self.inner)
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C, R, Req> Service<Req> for Hedge<S, C, R>
+where
+    S: Service<Req> + Clone,
+    C: Classify<S::Response, S::Error>,
+    R: Replay<Req>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, C, R, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let started = Instant::now();
+        let shared = &self.shared;
+        // Copy the request only if a hedge may go: a delay is known, and the operation (if
+        // any) is a read.
+        let read = with_current(|op| op.class() == ToolClass::Read).unwrap_or(true);
+        let hedge = shared
+            .fixed
+            .or_else(|| shared.latencies.delay())
+            .filter(|_| read)
+            .and_then(|delay| {
+                let request = shared.replay.replay(&req)?;
+                Some((
+                    Spare {
+                        service: self.inner.clone(),
+                        request,
+                    },
+                    started + delay,
+                ))
+            });
+        let first = self.inner.call(req);
+        ResponseFuture::new(first, hedge, shared.clone(), started)
+    }
+}
