@@ -49,12 +49,13 @@ use stormguard::classify::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
     NeverClassifyEos,
 };
+use stormguard::hedge::HedgeLayer;
 use stormguard::retry::RetryLayer;
 use stormguard::ToolError;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 const SEED: u64 = 0x5EED;
 
@@ -459,6 +460,7 @@ fn fairness() -> Vec<Row> {
                 max_per_op: dep.max_per_op(),
                 breaker_opens: 0,
                 recovery: None,
+                p99: None,
                 elapsed: wall.elapsed(),
             });
         }
@@ -485,6 +487,7 @@ fn fairness() -> Vec<Row> {
         max_per_op: dep_b.max_per_op(),
         breaker_opens: 0,
         recovery: None,
+        p99: None,
         elapsed: wall.elapsed(),
     });
     rows
@@ -542,6 +545,8 @@ struct Row {
     max_per_op: u32,
     breaker_opens: u64,
     recovery: Option<Duration>,
+    /// The 99th percentile of the logical requests' latency (the `tail` scenario).
+    p99: Option<Duration>,
     elapsed: Duration,
 }
 
@@ -568,6 +573,7 @@ impl Row {
             "max_calls_per_operation": self.max_per_op,
             "breaker_opens": self.breaker_opens,
             "recovery_ms": self.recovery.map(|d| d.as_millis() as u64),
+            "p99_ms": self.p99.map(|d| d.as_secs_f64() * 1000.0),
             "wall_ms": self.elapsed.as_millis() as u64,
         })
         .to_string()
@@ -594,8 +600,202 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
         max_per_op: dep.max_per_op(),
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: dep.recovery(),
+        p99: None,
         elapsed: wall.elapsed(),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The `tail` scenario: reads that answer in 10 ms, but 5 % take a second. Hedging, side by side.
+
+/// A read whose attempt takes 10 ms, or 1 s for 5 % of attempts (drawn from the operation and
+/// the attempt number, so every stack meets the same slow attempts).
+#[derive(Clone, Default)]
+struct SlowReads {
+    calls: Arc<AtomicU64>,
+    per_op: Arc<Mutex<HashMap<u64, u32>>>,
+}
+
+impl SlowReads {
+    /// One attempt of `op`: the time it takes.
+    fn attempt(&self, op: u64) -> tokio::time::Sleep {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let nth = {
+            let mut per_op = self.per_op.lock().unwrap();
+            let n = per_op.entry(op).or_default();
+            *n += 1;
+            *n
+        };
+        let mut fate = SEED ^ op.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(nth) << 48;
+        let slow = next_f64(&mut fate) < 0.05;
+        tokio::time::sleep(Duration::from_millis(if slow { 1_000 } else { 10 }))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer of a `SlowReads` attempt, once its time has passed.
+    struct Answered {
+        #[pin]
+        sleep: tokio::time::Sleep,
+        op: u64,
+    }
+}
+
+impl Future for Answered {
+    type Output = Result<u64, std::io::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let op = *this.op;
+        this.sleep.poll(cx).map(|()| Ok(op))
+    }
+}
+
+#[derive(Clone)]
+struct Reads(SlowReads);
+
+impl Service<u64> for Reads {
+    type Response = u64;
+    type Error = std::io::Error;
+    type Future = Answered;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, op: u64) -> Self::Future {
+        Answered {
+            sleep: self.0.attempt(op),
+            op,
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum TailStack {
+    TowerHedge,
+    StormguardNested,
+    StormguardHedged,
+}
+
+impl TailStack {
+    const ALL: [TailStack; 3] = [
+        TailStack::TowerHedge,
+        TailStack::StormguardNested,
+        TailStack::StormguardHedged,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            TailStack::TowerHedge => "tower-hedge",
+            TailStack::StormguardNested => "stormguard-nested",
+            TailStack::StormguardHedged => "stormguard-hedged",
+        }
+    }
+}
+
+/// tower's hedge policy: every read may be hedged.
+#[derive(Clone)]
+struct HedgeReads;
+
+impl tower::hedge::Policy<u64> for HedgeReads {
+    fn clone_request(&self, req: &u64) -> Option<u64> {
+        Some(*req)
+    }
+
+    fn can_retry(&self, _: &u64) -> bool {
+        true
+    }
+}
+
+/// Both hedges wait for the 90th percentile of recent latencies, after 50 answers.
+const TAIL_QUANTILE: f64 = 0.9;
+const TAIL_MIN_SAMPLES: u32 = 50;
+
+fn tail(stack: TailStack) -> Row {
+    let wall = std::time::Instant::now();
+    let rt = paused_runtime();
+    let (rate, secs) = (100.0, 60u64);
+    let count = (rate * secs as f64) as u64;
+    let leaf = SlowReads::default();
+    let reads = Reads(leaf.clone());
+    let (successes, latencies) = rt.block_on(async {
+        let svc: BoxService<u64, u64> = match stack {
+            TailStack::TowerHedge => {
+                // tower 0.5's `Hedge`: the percentile of the last full period (1 s here).
+                let hedge = tower::hedge::Hedge::new::<u64>(
+                    reads,
+                    HedgeReads,
+                    u64::from(TAIL_MIN_SAMPLES),
+                    TAIL_QUANTILE as f32,
+                    Duration::from_secs(1),
+                );
+                // `Hedge` is not `Clone`: a `Buffer` shares it (no delay on the paused clock).
+                BoxService::new(tower::buffer::Buffer::new(hedge, 1024))
+            }
+            TailStack::StormguardNested => {
+                stormguard_nested(reads, DemoClassifier, &stormguard_budget())
+            }
+            TailStack::StormguardHedged => {
+                let budget = stormguard_budget();
+                let hedge = HedgeLayer::builder(budget.clone())
+                    .percentile(TAIL_QUANTILE, TAIL_MIN_SAMPLES)
+                    .classifier(DemoClassifier)
+                    .build()
+                    .expect("valid hedge settings");
+                stormguard_nested(hedge.layer(reads), DemoClassifier, &budget)
+            }
+        };
+        drive_timed(svc, rate, count).await
+    });
+    let mut sorted = latencies;
+    sorted.sort_unstable();
+    let p99 = sorted[((sorted.len() as f64 * 0.99).ceil() as usize).clamp(1, sorted.len()) - 1];
+    let max_per_op = leaf
+        .per_op
+        .lock()
+        .unwrap()
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    Row {
+        scenario: "tail",
+        stack: stack.name(),
+        run: None,
+        rate,
+        logical: count,
+        calls: leaf.calls.load(Ordering::Relaxed),
+        successes,
+        max_per_op,
+        breaker_opens: 0,
+        recovery: None,
+        p99: Some(p99),
+        elapsed: wall.elapsed(),
+    }
+}
+
+/// `drive`, keeping each request's latency.
+async fn drive_timed(svc: BoxService<u64, u64>, rate: f64, count: u64) -> (u64, Vec<Duration>) {
+    let start = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let mut tasks = JoinSet::new();
+    for i in 0..count {
+        tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let sent = Instant::now();
+            let ok = svc.oneshot(i).await.is_ok();
+            (ok, sent.elapsed())
+        });
+    }
+    let (mut successes, mut latencies) = (0, Vec::with_capacity(count as usize));
+    while let Some(done) = tasks.join_next().await {
+        let (ok, latency) = done.expect("request task");
+        successes += u64::from(ok);
+        latencies.push(latency);
+    }
+    (successes, latencies)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -722,6 +922,7 @@ fn outage_http(stack: Stack) -> Row {
         max_per_op,
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: None,
+        p99: None,
         elapsed: wall.elapsed(),
     }
 }
@@ -841,6 +1042,11 @@ fn main() {
             ));
         }
     }
+    if wanted("tail") {
+        for stack in TailStack::ALL {
+            emit(tail(stack));
+        }
+    }
     if wanted("outage-http") {
         for stack in Stack::ALL {
             emit(outage_http(stack));
@@ -853,7 +1059,7 @@ fn main() {
     }
     if !json {
         println!(
-            "{:<14} {:<33} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12}",
+            "{:<14} {:<33} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12} {:>9}",
             "scenario",
             "stack (run)",
             "rate/s",
@@ -863,11 +1069,12 @@ fn main() {
             "success",
             "max/op",
             "opens",
-            "recovery"
+            "recovery",
+            "p99"
         );
         for r in &rows {
             println!(
-                "{:<14} {:<33} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12}",
+                "{:<14} {:<33} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12} {:>9}",
                 r.scenario,
                 match r.run {
                     Some(run) => format!("{} ({run})", r.stack),
@@ -885,6 +1092,8 @@ fn main() {
                 },
                 r.breaker_opens,
                 r.recovery
+                    .map_or("-".to_string(), |d| format!("{} ms", d.as_millis())),
+                r.p99
                     .map_or("-".to_string(), |d| format!("{} ms", d.as_millis())),
             );
         }

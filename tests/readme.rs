@@ -397,3 +397,39 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_hedging_example_answers_a_hung_read_from_its_hedge() -> Result<(), BoxError> {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    // The 101st request hangs for 5 s; every other one answers at once.
+    let (addr, calls) = server::serve_after(
+        |n| if n == 100 { Duration::from_secs(5) } else { Duration::ZERO },
+        |_| server::status(200, &[]),
+    )
+    .await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    use stormguard::hedge::HedgeLayer;
+
+    let mut search = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
+        // after 100 answers: a second attempt when no answer came within the 95th percentile
+        // of the last 512; an attempt of the operation, paid from the budget; never for writes
+        .layer(HedgeLayer::builder(budget).percentile(0.95, 100).classifier(HttpClassifier).replay(HttpReplay).build()?)
+        .service(http_client);
+
+    let get = || http::Request::get("http://search.test/q?storm").body(String::new()).unwrap();
+    for _ in 0..100 {
+        search.ready().await?.call(get()).await?;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 100, "no hedge before 100 answers");
+    let started = std::time::Instant::now();
+    let answer = search.ready().await?.call(get()).await?;
+    assert_eq!(answer.status(), 200);
+    assert!(started.elapsed() < Duration::from_secs(2), "answered by the hedge, not after 5 s");
+    assert_eq!(calls.load(Ordering::SeqCst), 102, "the hung request and its hedge");
+    Ok(())
+}

@@ -45,6 +45,37 @@ pub async fn serve(
     (addr, count)
 }
 
+/// Starts a server whose `n`-th request (from 0) is answered by `answer(n)` after `delay(n)`.
+pub async fn serve_after(
+    delay: impl Fn(u32) -> std::time::Duration + Send + Sync + 'static,
+    answer: impl Fn(u32) -> http::Response<Body> + Send + Sync + 'static,
+) -> (SocketAddr, Arc<AtomicU32>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicU32::new(0));
+    let (answer, delay) = (Arc::new(answer), Arc::new(delay));
+    let counter = count.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (answer, delay, counter) = (answer.clone(), delay.clone(), counter.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let n = counter.fetch_add(1, Ordering::SeqCst);
+                    let (resp, wait) = (answer(n), delay(n));
+                    async move {
+                        tokio::time::sleep(wait).await;
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, count)
+}
+
 pub fn status(code: u16, headers: &[(&str, &str)]) -> http::Response<Body> {
     let mut b = http::Response::builder().status(code);
     for (k, v) in headers {
