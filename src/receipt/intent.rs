@@ -28,6 +28,10 @@ pub(super) struct Intent<St: ReceiptStore> {
     stage: Stage,
     /// Recorded by this call's `begin` (not taken over from a caller that may have sent it).
     fresh: bool,
+    /// In doubt after the send (an ambiguous failure, a drop), keep the lease running instead of
+    /// giving it up: the next attempt would read back, and a read-back must not run while the
+    /// request may still land.
+    hold: bool,
 }
 
 impl<St: ReceiptStore> Intent<St> {
@@ -39,7 +43,24 @@ impl<St: ReceiptStore> Intent<St> {
             owner,
             stage: Stage::Unsent,
             fresh: true,
+            hold: false,
         }
+    }
+
+    /// In doubt after the send, this intent keeps its lease until it passes (see `hold`).
+    pub(super) fn hold_lease_in_doubt(&mut self) {
+        self.hold = true;
+    }
+
+    /// Whether the lease is kept in doubt.
+    pub(super) fn holds_lease(&self) -> bool {
+        self.hold
+    }
+
+    /// Keeps the intent with its lease running: the outcome is unknown, and nothing decides on
+    /// it until the lease has passed.
+    pub(super) fn keep(mut self) {
+        self.stage = Stage::Settled;
     }
 
     pub(super) fn owner(&self) -> &str {
@@ -115,6 +136,11 @@ impl<St: ReceiptStore> Drop for Intent<St> {
     fn drop(&mut self) {
         let sent = match self.stage {
             Stage::Settled => return,
+            Stage::Sent if self.hold => {
+                // Dropped after the send, in doubt: the lease runs out on its own.
+                crate::telemetry::receipt_outcome("cancelled_after_send");
+                return;
+            }
             Stage::Sent => true,
             Stage::Unsent => false,
         };

@@ -77,7 +77,9 @@ impl<St, F> ReceiptLayer<St, F> {
 impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     /// How long a call may be in flight before its intent counts as abandoned (a crash), and how
     /// long to wait for a parallel duplicate's receipt before answering `in_progress`. The lease
-    /// must be at least 1 ms and at most one day, the wait at most one hour.
+    /// must be at least 1 ms and at most one day, the wait at most one hour. With a
+    /// [`read_back`](Self::read_back), the lease must also outlast the provider's in-flight time:
+    /// a read-back runs only once it has passed.
     pub fn timing(mut self, lease: Duration, wait: Duration) -> Result<Self, ConfigError> {
         if lease < Duration::from_millis(1) || lease > Duration::from_secs(24 * 3600) {
             return Err(ConfigError::new(
@@ -157,7 +159,12 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
 
     /// Declares a read-back for a write no key protects (an unkeyed write, or a keyed one older
     /// than the key window). It runs only with [`Consistency::Immediate`] and only once the
-    /// crashed call's lease has passed.
+    /// lease of the last attempt has passed: after a crash, and after an ambiguous failure or a
+    /// dropped call too (whose lease is then kept running, not given up), because a request
+    /// still in flight can land after a read-back that found nothing. **Set the lease
+    /// ([`timing`](Self::timing)) longer than the provider's longest in-flight time** (its
+    /// request timeout, or your client's, plus a margin): that bound is what makes "absent" mean
+    /// "safe to send".
     pub fn read_back<RB2>(
         self,
         read_back: RB2,

@@ -30,7 +30,12 @@
 //! **What a failure means for the intent.** A success (or an empty answer) stores the receipt;
 //! if the receipt cannot be stored, the lease is given up so the next attempt decides at once. A
 //! failure that provably did not take effect (refused, a rejected argument) removes the intent.
-//! An ambiguous failure keeps it and gives up its lease. HTTP 503 is ambiguous: a proxy in front
+//! An ambiguous failure keeps it and gives up its lease, so the next attempt decides at once;
+//! except where that attempt would read back (an unkeyed write with a read-back declared, a
+//! keyed one older than the key window): there the lease runs out first, so no read-back runs
+//! while the request may still land (found by `examples/episodes`: a parallel duplicate read
+//! back the moment the first attempt timed out, and the first attempt's late commit landed
+//! after its resend). HTTP 503 is ambiguous: a proxy in front
 //! of the provider answers it after an upstream reset on a request it had forwarded (see
 //! [`HttpClassifier`](crate::classify::HttpClassifier); a provider documented to mean "not
 //! processed" by it is declared with [`NotProcessed`](crate::classify::NotProcessed)). A call

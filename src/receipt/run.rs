@@ -144,7 +144,7 @@ where
                 Begin::Fresh => {
                     counted("fresh");
                     tracing::debug!(key = %key, "intent recorded; executing");
-                    return self.execute(intent, req, false).await;
+                    return self.execute(intent, req, false, 0).await;
                 }
                 Begin::Mismatch => {
                     intent.disown();
@@ -190,11 +190,11 @@ where
                 }
                 if intent.claim(settings.lease).await.map_err(store_down)? {
                     if let Stale::ReadBack = next {
-                        return self.read_back(intent, req).await;
+                        return self.read_back(intent, req, age_ms).await;
                     }
                     counted("resumed_with_key");
                     tracing::info!(key = %key, "pending intent without receipt; executing again with the same key");
-                    return self.execute(intent, req, true).await;
+                    return self.execute(intent, req, true, age_ms).await;
                 }
                 // Another caller took it over first: wait for its receipt like any duplicate.
             }
@@ -213,7 +213,12 @@ where
 
     /// A stale intent this call has claimed, of a write no key protects, with a consistent
     /// read-back declared.
-    async fn read_back(self, intent: Intent<St>, req: Req) -> Result<S::Response, BoxError> {
+    async fn read_back(
+        self,
+        intent: Intent<St>,
+        req: Req,
+        age_ms: u64,
+    ) -> Result<S::Response, BoxError> {
         let key = self.action.key().clone();
         match self.shared.read_back.read_back(&req).await {
             ReadBackResult::Found(res) => {
@@ -230,7 +235,7 @@ where
             ReadBackResult::Absent => {
                 counted("read_back_absent");
                 tracing::info!(key = %key, "read-back found no effect; executing");
-                self.execute(intent, req, true).await
+                self.execute(intent, req, true, age_ms).await
             }
             ReadBackResult::Unknown => {
                 intent.release().await;
@@ -246,12 +251,21 @@ where
 
     /// Sends the request (driving the inner service ready first: a call answered from the store
     /// never waits for, or spends, the readiness of what is below), then settles the intent.
+    ///
+    /// `age_ms` is the intent's age when this call took it (0 for a fresh one): if a later
+    /// attempt would settle a doubt about this one by a read-back, the lease is kept running
+    /// after an ambiguous failure (or a drop), so the read-back cannot run while the request may
+    /// still land at the provider.
     async fn execute(
         mut self,
         mut intent: Intent<St>,
         req: Req,
         resumed: bool,
+        age_ms: u64,
     ) -> Result<S::Response, BoxError> {
+        if let Stale::ReadBack = stale(&self.shared.settings, age_ms) {
+            intent.hold_lease_in_doubt();
+        }
         let key = self.action.key().clone();
         if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
             // Never sent: forget the intent (keep one taken over, lease given up).
@@ -279,11 +293,19 @@ where
                 Err(e) => not_stored(intent, &key, e.to_string()).await,
             },
             (_, Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty) => {
-                // It may have taken effect: keep the intent, give up the lease.
-                if intent.release().await {
+                if intent.holds_lease() {
+                    // It may have taken effect, and may still: the next attempt reads back, so
+                    // the lease runs out first (it outlasts the provider's in-flight time).
+                    intent.keep();
                     counted("left_pending");
+                    tracing::info!(key = %key, "ambiguous failure; the intent stays pending, its lease running until a read-back is safe");
+                } else {
+                    // It may have taken effect: keep the intent, give up the lease.
+                    if intent.release().await {
+                        counted("left_pending");
+                    }
+                    tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
                 }
-                tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
             }
             _ => {
                 // This call did not take effect: forget the intent, so a later call starts
