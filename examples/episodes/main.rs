@@ -130,7 +130,7 @@ fn line(policy: Policy, seed: u64, s: &Stats) -> String {
         "escalated_rate": s.rate(s.escalated),
         "failed_rate": s.rate(s.failed),
         "calls_per_episode": s.provider_calls as f64 / f64::from(s.episodes),
-        "retries_per_episode": s.provider_calls.saturating_sub(s.step_calls) as f64 / f64::from(s.episodes),
+        "retries_per_episode": s.repeats as f64 / f64::from(s.episodes),
         "escalations": escalations,
         "faults": s.faults,
     })
@@ -163,7 +163,7 @@ fn table(rows: &[(Policy, Stats)], seed: u64, wall: std::time::Duration) {
             100.0 * s.rate(s.escalated),
             100.0 * s.rate(s.failed),
             s.provider_calls as f64 / f64::from(s.episodes),
-            s.provider_calls.saturating_sub(s.step_calls) as f64 / f64::from(s.episodes),
+            s.repeats as f64 / f64::from(s.episodes),
         );
     }
     println!("\nseed {seed}, {:.1} s", wall.as_secs_f64());

@@ -155,16 +155,16 @@ pub struct Faults {
 impl Default for Faults {
     fn default() -> Self {
         Faults {
-            throttle: 0.04,
-            refuse_503: 0.02,
-            done_503: 0.02,
-            timeout_committed: 0.03,
-            timeout_lost: 0.02,
-            late_commit: 0.03,
+            throttle: 0.03,
+            refuse_503: 0.01,
+            done_503: 0.01,
+            timeout_committed: 0.015,
+            timeout_lost: 0.01,
+            late_commit: 0.015,
             crash: 0.08,
             resume_after_window: 0.1,
-            reissue: 0.1,
-            parallel: 0.05,
+            reissue: 0.05,
+            parallel: 0.02,
             in_flight: Duration::from_secs(2),
             log_lag: Duration::from_secs(3),
             clock_skew: Duration::from_secs(5),
@@ -222,6 +222,8 @@ struct State {
     attempts: HashMap<EffectId, u32>,
     /// Calls received.
     calls: u64,
+    /// Actions called at least once (the rest of the calls are retries and repeats).
+    seen: std::collections::HashSet<EffectId>,
     /// Fates drawn, by kind.
     fates: HashMap<Fate, u64>,
     /// Set by a `Crash` fate: the process dies now.
@@ -312,6 +314,12 @@ impl Provider {
         self.state.lock().unwrap().calls
     }
 
+    /// Calls beyond the first for each action: retries, resends and repeats.
+    pub fn repeats(&self) -> u64 {
+        let s = self.state.lock().unwrap();
+        s.calls - s.seen.len() as u64
+    }
+
     pub fn fates(&self) -> HashMap<Fate, u64> {
         self.state.lock().unwrap().fates.clone()
     }
@@ -383,6 +391,7 @@ impl Service<Call> for Provider {
         let now = Instant::now();
         let mut s = self.state.lock().unwrap();
         s.calls += 1;
+        s.seen.insert(call.effect);
         Self::settle(&mut s, now);
         // A key the provider remembers answers from its table (Stripe's semantics); one still
         // in flight is a 409.

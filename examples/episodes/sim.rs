@@ -79,8 +79,8 @@ const WAIT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 enum StepEnd {
     Done,
-    /// The run stops and asks a human: code and hint.
-    Escalated(ErrorCode, String),
+    /// The run stops and asks a human: why (code, tool, when) and the error's hint.
+    Escalated(String, String),
     /// The run gives up on the step and reports failure.
     Failed,
 }
@@ -96,9 +96,11 @@ pub struct Stats {
     pub escalated: u32,
     pub failed: u32,
     pub provider_calls: u64,
+    /// Provider calls beyond the first of each action.
+    pub repeats: u64,
     pub step_calls: u64,
-    /// Why runs were escalated: error code -> count (one hint kept for each).
-    pub escalations: BTreeMap<&'static str, (u32, String)>,
+    /// Why runs were escalated: "code: tool, when" -> count, and the hint the error carried.
+    pub escalations: BTreeMap<String, (u32, String)>,
     /// Which faults fired: fates drawn, crashes, reissues, parallel duplicates, resumes after
     /// the key window, resumes on the other worker's clock.
     pub faults: BTreeMap<String, u64>,
@@ -299,19 +301,31 @@ pub async fn run(
             StepEnd::Done => {}
             StepEnd::Escalated(code, hint) => {
                 stats.escalated += 1;
-                let entry = stats.escalations.entry(code.as_str()).or_insert((0, hint));
+                let entry = stats.escalations.entry(code).or_insert((0, hint));
                 entry.0 += 1;
             }
             StepEnd::Failed => stats.failed += 1,
         }
     }
     stats.provider_calls = provider.calls();
+    stats.repeats = provider.repeats();
     for (fate, n) in provider.fates() {
         if fate != Fate::Ok {
             stats.faults.insert(format!("{fate:?}"), n);
         }
     }
     stats
+}
+
+/// When a crashed run came back.
+#[derive(Clone, Copy)]
+enum Resume {
+    /// Within the receipt lease (a supervisor restarted it at once).
+    Soon,
+    /// After the lease, within the provider's key window.
+    Later,
+    /// After the provider's key window (25 h).
+    AfterKeyWindow,
 }
 
 struct Episode {
@@ -372,6 +386,7 @@ impl Episode {
         // When this run (on the worker that crashed) last sent each step, by its own clock.
         let mut sent_at: [Option<Instant>; 6] = [None; 6];
         let mut resumed = false;
+        let mut resume = None;
         let mut skew = Duration::ZERO;
         while usize::from(checkpoint) < STEPS.len() {
             let step = checkpoint;
@@ -394,17 +409,21 @@ impl Episode {
             let Some(end) = outcome else {
                 // Resume: soon (a supervisor restarts it), later, or after the key window.
                 let r = self.roll(0x5E5, step);
-                let delay = if self.roll(0xD1D, step) < self.faults.resume_after_window {
+                let (delay, kind) = if self.roll(0xD1D, step) < self.faults.resume_after_window {
                     *stats
                         .faults
                         .entry("resume_after_key_window".into())
                         .or_default() += 1;
-                    Duration::from_secs(25 * 3600)
+                    (Duration::from_secs(25 * 3600), Resume::AfterKeyWindow)
                 } else if r < 0.5 {
-                    Duration::from_millis(200 + (r * 3600.0) as u64)
+                    (
+                        Duration::from_millis(200 + (r * 3600.0) as u64),
+                        Resume::Soon,
+                    )
                 } else {
-                    Duration::from_secs(5 + (r * 55.0) as u64)
+                    (Duration::from_secs(5 + (r * 55.0) as u64), Resume::Later)
                 };
+                resume = Some(kind);
                 tokio::time::sleep(delay).await;
                 generation += 1;
                 if self.policy.stormguard() {
@@ -429,8 +448,19 @@ impl Episode {
                 StepEnd::Done => {
                     checkpoint += 1;
                     resumed = false;
+                    resume = None;
                 }
-                other => return other,
+                StepEnd::Escalated(code, hint) => {
+                    let (tool, ..) = STEPS[usize::from(step)];
+                    let when = match resume {
+                        None => "first run",
+                        Some(Resume::Soon) => "resumed within the lease",
+                        Some(Resume::Later) => "resumed after the lease",
+                        Some(Resume::AfterKeyWindow) => "resumed after the key window",
+                    };
+                    return StepEnd::Escalated(format!("{code}: {tool}, {when}"), hint);
+                }
+                StepEnd::Failed => return StepEnd::Failed,
             }
         }
         StepEnd::Done
@@ -556,7 +586,7 @@ impl Episode {
                     | ErrorCode::ReceiptExpired
                     | ErrorCode::IdempotencyKeyReused
                     | ErrorCode::MissingIdempotencyKey => {
-                        StepEnd::Escalated(err.code(), err.hint().to_string())
+                        StepEnd::Escalated(err.code().as_str().to_string(), err.hint().to_string())
                     }
                     // Attempts or budget spent on a failure that did nothing: reported failure.
                     _ => StepEnd::Failed,
