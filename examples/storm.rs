@@ -49,6 +49,9 @@ use stormguard::classify::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
     NeverClassifyEos,
 };
+#[path = "common/pictures.rs"]
+mod pictures;
+
 use stormguard::hedge::HedgeLayer;
 use stormguard::retry::RetryLayer;
 use stormguard::ToolError;
@@ -94,6 +97,8 @@ struct DepState {
     start: Instant,
     /// When the first call after healing succeeded, from the start.
     first_success_after_heal: Option<Duration>,
+    /// Calls in each second from the start.
+    per_second: Vec<u64>,
 }
 
 impl Dependency {
@@ -105,6 +110,7 @@ impl Dependency {
                 per_op: HashMap::new(),
                 start: Instant::now(),
                 first_success_after_heal: None,
+                per_second: Vec::new(),
             })),
         }
     }
@@ -120,6 +126,10 @@ impl Dependency {
             (Failing::Brownout { outage, .. }, Some(at)) => Some(at - outage),
             _ => None,
         }
+    }
+
+    fn per_second(&self) -> Vec<u64> {
+        self.state.lock().unwrap().per_second.clone()
     }
 
     fn max_per_op(&self) -> u32 {
@@ -148,6 +158,11 @@ impl Service<u64> for Dependency {
     fn call(&mut self, op: u64) -> Self::Future {
         let mut s = self.state.lock().unwrap();
         s.calls += 1;
+        let second = s.start.elapsed().as_secs() as usize;
+        if s.per_second.len() <= second {
+            s.per_second.resize(second + 1, 0);
+        }
+        s.per_second[second] += 1;
         let nth = s.per_op.entry(op).or_default();
         *nth += 1;
         // A call's fate is drawn from its operation and its attempt number, not from the order
@@ -461,6 +476,7 @@ fn fairness() -> Vec<Row> {
                 breaker_opens: 0,
                 recovery: None,
                 p99: None,
+                per_second: Vec::new(),
                 elapsed: wall.elapsed(),
             });
         }
@@ -488,6 +504,7 @@ fn fairness() -> Vec<Row> {
         breaker_opens: 0,
         recovery: None,
         p99: None,
+        per_second: Vec::new(),
         elapsed: wall.elapsed(),
     });
     rows
@@ -547,6 +564,8 @@ struct Row {
     recovery: Option<Duration>,
     /// The 99th percentile of the logical requests' latency (the `tail` scenario).
     p99: Option<Duration>,
+    /// Dependency calls in each second (the in-process scenarios).
+    per_second: Vec<u64>,
     elapsed: Duration,
 }
 
@@ -601,6 +620,7 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: dep.recovery(),
         p99: None,
+        per_second: dep.per_second(),
         elapsed: wall.elapsed(),
     }
 }
@@ -771,6 +791,7 @@ fn tail(stack: TailStack) -> Row {
         breaker_opens: 0,
         recovery: None,
         p99: Some(p99),
+        per_second: Vec::new(),
         elapsed: wall.elapsed(),
     }
 }
@@ -923,6 +944,7 @@ fn outage_http(stack: Stack) -> Row {
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: None,
         p99: None,
+        per_second: Vec::new(),
         elapsed: wall.elapsed(),
     }
 }
@@ -945,10 +967,18 @@ fn main() {
     let json = args.iter().any(|a| a == "--json");
     // `--scenario NAME` (repeatable) runs only those scenarios.
     let mut only = Vec::new();
+    let mut svg = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--json" => {}
+            "--svg" => match it.next() {
+                Some(dir) => svg = Some(std::path::PathBuf::from(dir)),
+                None => {
+                    eprintln!("storm: --svg takes a directory");
+                    std::process::exit(2);
+                }
+            },
             "--scenario" => match it.next() {
                 Some(name) if SCENARIOS.contains(&name.as_str()) && !name.is_empty() => {
                     only.push(name.clone())
@@ -962,7 +992,9 @@ fn main() {
                 }
             },
             other => {
-                eprintln!("storm: unknown argument {other:?} (use --json, --scenario NAME)");
+                eprintln!(
+                    "storm: unknown argument {other:?} (use --json, --scenario NAME, --svg DIR)"
+                );
                 std::process::exit(2);
             }
         }
@@ -1055,6 +1087,45 @@ fn main() {
     if wanted("fairness") {
         for row in fairness() {
             emit(row);
+        }
+    }
+    if let Some(dir) = &svg {
+        // Dependency calls per second, for the stacks the README pictures compare.
+        let pick = |scenario: &str, rate: f64| -> Vec<pictures::Series> {
+            rows.iter()
+                .filter(|r| r.scenario == scenario && r.rate == rate && !r.per_second.is_empty())
+                .filter(|r| {
+                    matches!(
+                        r.stack,
+                        "tower-nested" | "stormguard-nested" | "stormguard-breaker"
+                    )
+                })
+                .map(|r| pictures::Series {
+                    stack: r.stack,
+                    per_second: r.per_second.clone(),
+                })
+                .collect()
+        };
+        for (scenario, file, title) in [
+            (
+                "outage",
+                "storm-outage.svg",
+                "Outage at 100 requests/s: dependency calls per second",
+            ),
+            (
+                "brownout",
+                "storm-brownout.svg",
+                "Brownout at 100 requests/s (down 20 s, 30 % failing 40 s, healthy 60 s)",
+            ),
+        ] {
+            let series = pick(scenario, 100.0);
+            if series.is_empty() {
+                continue;
+            }
+            if let Err(e) = pictures::calls_per_second(dir, file, title, &series) {
+                eprintln!("storm: writing {file} failed: {e}");
+                std::process::exit(1);
+            }
         }
     }
     if !json {

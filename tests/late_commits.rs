@@ -89,16 +89,16 @@ fn action(p: &Post) -> Result<Action, stormguard::key::KeyError> {
     Action::new("run-1", "step-4", "post_ticket", &p.ticket)
 }
 
-fn layer(
-    store: &InMemoryStore,
-    log: Log,
-) -> ReceiptLayer<
+type ActionFn = fn(&Post) -> Result<Action, stormguard::key::KeyError>;
+type Tool = ReceiptLayer<
     InMemoryStore,
-    fn(&Post) -> Result<Action, stormguard::key::KeyError>,
+    ActionFn,
     stormguard::classify::DefaultClassifier,
     stormguard::receipt::JsonCodec,
     Log,
-> {
+>;
+
+fn layer(store: &InMemoryStore, log: Log) -> Tool {
     ReceiptLayer::new(
         store.clone(),
         ToolClass::UnkeyedWrite,

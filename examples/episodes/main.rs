@@ -20,12 +20,12 @@
 //! run handle per episode), `ReceiptLayer` on an `InMemoryStore` whose clock is the simulated
 //! one (or SQLite files with `--sqlite DIR`), a `CircuitBreaker` per tool.
 
+#[path = "../common/pictures.rs"]
+mod pictures;
 #[path = "provider.rs"]
 mod provider;
 #[path = "sim.rs"]
 mod sim;
-#[path = "svg.rs"]
-mod svg;
 
 use provider::Faults;
 use sim::{Policy, Stats};
@@ -86,7 +86,17 @@ fn main() {
         table(&rows, seed, wall.elapsed());
     }
     if let Some(dir) = svg_dir {
-        if let Err(e) = svg::rates(&dir, &rows) {
+        let rates: Vec<pictures::Rates> = rows
+            .iter()
+            .map(|(p, s)| pictures::Rates {
+                policy: p.name(),
+                episodes: s.episodes,
+                duplicated: s.rate(s.episodes_duplicated),
+                silent: s.rate(s.silent_duplicates),
+                escalated: s.rate(s.escalated),
+            })
+            .collect();
+        if let Err(e) = pictures::rates(&dir, &rates) {
             eprintln!("episodes: writing the pictures failed: {e}");
             std::process::exit(1);
         }
