@@ -236,7 +236,11 @@ pub async fn run(
         .iter()
         .map(|(tool, ..)| Breaker::new(*tool, BreakerConfig::default()))
         .collect();
-    let budget = RetryBudget::default();
+    // The default settings, with the run's seed for the backoff jitter: runs repeat exactly.
+    let budget = RetryBudget::builder()
+        .seed(seed)
+        .build()
+        .expect("defaults are valid");
     let mut stats = Stats::default();
     let sqlite_path = sqlite.map(|dir| dir.join(format!("{}-{seed}.db", policy.name())));
     if let Some(path) = &sqlite_path {
