@@ -622,3 +622,43 @@ async fn streams_that_end_ok_or_are_dropped_never_trip_the_breaker() {
     }
     assert_eq!(breaker.opens(), 1);
 }
+
+#[tokio::test]
+async fn an_open_circuit_below_the_tonic_client_reaches_the_retry_retryable_with_its_delay() {
+    // Outside review: through tonic's client the rejection arrives as a `Status` whose source is
+    // the breaker's `ToolError`; the Retry used to rebuild it as non-retryable, without its delay.
+    let (billing, channel) = serve(|_| Answer::Refuse(Status::unavailable("down"))).await;
+    let breaker = Breaker::new(
+        "billing",
+        BreakerConfig::builder()
+            .consecutive_failures(1)
+            .no_failure_rate()
+            .build()
+            .unwrap(),
+    );
+    let guarded = ServiceBuilder::new()
+        .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(GrpcClassifier))
+        .map_err(tower::BoxError::from)
+        .service(channel);
+    let client = tower::service_fn(move |req: Call| {
+        let mut grpc = tonic::client::Grpc::new(guarded.clone());
+        async move {
+            grpc.ready().await.map_err(Status::from_error)?;
+            let path = http::uri::PathAndQuery::from_static(PATH);
+            grpc.unary(req, path, ProstCodec::<SendInvoice, Sent>::default())
+                .await
+        }
+    });
+    let mut svc = ServiceBuilder::new()
+        .layer(retry(ToolClass::Read, &RetryBudget::default()))
+        .service(client);
+    // One UNAVAILABLE opens it; the retry meets the open circuit.
+    let err = call(&mut svc, invoice(1, "")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(billing.calls(), 1);
+    let err = call(&mut svc, invoice(1, "")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert!(err.retryable(), "an open circuit is retryable later");
+    assert!(err.retry_after().is_some_and(|d| d > Duration::ZERO));
+    assert_eq!(billing.calls(), 1, "nothing reached the server");
+}

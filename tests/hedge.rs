@@ -9,7 +9,7 @@ use stormguard::class::ToolClass;
 use stormguard::hedge::HedgeLayer;
 use stormguard::retry::{Replay, RetryLayer};
 use tokio::time::Instant;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 /// A dependency whose n-th call (0-based) waits `script(n).0` ms and then answers, failing if
 /// `script(n).1`; counts calls, and calls dropped before they answered.
@@ -226,8 +226,16 @@ async fn a_spent_budget_sends_no_hedge() {
 async fn a_failure_before_the_delay_is_answered_at_once() {
     let dep = Dep::new(|_| (5, true));
     let budget = RetryBudget::default();
-    // Alone, without a Retry: the failure comes back after 5 ms, with no hedge after it.
+    // Under a Retry that gives no second attempt: the failure comes back after 5 ms, with no
+    // hedge after it.
+    let one = ToolClass::Read
+        .policy()
+        .into_builder()
+        .max_attempts(1)
+        .build()
+        .unwrap();
     let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(one))
         .layer(hedge(&budget, 30))
         .service(dep.clone());
     let start = Instant::now();
@@ -253,13 +261,47 @@ async fn a_failed_attempt_waits_for_the_other_one() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn alone_a_call_has_at_most_two_attempts() {
+async fn without_an_operation_in_sight_nothing_is_hedged() {
+    // Alone: the class is unknown, so nothing is hedged.
     let dep = Dep::new(|_| (1_000, false));
     let budget = RetryBudget::default();
     let mut svc = ServiceBuilder::new()
         .layer(hedge(&budget, 10))
         .service(dep.clone());
     svc.ready().await.unwrap().call(1).await.unwrap();
+    assert_eq!(dep.calls(), 1);
+    // Behind a spawn that did not carry the operation (outside review): an unkeyed write above
+    // is never sent twice.
+    let dep = Dep::new(|_| (1_000, false));
+    let hedged = hedge(&budget, 10).layer(dep.clone());
+    let tool = tower::service_fn(move |r: u32| {
+        let mut h = hedged.clone();
+        async move {
+            tokio::spawn(async move { h.ready().await?.call(r).await })
+                .await
+                .unwrap()
+        }
+    });
+    let mut send = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .service(tool);
+    send.ready().await.unwrap().call(1).await.unwrap();
+    assert_eq!(dep.calls(), 1);
+    // With the operation carried across the spawn, a read is hedged.
+    let dep = Dep::new(|_| (1_000, false));
+    let hedged = hedge(&budget, 10).layer(dep.clone());
+    let tool = tower::service_fn(move |r: u32| {
+        let mut h = hedged.clone();
+        async move {
+            let carried =
+                stormguard::operation::carry(async move { h.ready().await?.call(r).await });
+            tokio::spawn(carried).await.unwrap()
+        }
+    });
+    let mut read = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(tool);
+    read.ready().await.unwrap().call(1).await.unwrap();
     assert_eq!(dep.calls(), 2);
     assert_eq!(dep.cancelled(), 1);
 }

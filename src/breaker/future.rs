@@ -1,7 +1,7 @@
 //! [`ResponseFuture`]: one call through the breaker, with its outcome recorded on completion.
 
 use super::policy::{Count, CountPolicy};
-use super::state::{Admission, Breaker};
+use super::state::{Admission, Admit, Breaker};
 use crate::classify::{Classification, ClassifiedResponse, Classify, StreamEnd, WatchStream};
 use crate::error::{BoxError, ToolError};
 use pin_project_lite::pin_project;
@@ -91,6 +91,29 @@ impl Ticket {
     /// A ticket that holds nothing, left behind when the real one goes with a stream.
     fn settled(from: &Ticket) -> Ticket {
         Ticket::new(from.breaker.clone(), Admission::rejected(0))
+    }
+
+    fn is_trial(&self) -> bool {
+        matches!(self.admission.view(), Admit::Trial(_))
+    }
+
+    /// A half-open trial whose answer is a stream is judged at its head: the dependency
+    /// answered (in time: the trial timeout bounds the wait for the head, not the stream, which
+    /// may rightly last minutes). Its end is then counted like any call's, with a ticket of the
+    /// state the trial left (nothing, unless the breaker closed).
+    fn stream_trial_answered(&mut self, slow: bool) -> Ticket {
+        self.record(if slow { Count::Failure } else { Count::Success });
+        let breaker = self.breaker.clone();
+        let admission = breaker.admit();
+        match admission.view() {
+            Admit::Closed(_) => Ticket::new(breaker, admission),
+            Admit::Trial(_) => {
+                // Still half-open (more trials needed): the end says nothing more.
+                breaker.release(admission);
+                Ticket::settled(self)
+            }
+            Admit::Rejected(_) => Ticket::settled(self),
+        }
     }
 }
 
@@ -183,7 +206,11 @@ where
                     (Ok(res), Some(eos)) => {
                         // The verdict comes at the end of the stream: the ticket goes with it.
                         let slow = ticket.slow();
-                        let ticket = std::mem::replace(ticket, Ticket::settled(ticket));
+                        let ticket = if ticket.is_trial() {
+                            ticket.stream_trial_answered(slow)
+                        } else {
+                            std::mem::replace(ticket, Ticket::settled(ticket))
+                        };
                         Ok(eos.watch(
                             res,
                             StreamTicket {

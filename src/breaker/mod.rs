@@ -107,8 +107,10 @@
 //! the response on with its body wrapped in a
 //! [`ClassifiedBody`](crate::classify::ClassifiedBody) that carries the call's
 //! [`StreamTicket`]: the trailers' status is counted when the caller reads the stream to its
-//! end (a trial settles the breaker's state then); a stream dropped before its end counts as
-//! nothing and gives a trial permit back. The slow-call rule times the head. A classifier that
+//! end; a stream dropped before its end counts as nothing. A half-open trial whose answer is a
+//! stream is judged at its head (the dependency answered; `trial_timeout` bounds the wait for
+//! the head, not the stream, which may rightly last minutes), and its end is then counted like
+//! any call's. The slow-call rule times the head. A classifier that
 //! decides at the head ([`NeverClassifyEos`](crate::classify::NeverClassifyEos), every stock one
 //! but `GrpcClassifier`) leaves the response as it is: the breaker's `Response` is the inner
 //! service's.

@@ -207,6 +207,10 @@ impl<B> WatchStream<Response<B>> for GrpcEos {
 /// a [`Retry`](crate::retry::Retry) hands it to the caller as committed (gRFC A6: once the head
 /// has arrived, a call is not retried).
 ///
+/// Over a tonic `Channel`, box the channel's error under the breaker
+/// (`ServiceBuilder::new().layer(breaker).map_err(tower::BoxError::from).service(channel)`): the
+/// classifier reads errors as [`AsDynError`], which `tonic::transport::Error` is not.
+///
 /// ```
 /// use stormguard::classify::{ClassifiedResponse, Classify, GrpcClassifier, FailureClass};
 ///

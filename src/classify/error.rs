@@ -6,8 +6,12 @@ use std::io;
 /// Gives a classifier the real error, so it can walk `source()` and downcast.
 ///
 /// Implemented for tower's [`BoxError`], [`std::io::Error`], [`ToolError`], tower's and tokio's
-/// `Elapsed`, `tonic::Status` (feature `tonic`), and [`std::convert::Infallible`]. Implement it
-/// for your own error type in one line:
+/// `Elapsed`, `tonic::Status` (feature `tonic`), `http::Error`, `reqwest::Error` (feature
+/// `reqwest`) and [`std::convert::Infallible`]. (It cannot be one blanket impl for every
+/// `Error` type: that would overlap the one for `BoxError`.) For another crate's error type
+/// (`tonic::transport::Error`, hyper-util's client error), box it under the classifying layer:
+/// `ServiceBuilder::new().layer(classifying).map_err(tower::BoxError::from).service(client)`.
+/// Implement it for your own error type in one line:
 ///
 /// ```
 /// use stormguard::classify::AsDynError;

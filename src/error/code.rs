@@ -57,6 +57,9 @@ pub enum ErrorCode {
     ReceiptExpired,
     /// The receipt store could not record the intent, so nothing was executed.
     StoreUnavailable,
+    /// The account's quota or credit is used up (OpenAI's `insufficient_quota`, a 429 that no
+    /// wait fixes): nothing helps until billing or limits change.
+    QuotaExhausted,
 }
 
 impl ErrorCode {
@@ -70,7 +73,7 @@ impl ErrorCode {
     ///     assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
     /// }
     /// ```
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::RateLimited,
         ErrorCode::Unavailable,
         ErrorCode::Timeout,
@@ -92,6 +95,7 @@ impl ErrorCode {
         ErrorCode::InProgress,
         ErrorCode::ReceiptExpired,
         ErrorCode::StoreUnavailable,
+        ErrorCode::QuotaExhausted,
     ];
 
     /// The stable snake_case string.
@@ -118,6 +122,7 @@ impl ErrorCode {
             ErrorCode::InProgress => "in_progress",
             ErrorCode::ReceiptExpired => "receipt_expired",
             ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::QuotaExhausted => "quota_exhausted",
         }
     }
 
@@ -203,6 +208,9 @@ impl ErrorCode {
             }
             ErrorCode::StoreUnavailable => {
                 "the receipt store could not record the intent, so nothing was executed; retry later"
+            }
+            ErrorCode::QuotaExhausted => {
+                "the account's quota or credit is used up; waiting or retrying will not help until billing or limits change; tell the user"
             }
         }
     }

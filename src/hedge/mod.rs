@@ -10,7 +10,13 @@
 //!   even copied.
 //! - **Inside the operation's attempts.** The hedge is an attempt in the operation's ledger:
 //!   with `max_attempts` 3, a hedged call that fails twice leaves the `Retry` above one more
-//!   attempt, never a fourth. Alone (no `Retry` above) a call has at most two attempts.
+//!   attempt, never a fourth.
+//! - **Only where the operation is seen.** Without a stormguard `Retry` above it on the same
+//!   task, the hedge cannot know the call's class, and a write must never go twice: nothing is
+//!   hedged (counted as `no_operation`). Across a `tokio::spawn`, wrap the spawned future in
+//!   [`carry`](crate::operation::carry); across a `Buffer`, put
+//!   [`AttachLayer`](crate::operation::AttachLayer) above it and
+//!   [`AdoptLayer`](crate::operation::AdoptLayer) below.
 //! - **From the same budget.** Each hedge withdraws one retry from the [`RetryBudget`] the
 //!   layers share; when it refuses, the first attempt goes on alone. In an outage, where the
 //!   budget is spent, hedging stops with the retries.
@@ -77,7 +83,7 @@
 //!
 //! `stormguard_hedge_total` (counter, labels `layer` and `event`: `sent`, `first_won`,
 //! `hedge_won`, and why a hedge did not go: `closed`, `not_read`, `attempts_spent`, `budget`,
-//! `not_ready`) and a DEBUG event for each hedge decision.
+//! `no_operation`, `not_ready`) and a DEBUG event for each hedge decision.
 
 mod decide;
 mod future;
@@ -350,9 +356,9 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let started = Instant::now();
         let shared = &self.shared;
-        // Copy the request only if a hedge may go: a delay is known, and the operation (if
-        // any) is a read.
-        let read = with_current(|op| op.class() == ToolClass::Read).unwrap_or(true);
+        // Copy the request only if a hedge may go: a delay is known, and the operation is in
+        // sight and a read (without one, the class is unknown: never hedged).
+        let read = with_current(|op| op.class() == ToolClass::Read).unwrap_or(false);
         let hedge = shared
             .fixed
             .or_else(|| shared.latencies.delay())

@@ -72,6 +72,25 @@ where
                 attempts = attempts.max(tool.attempts());
                 Some(tool as BoxError)
             }
+            Err(other) if why == GiveUp::ServerPushback => {
+                // The same, wrapped by a client on the way up (a tonic `Status` whose source is
+                // the breaker's rejection): its code, flag, hint and delay are the answer; the
+                // wrapper stays its source.
+                if let Some(tool) = tool_error_in(&*other) {
+                    let mut answer = ToolError::new(tool.code())
+                        .with_retryable(tool.retryable())
+                        .with_hint(tool.hint().to_string())
+                        .with_attempts(attempts.max(tool.attempts()));
+                    if let Some(class) = tool.class() {
+                        answer = answer.with_class(class);
+                    }
+                    if let Some(after) = tool.retry_after() {
+                        answer = answer.with_retry_after(after);
+                    }
+                    return answer.with_source(other);
+                }
+                Some(other)
+            }
             Err(other) => Some(other),
         },
         Ok(response) => kit
@@ -189,4 +208,16 @@ pub(super) fn hand_back<E: Into<BoxError>>(
             err
         }
     }
+}
+
+/// The first `ToolError` in an error's source chain.
+fn tool_error_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a ToolError> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if let Some(tool) = e.downcast_ref::<ToolError>() {
+            return Some(tool);
+        }
+        next = e.source();
+    }
+    None
 }
