@@ -433,3 +433,40 @@ async fn the_hedging_example_answers_a_hung_read_from_its_hedge() -> Result<(), 
     assert_eq!(calls.load(Ordering::SeqCst), 102, "the hung request and its hedge");
     Ok(())
 }
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Result<(), BoxError> {
+    use stormguard::classify::Classify;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    // Requests 0: OpenAI's insufficient_quota 429; 1, 2: Anthropic's 529; then 200.
+    let (addr, calls) = server::serve(|n| match n {
+        0 => http::Response::builder().status(429).body(Body::from(r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#)).unwrap(),
+        1 | 2 => http::Response::builder().status(529).body(Body::from(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#)).unwrap(),
+        _ => server::status(200, &[]),
+    })
+    .await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+
+    let mut model = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
+        // reads at most 16 KiB of an error body, for at most 2 s, and hands the body on whole
+        .layer(PeekErrorBodyLayer::new(16 * 1024, Duration::from_secs(2))?)
+        .service(http_client);
+
+    let ask = || http::Request::post("http://api.test/v1/messages").body(String::from("{}")).unwrap();
+    // A used-up quota: one request, handed back, and the error for the model says so.
+    let answer = model.ready().await?.call(ask()).await?;
+    assert_eq!(answer.status(), 429);
+    let error = Classify::<_, BoxError>::dependency_error(&ModelApiClassifier, &answer).unwrap();
+    assert_eq!((error.code(), error.retryable()), (ErrorCode::QuotaExhausted, false));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Overloaded twice, then an answer: retried with backoff.
+    let answer = model.ready().await?.call(ask()).await?;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    Ok(())
+}

@@ -40,6 +40,10 @@ mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "http")]
+mod model_api;
+#[cfg(feature = "http")]
+mod peek;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 mod retry_info;
@@ -52,6 +56,10 @@ pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
+#[cfg(feature = "http")]
+pub use model_api::ModelApiClassifier;
+#[cfg(feature = "http")]
+pub use peek::{ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekFuture, PeekedBody};
 #[cfg(feature = "reqwest")]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;

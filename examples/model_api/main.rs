@@ -13,6 +13,14 @@
 //! shared budget, which wait what the server asks (`Retry-After`, clamped) and hold each call to
 //! its 3 attempts across the three layers; `stormguard-quota` adds a client-side `QuotaLayer`
 //! under the retries (40 calls a second, bursts of 5), so calls are spaced before they are sent.
+//!
+//! Then the providers' own signals, one case per line (`provider`, `case`): OpenAI's
+//! `insufficient_quota` 429 (one request, `quota_exhausted`, not retryable) and its ordinary
+//! rate-limit 429 (retried), Anthropic's 529 `overloaded_error` (retried until it recovers),
+//! `x-should-retry: false` (one request), and `retry-after-ms` (the wait is the header's), through
+//! `ModelApiClassifier` over a `PeekErrorBodyLayer` (see `signals.rs`).
+
+mod signals;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -289,6 +297,10 @@ async fn main() {
             "stack", "logical", "requests", "429s", "per call", "success", "wall_ms"
         );
     }
+    let mut outcomes = Vec::new();
+    for (provider, case) in signals::CASES {
+        outcomes.push(signals::run_case(provider, case).await);
+    }
     for r in rows {
         let amplification = r.requests as f64 / r.logical as f64;
         let success = r.successes as f64 / r.logical as f64;
@@ -320,6 +332,28 @@ async fn main() {
             for (code, n) in &r.failures {
                 println!("{:<22} {n} failed with {code}", "");
             }
+        }
+    }
+    if !json {
+        println!(
+            "\n{:<10} {:<20} {:>8} {:>8} {:<18} {:>9} {:>9}",
+            "provider", "case", "requests", "error", "code", "retryable", "waited"
+        );
+    }
+    for o in &outcomes {
+        if json {
+            println!("{}", o.json());
+        } else {
+            println!(
+                "{:<10} {:<20} {:>8} {:>8} {:<18} {:>9} {:>9}",
+                o.provider.name(),
+                o.case,
+                o.requests,
+                o.is_error,
+                o.code.unwrap_or("-"),
+                o.retryable.map_or("-".to_string(), |r| r.to_string()),
+                o.waited_ms.map_or("-".to_string(), |ms| format!("{ms} ms")),
+            );
         }
     }
 }

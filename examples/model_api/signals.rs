@@ -1,0 +1,291 @@
+//! The model APIs' own retry signals, one case at a time, against a fake provider on 127.0.0.1:
+//! OpenAI's two 429s (a rate limit, and `insufficient_quota` in the body), Anthropic's 529
+//! "overloaded", `x-should-retry: false`, and `retry-after-ms`.
+//!
+//! The stack is what the README's "Guarding a model API" shows: a stormguard `Retry` with
+//! `ModelApiClassifier` over a `PeekErrorBodyLayer` (reads at most 64 KiB of an error body, for
+//! at most 2 s, and hands the body on whole) over hyper's client.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
+use stormguard::classify::{Classify, ModelApiClassifier, PeekErrorBodyLayer};
+use stormguard::retry::{HttpReplay, RetryLayer};
+use stormguard::ToolError;
+use tower::{Service, ServiceBuilder, ServiceExt};
+
+/// The provider whose error shapes a case uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    OpenAi,
+    Anthropic,
+}
+
+impl Provider {
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// The cases: (provider, case).
+pub const CASES: [(Provider, &str); 7] = [
+    (Provider::OpenAi, "insufficient_quota"),
+    (Provider::OpenAi, "rate_limited"),
+    (Provider::OpenAi, "should_retry_false"),
+    (Provider::OpenAi, "retry_after_ms"),
+    (Provider::Anthropic, "overloaded"),
+    (Provider::Anthropic, "should_retry_false"),
+    (Provider::Anthropic, "retry_after_ms"),
+];
+
+/// How long the `retry_after_ms` case asks to wait.
+pub const RETRY_AFTER_MS: u64 = 700;
+
+/// What one case did.
+#[derive(Debug)]
+pub struct Outcome {
+    pub provider: Provider,
+    pub case: &'static str,
+    /// Requests the provider received.
+    pub requests: usize,
+    pub is_error: bool,
+    pub code: Option<&'static str>,
+    pub retryable: Option<bool>,
+    /// The hint the caller (a model) gets.
+    pub hint: Option<String>,
+    /// For `retry_after_ms`: the time between the first and the second request.
+    pub waited_ms: Option<u64>,
+}
+
+impl Outcome {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "provider": self.provider.name(),
+            "case": self.case,
+            "requests": self.requests,
+            "is_error": self.is_error,
+            "code": self.code,
+            "retryable": self.retryable,
+            "hint": self.hint,
+            "waited_ms": self.waited_ms,
+            "asked_ms": (self.case == "retry_after_ms").then_some(RETRY_AFTER_MS),
+        })
+    }
+}
+
+fn json(
+    status: u16,
+    headers: &[(&str, String)],
+    body: &'static str,
+) -> http::Response<Full<Bytes>> {
+    let mut b = http::Response::builder()
+        .status(status)
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, v);
+    }
+    b.body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("response")
+}
+
+const OK_OPENAI: &str =
+    r#"{"id":"chatcmpl-1","choices":[{"message":{"role":"assistant","content":"ok"}}]}"#;
+const OK_ANTHROPIC: &str =
+    r#"{"id":"msg_1","type":"message","content":[{"type":"text","text":"ok"}]}"#;
+
+/// The provider's `n`-th answer (from 0) in `case`.
+fn answer(provider: Provider, case: &str, n: usize) -> http::Response<Full<Bytes>> {
+    let ok = match provider {
+        Provider::OpenAi => OK_OPENAI,
+        Provider::Anthropic => OK_ANTHROPIC,
+    };
+    match (provider, case, n) {
+        (Provider::OpenAi, "insufficient_quota", _) => json(
+            429,
+            &[],
+            r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#,
+        ),
+        (Provider::OpenAi, "rate_limited", 0) => json(
+            429,
+            &[("retry-after-ms", "20".into())],
+            r#"{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+        ),
+        (Provider::Anthropic, "overloaded", 0 | 1) => json(
+            529,
+            &[],
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        ),
+        (Provider::OpenAi, "should_retry_false", _) => json(
+            503,
+            &[("x-should-retry", "false".into())],
+            r#"{"error":{"message":"The server is shedding this request","type":"server_error","param":null,"code":null}}"#,
+        ),
+        (Provider::Anthropic, "should_retry_false", _) => json(
+            500,
+            &[("x-should-retry", "false".into())],
+            r#"{"type":"error","error":{"type":"api_error","message":"Internal server error"}}"#,
+        ),
+        (Provider::OpenAi, "retry_after_ms", 0) => json(
+            429,
+            &[
+                ("retry-after-ms", RETRY_AFTER_MS.to_string()),
+                ("retry-after", "5".into()),
+            ],
+            r#"{"error":{"message":"Rate limit reached for tokens","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#,
+        ),
+        (Provider::Anthropic, "retry_after_ms", 0) => json(
+            429,
+            &[
+                ("retry-after-ms", RETRY_AFTER_MS.to_string()),
+                ("retry-after", "5".into()),
+            ],
+            r#"{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}"#,
+        ),
+        _ => json(200, &[], ok),
+    }
+}
+
+/// Starts the provider for one case; returns its address and the times it received requests.
+async fn serve(
+    provider: Provider,
+    case: &'static str,
+) -> (std::net::SocketAddr, Arc<Mutex<Vec<Instant>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local addr");
+    let seen: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req: http::Request<_>| {
+                    let n = {
+                        let mut log = log.lock().expect("log");
+                        log.push(Instant::now());
+                        log.len() - 1
+                    };
+                    async move { Ok::<_, Infallible>(answer(provider, case, n)) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+type Req = http::Request<Full<Bytes>>;
+
+/// hyper's client as a `Clone` tower service (its error boxed, for the classifiers).
+#[derive(Clone)]
+pub struct HttpClient(Client<HttpConnector, Full<Bytes>>);
+
+impl HttpClient {
+    pub fn new() -> Self {
+        HttpClient(Client::builder(TokioExecutor::new()).build_http())
+    }
+}
+
+impl Service<Req> for HttpClient {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = tower::BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, tower::BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), tower::BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move { Ok(client.request(req).await?) })
+    }
+}
+
+/// Runs one case: one model call through the guarded stack.
+pub async fn run_case(provider: Provider, case: &'static str) -> Outcome {
+    let (addr, seen) = serve(provider, case).await;
+    let budget = RetryBudget::default();
+    let mut model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget)
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(PeekErrorBodyLayer::new(64 * 1024, Duration::from_secs(2)).expect("valid"))
+        .service(HttpClient::new());
+    let path = match provider {
+        Provider::OpenAi => "/v1/chat/completions",
+        Provider::Anthropic => "/v1/messages",
+    };
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"m","messages":[]}"#,
+        )))
+        .expect("request");
+    let result = model.ready().await.expect("ready").call(req).await;
+    let (is_error, code, retryable, hint) = match result {
+        Ok(resp) if resp.status().is_success() => {
+            // The body reaches the caller whole.
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert!(!body.is_empty());
+            (false, None, None, None)
+        }
+        Ok(resp) => {
+            // A failure no retry can help is handed back as the provider's answer; the tool
+            // turns it into the error the model sees, from what the classifier read.
+            let error =
+                Classify::<_, tower::BoxError>::dependency_error(&ModelApiClassifier, &resp)
+                    .expect("a failure");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert!(!body.is_empty(), "the peeked body is handed on whole");
+            (
+                true,
+                Some(error.code().as_str()),
+                Some(error.retryable()),
+                Some(error.hint().to_string()),
+            )
+        }
+        Err(e) => {
+            let tool: &ToolError = &e;
+            (
+                true,
+                Some(tool.code().as_str()),
+                Some(tool.retryable()),
+                Some(
+                    tool.cause()
+                        .map_or(tool.hint(), ToolError::hint)
+                        .to_string(),
+                ),
+            )
+        }
+    };
+    let times = seen.lock().expect("log").clone();
+    let waited_ms = (case == "retry_after_ms" && times.len() >= 2)
+        .then(|| (times[1] - times[0]).as_millis() as u64);
+    Outcome {
+        provider,
+        case,
+        requests: times.len(),
+        is_error,
+        code,
+        retryable,
+        hint,
+        waited_ms,
+    }
+}

@@ -1,0 +1,352 @@
+//! Reading an error response's body before it is classified, without taking it from the caller:
+//! [`PeekErrorBodyLayer`].
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// The most a peek may read (1 MiB).
+const MAX_LIMIT: usize = 1 << 20;
+
+/// What an error response's body said, as far as a model API's error shape tells (OpenAI:
+/// `{"error": {"type", "code", "message"}}`; Anthropic: `{"type": "error", "error": {"type",
+/// "message"}}`). Put in the response's extensions by [`PeekErrorBody`]; read by
+/// [`ModelApiClassifier`](super::ModelApiClassifier).
+///
+/// ```
+/// use stormguard::classify::ErrorBody;
+///
+/// let openai = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+/// let e = ErrorBody::parse(openai);
+/// assert_eq!(e.kind.as_deref(), Some("insufficient_quota"));
+/// assert_eq!(e.code.as_deref(), Some("insufficient_quota"));
+///
+/// let anthropic = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+/// assert_eq!(ErrorBody::parse(anthropic).kind.as_deref(), Some("overloaded_error"));
+/// assert_eq!(ErrorBody::parse(b"<html>502</html>"), ErrorBody::default());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// `error.type`.
+    pub kind: Option<String>,
+    /// `error.code` (a string, or a number written as text).
+    pub code: Option<String>,
+    /// `error.message`, cut to 300 characters.
+    pub message: Option<String>,
+    /// The body was longer than the peek's limit, or did not arrive within its timeout: what was
+    /// read is all that was parsed.
+    pub truncated: bool,
+}
+
+impl ErrorBody {
+    /// Reads the error shape from a body; fields it does not find are `None`.
+    pub fn parse(bytes: &[u8]) -> ErrorBody {
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+            return ErrorBody::default();
+        };
+        let Some(error) = value.get("error") else {
+            return ErrorBody::default();
+        };
+        let text = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        ErrorBody {
+            kind: error.get("type").and_then(text),
+            code: error.get("code").and_then(text),
+            message: error
+                .get("message")
+                .and_then(text)
+                .map(|m| m.chars().take(300).collect()),
+            truncated: false,
+        }
+    }
+
+    /// Whether `error.type` or `error.code` is `what`.
+    pub fn is(&self, what: &str) -> bool {
+        self.kind.as_deref() == Some(what) || self.code.as_deref() == Some(what)
+    }
+}
+
+/// Reads up to `limit` bytes of a non-2xx response's body (for at most `timeout`), parses it as
+/// an [`ErrorBody`] into the response's extensions, and hands the response on with the same body:
+/// the bytes read come first, then the rest of the original stream. A 2xx response passes
+/// through untouched and unread (no allocation, no copy).
+///
+/// Put it directly above the HTTP client, below the layers that classify (a `Retry`, a
+/// breaker with [`ModelApiClassifier`](super::ModelApiClassifier)).
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::PeekErrorBodyLayer;
+///
+/// let peek = PeekErrorBodyLayer::new(16 * 1024, Duration::from_secs(2))?;
+/// # let _ = peek;
+/// assert!(PeekErrorBodyLayer::new(0, Duration::from_secs(2)).is_err());
+/// assert!(PeekErrorBodyLayer::new(1024, Duration::ZERO).is_err());
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct PeekErrorBodyLayer {
+    limit: usize,
+    timeout: Duration,
+}
+
+impl PeekErrorBodyLayer {
+    /// Reads at most `limit` bytes (1 B to 1 MiB) of an error body, for at most `timeout` (1 ms to
+    /// 1 min).
+    pub fn new(limit: usize, timeout: Duration) -> Result<Self, crate::error::ConfigError> {
+        if !(1..=MAX_LIMIT).contains(&limit) {
+            return Err(crate::error::ConfigError::new(
+                "limit",
+                "must be between 1 byte and 1 MiB",
+            ));
+        }
+        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(60) {
+            return Err(crate::error::ConfigError::new(
+                "timeout",
+                "must be between 1 ms and 1 minute",
+            ));
+        }
+        Ok(PeekErrorBodyLayer { limit, timeout })
+    }
+}
+
+impl<S> Layer<S> for PeekErrorBodyLayer {
+    type Service = PeekErrorBody<S>;
+
+    fn layer(&self, inner: S) -> PeekErrorBody<S> {
+        PeekErrorBody {
+            inner,
+            limit: self.limit,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// The service [`PeekErrorBodyLayer`] makes.
+#[derive(Clone, Debug)]
+pub struct PeekErrorBody<S> {
+    inner: S,
+    limit: usize,
+    timeout: Duration,
+}
+
+impl<S, Req, B> Service<Req> for PeekErrorBody<S>
+where
+    S: Service<Req, Response = Response<B>>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Response = Response<PeekedBody<B>>;
+    type Error = S::Error;
+    type Future = PeekFuture<S::Future, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        PeekFuture {
+            state: PeekState::Calling {
+                future: self.inner.call(req),
+            },
+            limit: self.limit,
+            timeout: self.timeout,
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`PeekErrorBody`].
+    pub struct PeekFuture<F, B> {
+        #[pin]
+        state: PeekState<F, B>,
+        limit: usize,
+        timeout: Duration,
+    }
+}
+
+pin_project! {
+    #[project = PeekProj]
+    enum PeekState<F, B> {
+        Calling { #[pin] future: F },
+        Reading {
+            head: Option<(http::response::Parts, B)>,
+            frames: VecDeque<Frame<Bytes>>,
+            read: Vec<u8>,
+            ended: bool,
+            #[pin]
+            sleep: tokio::time::Sleep,
+        },
+    }
+}
+
+impl<F, B, E> Future for PeekFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Output = Result<Response<PeekedBody<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                PeekProj::Calling { future } => {
+                    let resp = ready!(future.poll(cx))?;
+                    if !peekable(resp.status()) {
+                        return Poll::Ready(Ok(resp.map(PeekedBody::passthrough)));
+                    }
+                    let (parts, body) = resp.into_parts();
+                    this.state.set(PeekState::Reading {
+                        head: Some((parts, body)),
+                        frames: VecDeque::new(),
+                        read: Vec::new(),
+                        ended: false,
+                        sleep: tokio::time::sleep(*this.timeout),
+                    });
+                }
+                PeekProj::Reading {
+                    head,
+                    frames,
+                    read,
+                    ended,
+                    sleep,
+                } => {
+                    let (_, body) = head.as_mut().expect("polled after completion");
+                    let mut truncated = false;
+                    while !*ended && read.len() < *this.limit {
+                        match Pin::new(&mut *body).poll_frame(cx) {
+                            Poll::Ready(Some(Ok(frame))) => {
+                                if let Some(data) = frame.data_ref() {
+                                    let room = *this.limit - read.len();
+                                    read.extend_from_slice(&data[..data.len().min(room)]);
+                                }
+                                frames.push_back(frame);
+                            }
+                            // The caller sees the error when it reads the body.
+                            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => *ended = true,
+                            Poll::Pending => {
+                                if sleep.poll(cx).is_pending() {
+                                    return Poll::Pending;
+                                }
+                                truncated = true;
+                                break;
+                            }
+                        }
+                    }
+                    if read.len() >= *this.limit && !*ended {
+                        truncated = true;
+                    }
+                    let (mut parts, body) = head.take().expect("polled after completion");
+                    let mut parsed = ErrorBody::parse(read);
+                    parsed.truncated = truncated;
+                    parts.extensions.insert(parsed);
+                    let body = PeekedBody::replayed(std::mem::take(frames), body);
+                    return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                }
+            }
+        }
+    }
+}
+
+impl<F, B> fmt::Debug for PeekFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeekFuture").finish_non_exhaustive()
+    }
+}
+
+/// Error bodies are read: 4xx and 5xx.
+fn peekable(status: StatusCode) -> bool {
+    status.is_client_error() || status.is_server_error()
+}
+
+pin_project! {
+    /// A response body after [`PeekErrorBody`]: the original one, or the frames read for the
+    /// peek followed by the rest of the original (nothing is lost or reordered; an error the
+    /// original body returned during the peek is returned again in its place).
+    pub struct PeekedBody<B> {
+        frames: VecDeque<Frame<Bytes>>,
+        rest: Option<B>,
+    }
+}
+
+impl<B> PeekedBody<B> {
+    fn passthrough(body: B) -> Self {
+        PeekedBody {
+            frames: VecDeque::new(),
+            rest: Some(body),
+        }
+    }
+
+    fn replayed(frames: VecDeque<Frame<Bytes>>, body: B) -> Self {
+        // The rest of the original follows what was read. One that ended during the peek is
+        // polled once more and answers its end again (an error it returned then is not kept:
+        // the frames before it are, and the body ends there).
+        PeekedBody {
+            frames,
+            rest: Some(body),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for PeekedBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        if let Some(frame) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        match this.rest.as_mut() {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let buffered: u64 = self
+            .frames
+            .iter()
+            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .sum();
+        match &self.rest {
+            Some(body) => {
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(rest.lower() + buffered);
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper + buffered);
+                }
+                hint
+            }
+            None => SizeHint::with_exact(buffered),
+        }
+    }
+}
+
+impl<B> fmt::Debug for PeekedBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PeekedBody")
+            .field("buffered_frames", &self.frames.len())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,122 @@
+//! Model-API signals against a fake provider on 127.0.0.1 (the cases of `examples/model_api`),
+//! and the error-body peek: bounded, and the body still reaches the caller whole.
+#![cfg(feature = "http")]
+
+#[path = "../examples/model_api/signals.rs"]
+#[allow(dead_code)]
+mod signals;
+mod support;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use signals::{run_case, Provider, RETRY_AFTER_MS};
+use std::time::Duration;
+use stormguard::classify::{ErrorBody, PeekErrorBodyLayer};
+use support::server::{self, Body};
+use tower::{Layer, ServiceExt};
+
+#[tokio::test]
+async fn openai_insufficient_quota_is_one_request_and_not_retryable() {
+    let o = run_case(Provider::OpenAi, "insufficient_quota").await;
+    assert_eq!(o.requests, 1);
+    assert_eq!(
+        (o.is_error, o.code, o.retryable),
+        (true, Some("quota_exhausted"), Some(false))
+    );
+    assert!(
+        o.hint.unwrap().contains("exceeded your current quota"),
+        "the provider's words reach the model"
+    );
+}
+
+#[tokio::test]
+async fn an_ordinary_rate_limit_is_retried() {
+    let o = run_case(Provider::OpenAi, "rate_limited").await;
+    assert_eq!((o.requests, o.is_error), (2, false));
+}
+
+#[tokio::test]
+async fn anthropic_overloaded_is_retried_until_it_recovers() {
+    let o = run_case(Provider::Anthropic, "overloaded").await;
+    assert_eq!((o.requests, o.is_error), (3, false));
+}
+
+#[tokio::test]
+async fn x_should_retry_false_is_one_request() {
+    for provider in [Provider::OpenAi, Provider::Anthropic] {
+        let o = run_case(provider, "should_retry_false").await;
+        assert_eq!(o.requests, 1, "{provider:?}");
+        assert_eq!((o.is_error, o.retryable), (true, Some(false)));
+    }
+}
+
+#[tokio::test]
+async fn retry_after_ms_is_the_wait() {
+    for provider in [Provider::OpenAi, Provider::Anthropic] {
+        let o = run_case(provider, "retry_after_ms").await;
+        assert_eq!((o.requests, o.is_error), (2, false));
+        let waited = o.waited_ms.unwrap();
+        // The header's 700 ms, not `retry-after: 5`, nor the class's backoff.
+        assert!(
+            (RETRY_AFTER_MS..RETRY_AFTER_MS + 400).contains(&waited),
+            "{provider:?} waited {waited} ms"
+        );
+    }
+}
+
+fn client() -> server::HttpClient {
+    server::HttpClient::new()
+}
+
+#[tokio::test]
+async fn a_long_error_body_is_peeked_up_to_the_limit_and_handed_on_whole() {
+    let long: &'static str = Box::leak(
+        format!(
+            r#"{{"error":{{"type":"server_error","message":"{}"}}}}"#,
+            "x".repeat(200_000)
+        )
+        .into_boxed_str(),
+    );
+    let (addr, _) = server::serve(move |_| {
+        http::Response::builder()
+            .status(500)
+            .body(Body::new(Bytes::from_static(long.as_bytes())))
+            .unwrap()
+    })
+    .await;
+    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+        .unwrap()
+        .layer(client());
+    let req = http::Request::get(format!("http://{addr}/"))
+        .body(Body::default())
+        .unwrap();
+    let resp = peek.oneshot(req).await.unwrap();
+    let seen = resp.extensions().get::<ErrorBody>().cloned().unwrap();
+    assert!(seen.truncated, "more than the limit");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), long.len(), "nothing lost");
+    assert_eq!(&body[..], long.as_bytes());
+}
+
+#[tokio::test]
+async fn a_success_is_not_read() {
+    let (addr, _) = server::serve(|_| {
+        http::Response::builder()
+            .status(200)
+            .body(Body::new(Bytes::from_static(b"{\"ok\":true}")))
+            .unwrap()
+    })
+    .await;
+    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+        .unwrap()
+        .layer(client());
+    let req = http::Request::get(format!("http://{addr}/"))
+        .body(Body::default())
+        .unwrap();
+    let resp = peek.oneshot(req).await.unwrap();
+    assert!(resp.extensions().get::<ErrorBody>().is_none());
+    assert_eq!(
+        &resp.into_body().collect().await.unwrap().to_bytes()[..],
+        b"{\"ok\":true}"
+    );
+}
