@@ -172,6 +172,14 @@ mod tests {
         classify_model_response(StatusCode::from_u16(status).unwrap(), &map, body.as_ref())
     }
 
+    type Case = (
+        u16,
+        &'static [(&'static str, &'static str)],
+        Option<&'static str>,
+        Option<FailureClass>,
+        Option<ErrorCode>,
+    );
+
     #[test]
     fn the_table() {
         use FailureClass::*;
@@ -179,13 +187,7 @@ mod tests {
         let limit = r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#;
         let overloaded =
             r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
-        let cases: [(
-            u16,
-            &[(&str, &str)],
-            Option<&str>,
-            Option<FailureClass>,
-            Option<ErrorCode>,
-        ); 11] = [
+        let cases: [Case; 11] = [
             (200, &[], None, None, None),
             (
                 429,
