@@ -120,3 +120,15 @@ async fn a_success_is_not_read() {
         b"{\"ok\":true}"
     );
 }
+
+#[tokio::test]
+async fn a_keyed_weighted_quota_keeps_two_tenants_under_their_token_limits() {
+    let guarded = signals::run_tokens(true).await;
+    assert_eq!(guarded.rate_limited, 0, "no 429 at all");
+    assert_eq!((guarded.requests, guarded.answered), (40, 40));
+    // 2 x 6,000 tokens at 1,800 a second per tenant (after a burst of 1,800): about 2.3 s.
+    assert!(guarded.wall_ms >= 2_000, "{} ms", guarded.wall_ms);
+    // The same calls with the retries alone meet the provider's limit.
+    let bare = signals::run_tokens(false).await;
+    assert!(bare.rate_limited > 0);
+}

@@ -470,3 +470,36 @@ async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Resu
     assert_eq!(calls.load(Ordering::SeqCst), 4);
     Ok(())
 }
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(), BoxError> {
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let (addr, calls) = server::serve(|_| server::status(200, &[])).await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    let header = |req: &http::Request<String>, name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let tenant_of = move |req: &http::Request<String>| header(req, "x-tenant");
+    let tokens_of = move |req: &http::Request<String>| header(req, "x-tokens").parse::<u32>().unwrap_or(1);
+    use stormguard::quota::{KeyedQuotaLayer, Quota};
+
+    // each tenant: 1,000 tokens a second, a whole second's worth at once; key and cost per call
+    let tokens = Quota::per_second(1_000).burst(1_000).build()?;
+    let mut model = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
+        .layer(KeyedQuotaLayer::new(tokens, move |req: &http::Request<String>| (tenant_of(req), tokens_of(req))))
+        .service(http_client);
+
+    let ask = |tenant: &str, tokens: u32| http::Request::post("http://api.test/v1/chat/completions")
+        .header("x-tenant", tenant).header("x-tokens", tokens.to_string()).body(String::new()).unwrap();
+    let start = std::time::Instant::now();
+    model.ready().await?.call(ask("acme", 1_000)).await?;
+    model.ready().await?.call(ask("globex", 1_000)).await?; // its own quota: no wait
+    assert!(start.elapsed() < Duration::from_millis(500));
+    model.ready().await?.call(ask("acme", 1_000)).await?; // waits for acme's refill
+    assert!(start.elapsed() >= Duration::from_millis(950));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    Ok(())
+}

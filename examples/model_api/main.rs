@@ -301,6 +301,10 @@ async fn main() {
     for (provider, case) in signals::CASES {
         outcomes.push(signals::run_case(provider, case).await);
     }
+    let tokens = [
+        signals::run_tokens(false).await,
+        signals::run_tokens(true).await,
+    ];
     for r in rows {
         let amplification = r.requests as f64 / r.logical as f64;
         let success = r.successes as f64 / r.logical as f64;
@@ -353,6 +357,24 @@ async fn main() {
                 o.code.unwrap_or("-"),
                 o.retryable.map_or("-".to_string(), |r| r.to_string()),
                 o.waited_ms.map_or("-".to_string(), |ms| format!("{ms} ms")),
+            );
+        }
+    }
+    for t in &tokens {
+        if json {
+            println!("{}", t.json());
+        } else {
+            println!(
+                "openai     {:<28} {} requests, {} x 429, {} of 40 answered, {} ms",
+                if t.guarded {
+                    "tokens_per_minute"
+                } else {
+                    "tokens_per_minute (no quota)"
+                },
+                t.requests,
+                t.rate_limited,
+                t.answered,
+                t.wall_ms
             );
         }
     }

@@ -289,3 +289,165 @@ pub async fn run_case(provider: Provider, case: &'static str) -> Outcome {
         waited_ms,
     }
 }
+
+/// The `tokens_per_minute` case, scaled to seconds: the provider allows each tenant 2,000
+/// tokens a second (a token bucket of 2,000, as providers meter tokens per minute) and answers
+/// 429 beyond; two tenants each send 20 calls of 300 tokens at once.
+pub const TENANT_TOKENS_PER_SEC: u32 = 2_000;
+const CALLS_PER_TENANT: u32 = 20;
+const TOKENS_PER_CALL: u32 = 300;
+
+/// What the token case did.
+#[derive(Debug)]
+pub struct Tokens {
+    pub guarded: bool,
+    pub requests: u64,
+    pub rate_limited: u64,
+    pub answered: u64,
+    pub wall_ms: u64,
+}
+
+impl Tokens {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "provider": "openai",
+            "case": if self.guarded { "tokens_per_minute" } else { "tokens_per_minute_unguarded" },
+            "requests": self.requests,
+            "rate_limited": self.rate_limited,
+            "answered": self.answered,
+            "calls": 2 * CALLS_PER_TENANT,
+            "wall_ms": self.wall_ms,
+        })
+    }
+}
+
+/// A provider metering tokens per tenant: a bucket of `TENANT_TOKENS_PER_SEC`, refilled at that
+/// rate per second.
+async fn serve_tokens() -> (std::net::SocketAddr, Arc<Mutex<(u64, u64)>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("local addr");
+    let counts: Arc<Mutex<(u64, u64)>> = Arc::default();
+    let buckets: Arc<Mutex<std::collections::HashMap<String, (f64, Instant)>>> = Arc::default();
+    let seen = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (seen, buckets) = (seen.clone(), buckets.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<_>| {
+                    let header = |name: &str| {
+                        req.headers()
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("")
+                            .to_string()
+                    };
+                    let (tenant, tokens) = (header("x-tenant"), header("x-tokens"));
+                    let tokens: f64 = tokens.parse().unwrap_or(0.0);
+                    let admitted = {
+                        let mut buckets = buckets.lock().expect("buckets");
+                        let now = Instant::now();
+                        let cap = f64::from(TENANT_TOKENS_PER_SEC);
+                        let (level, at) = buckets.entry(tenant).or_insert((cap, now));
+                        *level = (*level + (now - *at).as_secs_f64() * cap).min(cap);
+                        *at = now;
+                        if *level >= tokens {
+                            *level -= tokens;
+                            true
+                        } else {
+                            false
+                        }
+                    };
+                    {
+                        let mut seen = seen.lock().expect("counts");
+                        seen.0 += 1;
+                        seen.1 += u64::from(!admitted);
+                    }
+                    let resp = if admitted {
+                        json(200, &[], OK_OPENAI)
+                    } else {
+                        json(
+                            429,
+                            &[("retry-after-ms", "200".into())],
+                            r#"{"error":{"message":"Rate limit reached for tokens per min","type":"tokens","param":null,"code":"rate_limit_exceeded"}}"#,
+                        )
+                    };
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, counts)
+}
+
+/// Two tenants, 20 calls of 300 tokens each, all at once: with a keyed, weighted quota of 90 %
+/// of each tenant's limit under the retries (`guarded`), or with the retries alone.
+pub async fn run_tokens(guarded: bool) -> Tokens {
+    use stormguard::quota::{KeyedQuotaLayer, Quota};
+    let (addr, counts) = serve_tokens().await;
+    let budget = RetryBudget::default();
+    // The key and the cost, from the request: the tenant, and the tokens it will use.
+    let tenant_tokens = |req: &Req| {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string()
+        };
+        (
+            header("x-tenant"),
+            header("x-tokens").parse::<u32>().unwrap_or(1),
+        )
+    };
+    let rate = TENANT_TOKENS_PER_SEC * 9 / 10;
+    let quota = Quota::per_second(rate)
+        .burst(rate)
+        .build()
+        .expect("valid quota");
+    let tokens = guarded.then(|| KeyedQuotaLayer::new(quota, tenant_tokens).name("tokens"));
+    let model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget)
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .option_layer(tokens)
+        .map_err(tower::BoxError::from)
+        .service(HttpClient::new());
+    let model = tower::util::BoxCloneService::new(model);
+    let start = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for tenant in ["acme", "globex"] {
+        for _ in 0..CALLS_PER_TENANT {
+            let model = model.clone();
+            let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("x-tenant", tenant)
+                .header("x-tokens", TOKENS_PER_CALL.to_string())
+                .body(Full::new(Bytes::from_static(b"{}")))
+                .expect("request");
+            calls.spawn(async move {
+                model
+                    .oneshot(req)
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            });
+        }
+    }
+    let mut answered = 0;
+    while let Some(ok) = calls.join_next().await {
+        answered += u64::from(ok.expect("call"));
+    }
+    let (requests, rate_limited) = *counts.lock().expect("counts");
+    Tokens {
+        guarded,
+        requests,
+        rate_limited,
+        answered,
+        wall_ms: start.elapsed().as_millis() as u64,
+    }
+}

@@ -48,10 +48,15 @@
 //! # }
 //! ```
 //!
+//! For a quota per tenant, run or model, weighted by each call's cost (tokens per minute), see
+//! [`KeyedQuotaLayer`].
+//!
 //! Metrics: `stormguard_quota_waits_total` (label `quota`) counts the calls that had to wait.
 
+mod keyed;
 mod layer;
 
+pub use keyed::{KeyedQuota, KeyedQuotaFuture, KeyedQuotaLayer};
 pub use layer::{QuotaLayer, QuotaService};
 
 use crate::error::ConfigError;
@@ -182,26 +187,45 @@ impl Gcra {
     /// shorter than the timer's millisecond (waiters woken in the same tick had their slots
     /// reserved apart).
     pub(crate) fn reserve(&self) -> Duration {
-        let now = Instant::now()
-            .saturating_duration_since(self.epoch)
-            .as_nanos() as u64;
+        self.reserve_n(1)
+    }
+
+    /// Reserves `cost` units at once (tokens, say) and says how long until they may go. The
+    /// units go together once the last of them fits the burst, so `cost` must be at most the
+    /// burst (checked by the callers).
+    pub(crate) fn reserve_n(&self, cost: u32) -> Duration {
+        let now = self.now();
+        let span = self.interval.saturating_mul(u64::from(cost));
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
             let base = tat.max(now);
             // Saturating: a slow quota (one a day) with hundreds of thousands of waiters would
             // overflow u64 nanoseconds; the line then ends at the far future, never wraps.
-            match self.tat.compare_exchange_weak(
-                tat,
-                base.saturating_add(self.interval),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
+            let next = base.saturating_add(span);
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
                 Ok(_) => {
-                    return Duration::from_nanos((base - now).saturating_sub(self.tolerance));
+                    // May go once `next` is within the burst's reach: `tolerance + interval`.
+                    let allowed = next.saturating_sub(self.tolerance.saturating_add(self.interval));
+                    return Duration::from_nanos(allowed.saturating_sub(now));
                 }
                 Err(actual) => tat = actual,
             }
         }
+    }
+
+    /// Whether the quota is full again (nothing reserved ahead of now): an idle key's state can
+    /// be dropped and made anew, with nothing lost.
+    pub(crate) fn idle(&self) -> bool {
+        self.tat.load(Ordering::Relaxed) <= self.now()
+    }
+
+    fn now(&self) -> u64 {
+        Instant::now()
+            .saturating_duration_since(self.epoch)
+            .as_nanos() as u64
     }
 }
 
@@ -219,6 +243,22 @@ mod tests {
             last = wait;
         }
         assert!(last > Duration::from_secs(500 * 365 * 86_400));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn weighted_reservations_are_spaced_by_their_cost() {
+        // 1,000 tokens a second, up to 1,000 at once.
+        let gcra = Gcra::new(Quota::per_second(1_000).burst(1_000).build().unwrap());
+        assert_eq!(gcra.reserve_n(600), Duration::ZERO);
+        assert_eq!(gcra.reserve_n(400), Duration::ZERO);
+        // The bucket is empty: 500 more wait half a second, 1,000 after them a second more.
+        assert_eq!(gcra.reserve_n(500), Duration::from_millis(500));
+        assert_eq!(gcra.reserve_n(1_000), Duration::from_millis(1_500));
+        assert!(!gcra.idle());
+        tokio::time::advance(Duration::from_millis(2_500)).await;
+        assert!(gcra.idle());
+        // One unit reserves as `reserve` does.
+        assert_eq!(gcra.reserve_n(1), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

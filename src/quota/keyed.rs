@@ -1,0 +1,371 @@
+//! A quota per key (tenant, run, model), with weighted calls (tokens): [`KeyedQuotaLayer`].
+
+use super::{Gcra, Quota};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::telemetry::QUOTA_WAITS as WAITS;
+use pin_project_lite::pin_project;
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hash};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+use tower_layer::Layer;
+use tower_service::Service;
+
+const SHARDS: usize = 16;
+
+/// The keys' quotas, in shards; idle keys are dropped when a shard grows past its share.
+struct Keys<K> {
+    shards: Vec<Mutex<HashMap<K, Arc<Gcra>>>>,
+    hasher: std::collections::hash_map::RandomState,
+    quota: Quota,
+    /// Keys a shard holds before it drops its idle ones.
+    per_shard: usize,
+}
+
+impl<K: Hash + Eq + Clone> Keys<K> {
+    fn gcra(&self, key: &K) -> Arc<Gcra> {
+        let shard = &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS];
+        let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(gcra) = map.get(key) {
+            return gcra.clone();
+        }
+        if map.len() >= self.per_shard {
+            // A full quota holds nothing: made anew, it answers the same.
+            map.retain(|_, g| !g.idle());
+            if map.len() >= self.per_shard {
+                tracing::warn!(
+                    keys = map.len(),
+                    "keyed quota: more busy keys than its capacity; the shard grows"
+                );
+            }
+        }
+        let gcra = Arc::new(Gcra::new(self.quota));
+        map.insert(key.clone(), gcra.clone());
+        gcra
+    }
+
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+}
+
+/// Holds each key's calls to its own [`Quota`], weighted by their cost: a provider's limits per
+/// organisation, per model, in requests or in tokens per minute.
+///
+/// `key_and_cost` reads the key (a tenant, a run, a model) and the call's cost (1 for a request
+/// quota; the tokens it will use for a token quota) from the request. A call waits until its key
+/// has room for its whole cost, in line behind that key's earlier calls (first come, first
+/// served, GCRA as [`QuotaLayer`](super::QuotaLayer)), and never behind another key's. A call
+/// that costs more than the burst could never go: it fails at once with `invalid_argument`
+/// (retryable: false), without waiting. The cost is reserved when the call is made: estimate it
+/// from the request (a prompt's tokens plus `max_tokens`).
+///
+/// Unlike [`QuotaLayer`](super::QuotaLayer), the wait happens in the call's future (the key is in
+/// the request), and the inner service is driven ready after the wait, on a clone: the service is
+/// always ready. A key's state lives while it has reservations ahead of now; once its quota is
+/// full again it is dropped (when its shard passes `capacity / 16` keys), so idle tenants cost
+/// nothing. Each call takes one short shard lock to find its key.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::quota::{KeyedQuotaLayer, Quota};
+///
+/// struct Prompt { tenant: &'static str, tokens: u32 }
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// // 1,000 tokens a second per tenant, up to 1,000 at once.
+/// let tpm = Quota::per_second(1_000).burst(1_000).build().unwrap();
+/// let layer = KeyedQuotaLayer::new(tpm, |p: &Prompt| (p.tenant, p.tokens)).name("tokens");
+/// let model = service_fn(|p: Prompt| async move { Ok::<_, std::io::Error>(p.tokens) });
+/// let mut svc = layer.layer(model);
+/// let start = tokio::time::Instant::now();
+/// svc.ready().await.unwrap().call(Prompt { tenant: "a", tokens: 1_000 }).await.unwrap();
+/// // Tenant b has its own quota: no wait.
+/// svc.ready().await.unwrap().call(Prompt { tenant: "b", tokens: 1_000 }).await.unwrap();
+/// assert_eq!(start.elapsed(), Duration::ZERO);
+/// // Tenant a's next 500 tokens wait for half a second of refill.
+/// svc.ready().await.unwrap().call(Prompt { tenant: "a", tokens: 500 }).await.unwrap();
+/// assert_eq!(start.elapsed(), Duration::from_millis(500));
+/// // More than the burst can never go.
+/// let err = svc.ready().await.unwrap().call(Prompt { tenant: "a", tokens: 5_000 }).await.unwrap_err();
+/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// # }
+/// ```
+pub struct KeyedQuotaLayer<K, F> {
+    keys: Arc<Keys<K>>,
+    key_and_cost: F,
+    name: Cow<'static, str>,
+}
+
+impl<K, F> KeyedQuotaLayer<K, F> {
+    /// Each key gets its own `quota`; `key_and_cost` reads a request's key and cost.
+    pub fn new<Req>(quota: Quota, key_and_cost: F) -> Self
+    where
+        F: Fn(&Req) -> (K, u32),
+    {
+        KeyedQuotaLayer {
+            keys: Arc::new(Keys {
+                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+                hasher: Default::default(),
+                quota,
+                per_shard: 100_000 / SHARDS,
+            }),
+            key_and_cost,
+            name: Cow::Borrowed("keyed-quota"),
+        }
+    }
+
+    /// The name in metrics (`quota` label) and traces.
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How many keys' quotas may be kept before idle ones are dropped (100,000 by default; at
+    /// least 16, at most 100,000,000).
+    pub fn capacity(self, keys: usize) -> Result<Self, crate::error::ConfigError> {
+        if !(SHARDS..=100_000_000).contains(&keys) {
+            return Err(crate::error::ConfigError::new(
+                "capacity",
+                "must be between 16 and 100,000,000 keys",
+            ));
+        }
+        let keys_state = Arc::try_unwrap(self.keys)
+            .map(|mut k| {
+                k.per_shard = keys / SHARDS;
+                Arc::new(k)
+            })
+            .map_err(|_| {
+                crate::error::ConfigError::new("capacity", "set it before the layer is cloned")
+            })?;
+        Ok(KeyedQuotaLayer {
+            keys: keys_state,
+            key_and_cost: self.key_and_cost,
+            name: self.name,
+        })
+    }
+
+    /// The keys whose quotas are kept now (busy ones, and idle ones not dropped yet).
+    pub fn keys(&self) -> usize
+    where
+        K: Hash + Eq + Clone,
+    {
+        self.keys.len()
+    }
+}
+
+impl<K, F: Clone> Clone for KeyedQuotaLayer<K, F> {
+    fn clone(&self) -> Self {
+        KeyedQuotaLayer {
+            keys: self.keys.clone(),
+            key_and_cost: self.key_and_cost.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl<K, F> fmt::Debug for KeyedQuotaLayer<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQuotaLayer")
+            .field("name", &self.name)
+            .field("quota", &self.keys.quota)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, F: Clone> Layer<S> for KeyedQuotaLayer<K, F> {
+    type Service = KeyedQuota<S, K, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        KeyedQuota {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`KeyedQuotaLayer`] makes.
+pub struct KeyedQuota<S, K, F> {
+    inner: S,
+    layer: KeyedQuotaLayer<K, F>,
+}
+
+impl<S: Clone, K, F: Clone> Clone for KeyedQuota<S, K, F> {
+    fn clone(&self) -> Self {
+        KeyedQuota {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, F> fmt::Debug for KeyedQuota<S, K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQuota")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+impl<S, K, F, Req> Service<Req> for KeyedQuota<S, K, F>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: Hash + Eq + Clone,
+    F: Fn(&Req) -> (K, u32),
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = KeyedQuotaFuture<S, Req>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // The key is in the request: the wait, and the inner's readiness, come in the call.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let (key, cost) = (self.layer.key_and_cost)(&req);
+        let quota = self.layer.keys.quota;
+        if cost > quota.burst() {
+            let err = ToolError::new(ErrorCode::InvalidArgument)
+                .with_retryable(false)
+                .with_hint(format!(
+                    "this call costs {cost}, more than the quota allows at once ({}); make it smaller",
+                    quota.burst()
+                ));
+            return KeyedQuotaFuture::failed(err);
+        }
+        let wait = self.layer.keys.gcra(&key).reserve_n(cost.max(1));
+        let sleep = if wait.is_zero() {
+            None
+        } else {
+            metrics::counter!(WAITS, "quota" => self.layer.name.clone()).increment(1);
+            tracing::debug!(
+                quota = %self.layer.name,
+                cost,
+                wait_ms = wait.as_millis() as u64,
+                "waiting for this key's room in the quota"
+            );
+            Some(Box::pin(tokio::time::sleep(wait)))
+        };
+        KeyedQuotaFuture {
+            state: KeyedState::Waiting {
+                sleep,
+                service: self.inner.clone(),
+                request: Some(req),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The future of [`KeyedQuota`]: the wait for the key's room, the inner service's
+    /// readiness, then the call.
+    pub struct KeyedQuotaFuture<S: Service<Req>, Req> {
+        #[pin]
+        state: KeyedState<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = KeyedProj]
+    enum KeyedState<S: Service<Req>, Req> {
+        Failed { error: Option<ToolError> },
+        Waiting { sleep: Option<Pin<Box<Sleep>>>, service: S, request: Option<Req> },
+        Calling { #[pin] future: S::Future },
+    }
+}
+
+impl<S: Service<Req>, Req> KeyedQuotaFuture<S, Req> {
+    fn failed(error: ToolError) -> Self {
+        KeyedQuotaFuture {
+            state: KeyedState::Failed { error: Some(error) },
+        }
+    }
+}
+
+impl<S, Req> Future for KeyedQuotaFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                KeyedProj::Failed { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Err(Box::new(error)));
+                }
+                KeyedProj::Waiting {
+                    sleep,
+                    service,
+                    request,
+                } => {
+                    if let Some(s) = sleep.as_mut() {
+                        ready!(s.as_mut().poll(cx));
+                        *sleep = None;
+                    }
+                    ready!(service.poll_ready(cx)).map_err(Into::into)?;
+                    let req = request.take().expect("polled after completion");
+                    let future = service.call(req);
+                    this.state.set(KeyedState::Calling { future });
+                }
+                KeyedProj::Calling { future } => {
+                    return future.poll(cx).map_err(Into::into);
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for KeyedQuotaFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQuotaFuture").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_keys_are_dropped_when_a_shard_fills() {
+        let quota = Quota::per_second(10).build().unwrap();
+        let layer = KeyedQuotaLayer::new(quota, |k: &u32| (*k, 1))
+            .capacity(16)
+            .unwrap();
+        for k in 0..1_000u32 {
+            let _ = layer.keys.gcra(&k).reserve_n(1);
+        }
+        // All busy (each reserved 100 ms ahead): kept.
+        assert_eq!(layer.keys(), 1_000);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        for k in 1_000..1_100u32 {
+            let _ = layer.keys.gcra(&k).reserve_n(1);
+        }
+        // The idle thousand were dropped as the shards filled again.
+        assert!(layer.keys() < 200, "{}", layer.keys());
+        assert!(layer.capacity_check());
+    }
+
+    impl<K, F> KeyedQuotaLayer<K, F> {
+        fn capacity_check(&self) -> bool {
+            self.keys.per_shard == 1
+        }
+    }
+}
