@@ -184,6 +184,29 @@ impl ToolClass {
         }
     }
 
+    /// The class from an rmcp tool's annotations (feature `rmcp`), with the MCP spec's defaults
+    /// for what is missing (`readOnlyHint: false`, `idempotentHint: false`): no annotations is an
+    /// `UnkeyedWrite`. Annotations are hints from a server you may not trust: use this for your
+    /// own tools, and set `KeyedWrite` yourself where your code sends a key.
+    ///
+    /// ```
+    /// use rmcp::model::ToolAnnotations;
+    /// use stormguard::class::ToolClass;
+    ///
+    /// let search = ToolAnnotations { read_only_hint: Some(true), ..Default::default() };
+    /// assert_eq!(ToolClass::from_tool_annotations(Some(&search)), ToolClass::Read);
+    /// let upsert = ToolAnnotations { idempotent_hint: Some(true), ..Default::default() };
+    /// assert_eq!(ToolClass::from_tool_annotations(Some(&upsert)), ToolClass::IdempotentWrite);
+    /// assert_eq!(ToolClass::from_tool_annotations(None), ToolClass::UnkeyedWrite);
+    /// ```
+    #[cfg(feature = "rmcp")]
+    pub fn from_tool_annotations(annotations: Option<&rmcp::model::ToolAnnotations>) -> ToolClass {
+        match annotations {
+            Some(a) => ToolClass::from_mcp_annotations(a.read_only_hint, a.idempotent_hint),
+            None => ToolClass::UnkeyedWrite,
+        }
+    }
+
     /// The class's default policy.
     ///
     /// | class | max attempts | backoff |

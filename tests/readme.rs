@@ -503,3 +503,40 @@ async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     Ok(())
 }
+
+#[cfg(feature = "rmcp")]
+#[path = "../examples/mcp.rs"]
+#[allow(dead_code)]
+mod mcp;
+
+#[cfg(feature = "rmcp")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_mcp_example_does_not_retry_what_the_server_gave_up_on() -> Result<(), BoxError> {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::ServiceExt as _;
+    use stormguard::retry::RetryLayer;
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let backend = mcp::Backend::default();
+    let addr = mcp::start_server(backend.clone()).await;
+    let client = ().serve(tokio::net::TcpStream::connect(addr).await?).await?;
+    let (peer, budget) = (client.peer().clone(), RetryBudget::default());
+    use stormguard::classify::McpClassifier;
+
+    // the MCP client's call_tool as a tower service, retried only where the server allows it
+    let call_tool = tower::service_fn(move |params: CallToolRequestParams| {
+        let peer = peer.clone();
+        async move { peer.call_tool(params).await }
+    });
+    let mut agent = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(McpClassifier))
+        .service(call_tool);
+
+    let search = CallToolRequestParams::new("search").with_arguments(serde_json::json!({ "query": "storm" }).as_object().unwrap().clone());
+    let err = agent.ready().await?.call(search).await.unwrap_err();
+    // The server's Retry spent its 3 attempts on a 503 and said `retryable: false`: one call.
+    assert_eq!((err.code(), err.retryable()), (ErrorCode::Unavailable, false));
+    assert_eq!(backend.requests(), 3);
+    Ok(())
+}

@@ -64,6 +64,9 @@ as_dyn_error!(tonic::Status);
 #[cfg(feature = "reqwest")]
 as_dyn_error!(reqwest::Error);
 
+#[cfg(feature = "rmcp")]
+as_dyn_error!(rmcp::service::ServiceError);
+
 impl AsDynError for std::convert::Infallible {
     fn as_dyn_error(&self) -> &(dyn Error + 'static) {
         match *self {}

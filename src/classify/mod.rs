@@ -40,6 +40,8 @@ mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "rmcp")]
+mod mcp;
 #[cfg(feature = "http")]
 mod model_api;
 #[cfg(feature = "http")]
@@ -56,6 +58,8 @@ pub use grpc::classify_grpc_code;
 pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
+#[cfg(feature = "rmcp")]
+pub use mcp::McpClassifier;
 #[cfg(feature = "http")]
 pub use model_api::ModelApiClassifier;
 #[cfg(feature = "http")]

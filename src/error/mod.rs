@@ -35,10 +35,14 @@ mod code;
 mod config;
 mod failure;
 pub(crate) mod hint;
+#[cfg(feature = "rmcp")]
+mod mcp;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
 pub use failure::FailureClass;
+#[cfg(feature = "rmcp")]
+pub use mcp::MCP_META_KEY;
 
 use serde::ser::{Serialize, SerializeStruct, Serializer};
 use std::borrow::Cow;
@@ -241,6 +245,66 @@ impl Serialize for ToolError {
         s.serialize_field("class", &self.inner.class)?;
         s.serialize_field("cause", &self.cause().map(Cause))?;
         s.end()
+    }
+}
+
+impl ToolError {
+    /// Reads the JSON shape back ([`to_json`](Self::to_json)'s), as a client does with a tool's
+    /// error (an MCP result, a tool server's answer): `code` is required and must be a known
+    /// code; `retryable` defaults to the code's, `hint` to the code's; `retry_after_ms`,
+    /// `attempts`, `class` and `cause` are read when present. `None` for anything else, so a
+    /// caller can tell "a stormguard error" from "some JSON".
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::error::{ErrorCode, ToolError};
+    ///
+    /// let sent = ToolError::new(ErrorCode::RateLimited).with_retry_after(Duration::from_millis(1500));
+    /// let back = ToolError::from_json(&sent.to_json()).unwrap();
+    /// assert_eq!((back.code(), back.retryable()), (ErrorCode::RateLimited, true));
+    /// assert_eq!(back.retry_after(), Some(Duration::from_millis(1500)));
+    /// assert!(ToolError::from_json(&serde_json::json!({"code": "no_such_code"})).is_none());
+    /// // And with serde.
+    /// let back: ToolError = serde_json::from_value(sent.to_json()).unwrap();
+    /// assert_eq!(back.to_json(), sent.to_json());
+    /// ```
+    pub fn from_json(value: &serde_json::Value) -> Option<ToolError> {
+        let code = ErrorCode::parse(value.get("code")?.as_str()?)?;
+        let mut err = ToolError::new(code);
+        if let Some(retryable) = value.get("retryable").and_then(|v| v.as_bool()) {
+            err = err.with_retryable(retryable);
+        }
+        if let Some(hint) = value.get("hint").and_then(|v| v.as_str()) {
+            err = err.with_hint(hint.to_string());
+        }
+        if let Some(ms) = value.get("retry_after_ms").and_then(|v| v.as_u64()) {
+            err = err.with_retry_after(Duration::from_millis(ms));
+        }
+        if let Some(attempts) = value
+            .get("attempts")
+            .and_then(|v| v.as_u64())
+            .and_then(|n| u32::try_from(n).ok())
+        {
+            err = err.with_attempts(attempts);
+        }
+        if let Some(class) = value
+            .get("class")
+            .and_then(|v| serde_json::from_value::<FailureClass>(v.clone()).ok())
+        {
+            err = err.with_class(class);
+        }
+        if let Some(cause) = value.get("cause").and_then(ToolError::from_json) {
+            err = err.with_source(cause);
+        }
+        Some(err)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ToolError {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        ToolError::from_json(&value)
+            .ok_or_else(|| serde::de::Error::custom("not a stormguard ToolError (no known `code`)"))
     }
 }
 

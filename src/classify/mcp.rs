@@ -1,0 +1,78 @@
+//! MCP tool results, classified on the client side (feature `rmcp`): [`McpClassifier`].
+
+use super::{
+    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
+    NeverClassifyEos, ServerHint,
+};
+use crate::error::{ErrorCode, ToolError};
+use rmcp::model::CallToolResult;
+
+/// Classifies the results of an MCP client's `call_tool` (an rmcp `Peer::call_tool` behind
+/// `tower::service_fn`), so a client-side [`Retry`](crate::retry::Retry) honours what the tool's
+/// server decided:
+///
+/// | result | verdict |
+/// |---|---|
+/// | `isError` absent or false | `Success` |
+/// | a stormguard error (read by [`ToolError::from_call_tool_result`]) with `retryable: false` | a failure that is not retried (the server gave up, or the call cannot help): handed back |
+/// | a stormguard error with `retryable: true` | its class (`Transient` by default), its `retry_after` as the hint |
+/// | another `isError` result | `Failure(ModelRecoverable)`: the tool's message is for the model |
+/// | a transport or protocol error | by [`classify_error`] |
+///
+/// ```
+/// use rmcp::model::CallToolResult;
+/// use stormguard::classify::{Classify, ClassifiedResponse, McpClassifier, FailureClass, ServerHint};
+/// use stormguard::error::{ErrorCode, ToolError};
+///
+/// let classify = |r: CallToolResult| {
+///     let ClassifiedResponse::Ready(c) = McpClassifier.classify(&Ok::<_, std::io::Error>(r)) else { unreachable!() };
+///     c
+/// };
+/// // The server's Retry already spent its attempts on an outage: do not retry again.
+/// let gave_up = ToolError::new(ErrorCode::Unavailable).with_retryable(false).to_call_tool_result();
+/// assert_eq!(classify(gave_up).hint(), ServerHint::DoNotRetry);
+/// // Rate limited, come back later: retried.
+/// let later = ToolError::new(ErrorCode::RateLimited).to_call_tool_result();
+/// assert_eq!(classify(later).failure_class(), Some(FailureClass::Transient));
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct McpClassifier;
+
+impl<E: AsDynError> Classify<CallToolResult, E> for McpClassifier {
+    type ClassifyEos = NeverClassifyEos;
+
+    fn classify(&self, result: &Result<CallToolResult, E>) -> ClassifiedResponse<NeverClassifyEos> {
+        ClassifiedResponse::Ready(match result {
+            Ok(r) if r.is_error != Some(true) => Classification::success(),
+            Ok(r) => match ToolError::from_call_tool_result(r) {
+                Some(err) => classify_tool_error(&err),
+                None => Classification::failure(
+                    FailureClass::ModelRecoverable,
+                    ErrorCode::InvalidArgument,
+                ),
+            },
+            Err(e) => classify_error(e.as_dyn_error()),
+        })
+    }
+
+    fn dependency_error(&self, response: &CallToolResult) -> Option<ToolError> {
+        ToolError::from_call_tool_result(response)
+    }
+}
+
+fn classify_tool_error(err: &ToolError) -> Classification {
+    let class = err.class().unwrap_or(FailureClass::Transient);
+    if !err.retryable() {
+        // Whatever its class, the server said no: a Retry hands it back.
+        let class = match class {
+            FailureClass::Transient => FailureClass::Ambiguous,
+            other => other,
+        };
+        return Classification::failure(class, err.code()).with_hint(ServerHint::DoNotRetry);
+    }
+    let c = Classification::failure(class, err.code());
+    match err.retry_after() {
+        Some(after) => c.with_hint(ServerHint::RetryAfter(after)),
+        None => c,
+    }
+}
