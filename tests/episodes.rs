@@ -61,9 +61,11 @@ fn every_fault_path_is_exercised_in_a_short_run() {
     }
     // Crashes in at least 5 % of the episodes with the default rates.
     assert!(naive.faults["crash"] as f64 >= 0.05 * f64::from(episodes));
-    // The stormguard run meets the same faults, and says why it escalates.
+    // The stormguard run is scheduled the same crashes (a run that escalates before its crash
+    // step never reaches it), and says why it escalates.
     let guarded = run(Policy::Stormguard, 7, episodes);
     assert_eq!(guarded.faults["crash"], naive.faults["crash"]);
+    assert!(guarded.faults["Crash"] > 0 && guarded.faults["Crash"] <= guarded.faults["crash"]);
     assert!(guarded.escalated > 0);
     for (why, (n, hint)) in &guarded.escalations {
         assert!(*n > 0 && !hint.is_empty(), "{why}");
@@ -93,8 +95,10 @@ fn the_unguarded_policies_duplicate_and_report_success() {
 
 #[test]
 fn stormguard_on_sqlite_files_duplicates_nothing() {
-    // Reopened after every crash. Not bit-for-bit deterministic (the writer thread runs on the
-    // OS clock), but never a duplicate.
+    // Reopened after every crash, on the simulated clock (read from the writer thread inside
+    // the runtime). Not bit-for-bit deterministic (the runtime's paused clock may advance while
+    // it waits for the writer thread), but never a duplicate; and resumes do take over.
+
     let dir = std::env::temp_dir().join(format!("stormguard-episodes-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for policy in [Policy::Stormguard, Policy::StormguardReadback] {
@@ -102,6 +106,14 @@ fn stormguard_on_sqlite_files_duplicates_nothing() {
         assert_eq!(s.episodes, 300);
         assert_eq!(s.duplicate_effects, 0, "{}", policy.name());
         assert!(s.faults.get("crash").copied().unwrap_or(0) > 0);
+        // Leases pass on this clock: no resume is left `in_progress` for ever.
+        assert!(
+            !s.escalations
+                .keys()
+                .any(|why| why.starts_with("in_progress")),
+            "{:?}",
+            s.escalations
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

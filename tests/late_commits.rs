@@ -63,6 +63,19 @@ impl ReadBack<Post, String> for Log {
 fn provider(
     effects: Arc<AtomicU32>,
 ) -> impl tower::Service<Post, Response = String, Error = BoxError, Future: Send> + Clone {
+    provider_after(
+        effects,
+        Duration::from_secs(1),
+        Duration::from_millis(1_500),
+    )
+}
+
+/// The same, failing at `fail` and landing at `land`.
+fn provider_after(
+    effects: Arc<AtomicU32>,
+    fail: Duration,
+    land: Duration,
+) -> impl tower::Service<Post, Response = String, Error = BoxError, Future: Send> + Clone {
     let calls = Arc::new(AtomicU32::new(0));
     tower::service_fn(move |_: Post| {
         let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -71,10 +84,10 @@ fn provider(
             if n == 0 {
                 let late = effects.clone();
                 tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(1_500)).await;
+                    tokio::time::sleep(land).await;
                     late.fetch_add(1, Ordering::SeqCst);
                 });
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(fail).await;
                 return Err::<String, BoxError>(Box::new(std::io::Error::from(
                     std::io::ErrorKind::TimedOut,
                 )));
@@ -158,4 +171,44 @@ async fn a_reissue_right_after_an_ambiguous_failure_waits_for_the_lease_before_r
     assert_eq!(again, "ticket-1");
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(effects.load(Ordering::SeqCst), 1);
+}
+
+/// A keyed write whose key window is shorter than the lease: it crosses the window during the
+/// attempt (or before the reissue), and is then read back, so the lease must run out first
+/// (outside review: the hold was judged at the attempt's start, and the read-back ran at once).
+#[tokio::test(start_paused = true)]
+async fn a_keyed_write_crossing_its_key_window_is_read_back_only_after_its_lease() {
+    for (fail, land, pause) in [
+        // Fails past the window, lands after.
+        (
+            Duration::from_millis(1_500),
+            Duration::from_secs(3),
+            Duration::ZERO,
+        ),
+        // Fails inside the window, reissued past it, lands after the reissue.
+        (
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+            Duration::from_millis(700),
+        ),
+    ] {
+        let effects = Arc::new(AtomicU32::new(0));
+        let store = InMemoryStore::with_clock(Paused(Instant::now()));
+        let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
+            .timing(Duration::from_secs(5), Duration::from_secs(10))
+            .unwrap()
+            .key_window(Duration::from_secs(1))
+            .unwrap()
+            .read_back(Log(effects.clone()), Consistency::Immediate)
+            .layer(provider_after(effects.clone(), fail, land));
+        assert!(tool.clone().oneshot(post()).await.is_err());
+        tokio::time::sleep(pause).await;
+        assert_eq!(tool.clone().oneshot(post()).await.unwrap(), "ticket-1");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            effects.load(Ordering::SeqCst),
+            1,
+            "failing at {fail:?}: sent twice"
+        );
+    }
 }

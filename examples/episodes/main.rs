@@ -61,6 +61,12 @@ fn main() {
         eprintln!("episodes: --episodes must be at least 1");
         std::process::exit(2);
     }
+    if let Some(dir) = &sqlite_dir {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("episodes: cannot create {}: {e}", dir.display());
+            std::process::exit(2);
+        }
+    }
     let wall = std::time::Instant::now();
     let rows: Vec<(Policy, Stats)> = Policy::ALL
         .iter()

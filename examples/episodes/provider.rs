@@ -441,11 +441,16 @@ impl Service<Call> for Provider {
             }
             Fate::TimeoutLost => Box::pin(timeout()),
             Fate::LateCommit => {
-                let after = self.faults.in_flight.mul_f64(draw(&[
-                    self.seed ^ 0x1A7E,
-                    u64::from(effect.episode),
-                    u64::from(effect.step),
-                ]));
+                // Lands after the client gave up, within the in-flight bound.
+                let nth = s.attempts.get(&effect).copied().unwrap_or(0);
+                let spread = self.faults.in_flight.saturating_sub(CLIENT_TIMEOUT);
+                let after = CLIENT_TIMEOUT
+                    + spread.mul_f64(draw(&[
+                        self.seed ^ 0x1A7E,
+                        u64::from(effect.episode),
+                        u64::from(effect.step),
+                        u64::from(nth),
+                    ]));
                 if let Some(k) = k {
                     s.keys.entry(k.to_string()).or_insert((None, now));
                 }
@@ -453,8 +458,19 @@ impl Service<Call> for Provider {
                 Box::pin(timeout())
             }
             Fate::Crash => {
-                // Accepted and applied; the caller's process dies before it hears back.
-                commit(&mut s, effect, k, now);
+                // Accepted; the caller's process dies before it hears back. Half the time the
+                // effect is applied at once, half the time it is still in flight and lands
+                // within the in-flight bound.
+                let roll = draw(&[self.seed ^ 0xC0DE, u64::from(effect.episode)]);
+                if roll < 0.5 {
+                    commit(&mut s, effect, k, now);
+                } else {
+                    if let Some(k) = k {
+                        s.keys.entry(k.to_string()).or_insert((None, now));
+                    }
+                    let after = self.faults.in_flight.mul_f64(roll);
+                    s.late.push((now + after, effect, key.clone()));
+                }
                 s.crashed = true;
                 self.crash_signal.notify_one();
                 Box::pin(std::future::pending())

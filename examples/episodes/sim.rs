@@ -112,14 +112,19 @@ impl Stats {
     }
 }
 
-/// The stores' clock: tokio's (paused) clock, so leases follow the simulated time.
+/// The stores' clock: tokio's (paused) clock, so leases follow the simulated time. It enters
+/// the runtime it was made on before reading it: the SQLite store reads its clock on its own
+/// writer thread, where tokio's clock would otherwise be the real one (outside review: with
+/// `--sqlite`, no lease ever passed).
 #[derive(Clone)]
 pub struct SimClock {
     base: Instant,
+    runtime: tokio::runtime::Handle,
 }
 
 impl Clock for SimClock {
     fn now_ms(&self) -> u64 {
+        let _inside = self.runtime.enter();
         1_800_000_000_000 + self.base.elapsed().as_millis() as u64
     }
 }
@@ -128,6 +133,7 @@ impl SimClock {
     pub fn new() -> Self {
         SimClock {
             base: Instant::now(),
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 }

@@ -32,7 +32,8 @@
 //! failure that provably did not take effect (refused, a rejected argument) removes the intent.
 //! An ambiguous failure keeps it and gives up its lease, so the next attempt decides at once;
 //! except where that attempt would read back (an unkeyed write with a read-back declared, a
-//! keyed one older than the key window): there the lease runs out first, so no read-back runs
+//! keyed one that is older than the key window, or will be by the time its lease runs out):
+//! there the lease runs out first, so no read-back runs
 //! while the request may still land (found by `examples/episodes`: a parallel duplicate read
 //! back the moment the first attempt timed out, and the first attempt's late commit landed
 //! after its resend). HTTP 503 is ambiguous: a proxy in front
@@ -40,7 +41,8 @@
 //! [`HttpClassifier`](crate::classify::HttpClassifier); a provider documented to mean "not
 //! processed" by it is declared with [`NotProcessed`](crate::classify::NotProcessed)). A call
 //! dropped before its request was sent (cancelled during `begin`, or while the service below
-//! was not ready) removes its intent; one dropped after gives up its lease.
+//! was not ready) removes its intent; one dropped after gives up its lease (or, where the next
+//! attempt would read back, keeps it running until it passes).
 //!
 //! **Settling an `outcome_unknown`.** An escalated intent stays until an operator checks with
 //! the provider and settles it with [`ReceiptStore::resolve`]: [`Resolution::Done`] with the
@@ -68,7 +70,7 @@
 //! | `left_pending` | an ambiguous failure: the intent stays, a later attempt decides |
 //! | `abandoned` | a failure that did not take effect: the intent was removed |
 //! | `receipt_not_stored` | the effect happened but its receipt could not be stored or encoded |
-//! | `cancelled_after_send` | the call was dropped after it was sent: its lease is given up, the intent stays |
+//! | `cancelled_after_send` | the call was dropped after it was sent: the intent stays, its lease given up (kept running where the next attempt would read back) |
 //! | `not_sent` | the call was dropped before sending: the intent is removed |
 //! | `store_unavailable` | the intent could not be recorded; nothing was executed |
 //! | `idempotency_key_reused`, `in_progress`, `receipt_expired`, `outcome_unknown` | refusals, as the error codes |

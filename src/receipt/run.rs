@@ -253,9 +253,10 @@ where
     /// never waits for, or spends, the readiness of what is below), then settles the intent.
     ///
     /// `age_ms` is the intent's age when this call took it (0 for a fresh one): if a later
-    /// attempt would settle a doubt about this one by a read-back, the lease is kept running
-    /// after an ambiguous failure (or a drop), so the read-back cannot run while the request may
-    /// still land at the provider.
+    /// attempt could settle a doubt about this one by a read-back (judged at the age the intent
+    /// will have when this lease runs out), the lease is kept running after an ambiguous failure
+    /// (or a drop), so the read-back cannot run while the request may still land at the
+    /// provider.
     async fn execute(
         mut self,
         mut intent: Intent<St>,
@@ -263,7 +264,11 @@ where
         resumed: bool,
         age_ms: u64,
     ) -> Result<S::Response, BoxError> {
-        if let Stale::ReadBack = stale(&self.shared.settings, age_ms) {
+        // Judged at the age the intent may have when its lease runs out: a keyed write that
+        // crosses its key window during the attempt, or before a reissue, is read back then.
+        let settings = &self.shared.settings;
+        let lease_ms = u64::try_from(settings.lease.as_millis()).unwrap_or(u64::MAX);
+        if let Stale::ReadBack = stale(settings, age_ms.saturating_add(lease_ms)) {
             intent.hold_lease_in_doubt();
         }
         let key = self.action.key().clone();

@@ -111,6 +111,9 @@ impl SqliteStore {
     }
 
     /// Opens (or creates) the store at `path`, judging leases and ages by `clock` (tests).
+    /// The clock is read on the store's writer thread, outside any tokio runtime: a clock over
+    /// tokio's paused time must enter its runtime first (`Handle::enter`), or it reads the real
+    /// time there.
     pub fn open_with_clock(
         path: impl AsRef<Path>,
         durability: Durability,
