@@ -64,6 +64,9 @@ as_dyn_error!(tonic::Status);
 #[cfg(feature = "reqwest")]
 as_dyn_error!(reqwest::Error);
 
+#[cfg(feature = "reqwest-0_13")]
+as_dyn_error!(reqwest013::Error);
+
 #[cfg(feature = "rmcp")]
 as_dyn_error!(rmcp::service::ServiceError);
 
@@ -143,11 +146,8 @@ fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     if let Some(tool) = e.downcast_ref::<ToolError>() {
         return Some(classify_tool_error(tool));
     }
-    #[cfg(feature = "reqwest")]
-    if let Some(c) = e
-        .downcast_ref::<reqwest::Error>()
-        .and_then(|r| super::reqwest::classify(r, false))
-    {
+    #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+    if let Some(c) = super::reqwest::classify_any(e, false) {
         return Some(c);
     }
     #[cfg(feature = "tonic")]

@@ -173,6 +173,13 @@ impl HttpStatus for reqwest::Response {
     }
 }
 
+#[cfg(feature = "reqwest-0_13")]
+impl HttpStatus for reqwest013::Response {
+    fn http_status(&self) -> StatusCode {
+        self.status()
+    }
+}
+
 /// A provider's documented promise that some 5xx statuses mean "not processed": a failure with
 /// one of them is `Transient` (retried for every class) instead of `Ambiguous`. An explicit,
 /// per-provider opt-in: only where the provider documents it and no proxy that answers such a

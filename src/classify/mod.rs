@@ -46,7 +46,7 @@ mod mcp;
 mod model_api;
 #[cfg(feature = "http")]
 mod peek;
-#[cfg(feature = "reqwest")]
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 mod reqwest;
 mod retry_info;
 mod stream;
@@ -64,7 +64,7 @@ pub use mcp::McpClassifier;
 pub use model_api::ModelApiClassifier;
 #[cfg(feature = "http")]
 pub use peek::{ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekFuture, PeekedBody};
-#[cfg(feature = "reqwest")]
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;
 pub use stream::{StreamEnd, WatchStream};

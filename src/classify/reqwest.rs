@@ -6,7 +6,8 @@ use super::{
 };
 use crate::error::ErrorCode;
 
-/// `reqwest::Response` by the same status table and hints as `http::Response`.
+/// `reqwest::Response` by the same status table and hints as `http::Response` (reqwest 0.12 with
+/// the feature `reqwest`, 0.13 with `reqwest-0_13`; the same code for both).
 ///
 /// ```
 /// use stormguard::classify::{ClassifiedResponse, Classify, FailureClass, HttpClassifier};
@@ -16,19 +17,110 @@ use crate::error::ErrorCode;
 /// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&result) else { unreachable!() };
 /// assert_eq!(c.failure_class(), Some(FailureClass::Ambiguous)); // a proxy may send it after forwarding
 /// ```
-impl<E: AsDynError> Classify<reqwest::Response, E> for HttpClassifier {
-    type ClassifyEos = NeverClassifyEos;
+macro_rules! reqwest_classifiers {
+    ($r:ident) => {
+        impl<E: AsDynError> Classify<$r::Response, E> for HttpClassifier {
+            type ClassifyEos = NeverClassifyEos;
 
-    fn classify(
-        &self,
-        result: &Result<reqwest::Response, E>,
-    ) -> ClassifiedResponse<NeverClassifyEos> {
-        ReqwestClassifier::following_redirects().classify(result)
-    }
+            fn classify(
+                &self,
+                result: &Result<$r::Response, E>,
+            ) -> ClassifiedResponse<NeverClassifyEos> {
+                ReqwestClassifier::following_redirects().classify(result)
+            }
 
-    fn dependency_error(&self, resp: &reqwest::Response) -> Option<crate::error::ToolError> {
-        super::http::status_error(resp.status(), resp.headers())
+            fn dependency_error(&self, resp: &$r::Response) -> Option<crate::error::ToolError> {
+                super::http::status_error(resp.status(), resp.headers())
+            }
+        }
+
+        impl<E: AsDynError> Classify<$r::Response, E> for ReqwestClassifier {
+            type ClassifyEos = NeverClassifyEos;
+
+            fn classify(
+                &self,
+                result: &Result<$r::Response, E>,
+            ) -> ClassifiedResponse<NeverClassifyEos> {
+                ClassifiedResponse::Ready(match result {
+                    Ok(resp) => super::http::classify_response(resp.status(), resp.headers()),
+                    Err(e) => {
+                        let e = e.as_dyn_error();
+                        let mut next = Some(e);
+                        // The first reqwest error in the chain decides, with this classifier's
+                        // trust.
+                        while let Some(err) = next {
+                            if let Some(c) = classify_any(err, self.connect_means_unsent) {
+                                return ClassifiedResponse::Ready(c);
+                            }
+                            next = err.source();
+                        }
+                        classify_error(e)
+                    }
+                })
+            }
+
+            fn dependency_error(&self, resp: &$r::Response) -> Option<crate::error::ToolError> {
+                super::http::status_error(resp.status(), resp.headers())
+            }
+        }
+
+        impl ErrorKinds for $r::Error {
+            fn is_connect(&self) -> bool {
+                $r::Error::is_connect(self)
+            }
+            fn is_timeout(&self) -> bool {
+                $r::Error::is_timeout(self)
+            }
+            fn status(&self) -> Option<http::StatusCode> {
+                $r::Error::status(self)
+            }
+            fn is_builder(&self) -> bool {
+                $r::Error::is_builder(self)
+            }
+            fn is_redirect(&self) -> bool {
+                $r::Error::is_redirect(self)
+            }
+            fn is_body(&self) -> bool {
+                $r::Error::is_body(self)
+            }
+            fn is_decode(&self) -> bool {
+                $r::Error::is_decode(self)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "reqwest")]
+reqwest_classifiers!(reqwest);
+#[cfg(feature = "reqwest-0_13")]
+reqwest_classifiers!(reqwest013);
+
+/// What a reqwest error says about the request's fate (the same methods in 0.12 and 0.13).
+pub(super) trait ErrorKinds {
+    fn is_connect(&self) -> bool;
+    fn is_timeout(&self) -> bool;
+    fn status(&self) -> Option<http::StatusCode>;
+    fn is_builder(&self) -> bool;
+    fn is_redirect(&self) -> bool;
+    fn is_body(&self) -> bool;
+    fn is_decode(&self) -> bool;
+}
+
+/// A reqwest error of either version, by its kind; `None` if `err` is not one, or says nothing.
+pub(super) fn classify_any(
+    err: &(dyn std::error::Error + 'static),
+    connect_means_unsent: bool,
+) -> Option<Classification> {
+    #[cfg(feature = "reqwest")]
+    if let Some(e) = err.downcast_ref::<reqwest::Error>() {
+        return classify(e, connect_means_unsent);
     }
+    #[cfg(feature = "reqwest-0_13")]
+    if let Some(e) = err.downcast_ref::<reqwest013::Error>() {
+        return classify(e, connect_means_unsent);
+    }
+    let _ = (err, connect_means_unsent);
+    None
 }
 
 /// Classifies reqwest results, and says whether a connect error proves the request unsent.
@@ -94,41 +186,12 @@ impl ReqwestClassifier {
     }
 }
 
-impl<E: AsDynError> Classify<reqwest::Response, E> for ReqwestClassifier {
-    type ClassifyEos = NeverClassifyEos;
-
-    fn classify(
-        &self,
-        result: &Result<reqwest::Response, E>,
-    ) -> ClassifiedResponse<NeverClassifyEos> {
-        ClassifiedResponse::Ready(match result {
-            Ok(resp) => super::http::classify_response(resp.status(), resp.headers()),
-            Err(e) => {
-                let e = e.as_dyn_error();
-                let mut next = Some(e);
-                // The first reqwest error in the chain decides, with this classifier's trust.
-                while let Some(err) = next {
-                    if let Some(c) = err
-                        .downcast_ref::<reqwest::Error>()
-                        .and_then(|r| classify(r, self.connect_means_unsent))
-                    {
-                        return ClassifiedResponse::Ready(c);
-                    }
-                    next = err.source();
-                }
-                classify_error(e)
-            }
-        })
-    }
-
-    fn dependency_error(&self, resp: &reqwest::Response) -> Option<crate::error::ToolError> {
-        super::http::status_error(resp.status(), resp.headers())
-    }
-}
-
 /// A `reqwest::Error` by its kind (see [`ReqwestClassifier`]); `None` for a kind that says
 /// nothing, so the caller walks on down the chain.
-pub(super) fn classify(err: &reqwest::Error, connect_means_unsent: bool) -> Option<Classification> {
+pub(super) fn classify(
+    err: &impl ErrorKinds,
+    connect_means_unsent: bool,
+) -> Option<Classification> {
     use FailureClass::*;
     let c = if err.is_connect() {
         let code = if err.is_timeout() {
@@ -160,7 +223,7 @@ pub(super) fn classify(err: &reqwest::Error, connect_means_unsent: bool) -> Opti
     Some(c)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "reqwest"))]
 mod tests {
     use super::*;
     use crate::classify::Verdict;

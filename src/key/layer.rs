@@ -136,6 +136,21 @@ impl KeyStamp for reqwest::Request {
     }
 }
 
+#[cfg(feature = "reqwest-0_13")]
+impl KeyStamp for reqwest013::Request {
+    fn stamped_key(&self) -> Option<&str> {
+        header_key(self.headers())
+    }
+
+    fn carries_unreadable_key(&self) -> bool {
+        unreadable_header(self.headers())
+    }
+
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        stamp_header(self.headers_mut(), key);
+    }
+}
+
 #[cfg(feature = "tonic")]
 impl<T> KeyStamp for tonic::Request<T> {
     fn stamped_key(&self) -> Option<&str> {

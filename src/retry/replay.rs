@@ -83,6 +83,17 @@ impl Replay<reqwest::Request> for HttpReplay {
     }
 }
 
+#[cfg(feature = "reqwest-0_13")]
+impl Replay<reqwest013::Request> for HttpReplay {
+    fn replay(&self, req: &reqwest013::Request) -> Option<reqwest013::Request> {
+        req.try_clone()
+    }
+
+    fn carries_key(&self, req: &reqwest013::Request) -> bool {
+        req.headers().contains_key("idempotency-key")
+    }
+}
+
 #[cfg(feature = "http")]
 impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
     fn replay(&self, req: &http::Request<B>) -> Option<http::Request<B>> {
