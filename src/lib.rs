@@ -92,15 +92,19 @@
 //!
 //! # Features
 //!
-//! - `http` (default): the `http::Response` classifier, `Retry-After` HTTP-date parsing,
-//!   `HttpReplay`, and [`Carrier`](operation::Carrier) and [`KeyStamp`](key::KeyStamp) for
-//!   `http::Request`.
+//! - `http` (default): the `http::Response` classifiers (`HttpClassifier`, `GrpcClassifier`
+//!   for streams, `ModelApiClassifier` with `PeekErrorBodyLayer`), `Retry-After` HTTP-date
+//!   parsing, `HttpReplay`, and [`Carrier`](operation::Carrier) and [`KeyStamp`](key::KeyStamp)
+//!   for `http::Request`.
 //! - `sqlite`: `receipt::SqliteStore` (rusqlite with SQLite compiled in).
 //! - `postgres`: `receipt::PostgresStore` (tokio-postgres).
 //! - `reqwest`: `HttpClassifier` for `reqwest::Response`, `reqwest::Error` classified by kind,
 //!   `HttpReplay` and `Idempotency-Key` for `reqwest::Request`.
+//! - `reqwest-0_13`: the same for reqwest 0.13 (the renamed dependency `reqwest013`).
 //! - `tonic`: `tonic::Status` classified by gRPC code, `idempotency-key` metadata on
 //!   `tonic::Request`, and `retry::GrpcReplay`.
+//! - `rmcp`: a `ToolError` as an rmcp `CallToolResult`, read back by `McpClassifier` on the
+//!   client, classes from `ToolAnnotations`.
 
 #![forbid(unsafe_code)]
 #![warn(
