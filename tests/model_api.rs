@@ -7,6 +7,11 @@
 mod signals;
 mod support;
 
+#[cfg(feature = "reqwest-0_13")]
+#[path = "../examples/model_api/openai.rs"]
+#[allow(dead_code)]
+mod openai;
+
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use signals::{run_case, Provider, RETRY_AFTER_MS};
@@ -131,4 +136,14 @@ async fn a_keyed_weighted_quota_keeps_two_tenants_under_their_token_limits() {
     // The same calls with the retries alone meet the provider's limit.
     let bare = signals::run_tokens(false).await;
     assert!(bare.rate_limited > 0);
+}
+
+#[cfg(feature = "reqwest-0_13")]
+#[tokio::test]
+async fn async_openai_through_stormguard_costs_3_requests_in_an_outage_not_12() {
+    let inside = openai::inside().await;
+    assert_eq!((inside.requests, inside.failed), (3, true));
+    // The SDK's own retry kept under a stormguard Retry at the agent loop: 4 x 3.
+    let kept = openai::sdk_retry_kept().await;
+    assert_eq!((kept.requests, kept.failed), (12, true));
 }

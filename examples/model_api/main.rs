@@ -20,6 +20,7 @@
 //! `x-should-retry: false` (one request), and `retry-after-ms` (the wait is the header's), through
 //! `ModelApiClassifier` over a `PeekErrorBodyLayer` (see `signals.rs`).
 
+mod openai;
 mod signals;
 
 use bytes::Bytes;
@@ -305,6 +306,7 @@ async fn main() {
         signals::run_tokens(false).await,
         signals::run_tokens(true).await,
     ];
+    let sdk = [openai::inside().await, openai::sdk_retry_kept().await];
     for r in rows {
         let amplification = r.requests as f64 / r.logical as f64;
         let success = r.successes as f64 / r.logical as f64;
@@ -375,6 +377,16 @@ async fn main() {
                 t.rate_limited,
                 t.answered,
                 t.wall_ms
+            );
+        }
+    }
+    for c in &sdk {
+        if json {
+            println!("{}", c.json());
+        } else {
+            println!(
+                "openai     {:<28} {} requests in a 503 outage",
+                c.case, c.requests
             );
         }
     }
