@@ -193,9 +193,9 @@ impl ToolClass {
     /// use rmcp::model::ToolAnnotations;
     /// use stormguard::class::ToolClass;
     ///
-    /// let search = ToolAnnotations { read_only_hint: Some(true), ..Default::default() };
+    /// let search = ToolAnnotations::new().read_only(true);
     /// assert_eq!(ToolClass::from_tool_annotations(Some(&search)), ToolClass::Read);
-    /// let upsert = ToolAnnotations { idempotent_hint: Some(true), ..Default::default() };
+    /// let upsert = ToolAnnotations::new().idempotent(true);
     /// assert_eq!(ToolClass::from_tool_annotations(Some(&upsert)), ToolClass::IdempotentWrite);
     /// assert_eq!(ToolClass::from_tool_annotations(None), ToolClass::UnkeyedWrite);
     /// ```

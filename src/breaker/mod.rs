@@ -139,6 +139,7 @@
 
 mod config;
 mod future;
+mod keyed;
 mod layer;
 mod policy;
 mod registry;
@@ -149,6 +150,7 @@ mod window;
 pub use config::{BreakerConfig, BreakerConfigBuilder, FailureRate, OnTransition, Window};
 pub use future::Watched as WatchedResponse;
 pub use future::{ResponseFuture, StreamTicket};
+pub use keyed::{KeyedBreaker, KeyedBreakerFuture, KeyedBreakerLayer};
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};
 pub use registry::BreakerRegistry;
