@@ -1007,71 +1007,35 @@ fn main() {
         }
         rows.push(row);
     };
-    if wanted("outage") {
-        for stack in Stack::ALL {
-            emit(simulate("outage", stack, Failing::Always, 1.0, 600));
-        }
-        for stack in Stack::ALL {
-            emit(simulate("outage", stack, Failing::Always, 100.0, 60));
-        }
-    }
-    if wanted("transient") {
-        for stack in Stack::ALL {
-            emit(simulate(
-                "transient",
-                stack,
-                Failing::WithProbability(0.1),
-                100.0,
-                300,
-            ));
-        }
-    }
-    if wanted("empty-results") {
-        for stack in Stack::ALL {
-            emit(simulate(
-                "empty-results",
-                stack,
-                Failing::HalfEmpty(0.05),
-                100.0,
-                300,
-            ));
-        }
-    }
-    if wanted("recovery") {
-        for stack in Stack::ALL {
-            emit(simulate(
-                "recovery",
-                stack,
-                Failing::Until(Duration::from_secs(30)),
-                100.0,
-                90,
-            ));
-        }
-    }
-    if wanted("partial") {
-        for stack in Stack::ALL {
-            emit(simulate(
-                "partial",
-                stack,
-                Failing::WithProbability(0.5),
-                100.0,
-                60,
-            ));
-        }
-    }
-    if wanted("brownout") {
-        for stack in Stack::ALL {
-            emit(simulate(
-                "brownout",
-                stack,
-                Failing::Brownout {
-                    outage: Duration::from_secs(20),
-                    p: 0.3,
-                    until: Duration::from_secs(60),
-                },
-                100.0,
-                120,
-            ));
+    // The in-process scenarios: (name, how the dependency fails, requests/s, seconds).
+    let scenarios = [
+        ("outage", Failing::Always, 1.0, 600),
+        ("outage", Failing::Always, 100.0, 60),
+        ("transient", Failing::WithProbability(0.1), 100.0, 300),
+        ("empty-results", Failing::HalfEmpty(0.05), 100.0, 300),
+        (
+            "recovery",
+            Failing::Until(Duration::from_secs(30)),
+            100.0,
+            90,
+        ),
+        ("partial", Failing::WithProbability(0.5), 100.0, 60),
+        (
+            "brownout",
+            Failing::Brownout {
+                outage: Duration::from_secs(20),
+                p: 0.3,
+                until: Duration::from_secs(60),
+            },
+            100.0,
+            120,
+        ),
+    ];
+    for (name, failing, rate, secs) in scenarios {
+        if wanted(name) {
+            for stack in Stack::ALL {
+                emit(simulate(name, stack, failing, rate, secs));
+            }
         }
     }
     if wanted("tail") {

@@ -822,3 +822,62 @@ async fn waiting_out_a_rejections_retry_after_lets_a_probe_through() {
         "the call after the wait was the probe"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_breaker_opens_per_key_and_a_retry_above_does_not_retry_its_rejection() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use stormguard::breaker::{BreakerRegistry, KeyedBreakerLayer};
+    use tower::{Service, ServiceExt};
+    let registry = BreakerRegistry::new(
+        config()
+            .consecutive_failures(3)
+            .no_failure_rate()
+            .build()
+            .unwrap(),
+    );
+    let calls = Arc::new(Mutex::new(
+        std::collections::HashMap::<&'static str, u32>::new(),
+    ));
+    let seen = calls.clone();
+    // "gpt" is down; "claude" answers.
+    let api = tower::service_fn(move |model: &'static str| {
+        *seen.lock().unwrap().entry(model).or_default() += 1;
+        async move {
+            if model == "gpt" {
+                Err::<&str, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+            } else {
+                Ok(model)
+            }
+        }
+    });
+    let attempts = Arc::new(AtomicU32::new(0));
+    let counted = attempts.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
+        .map_request(move |m: &'static str| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            m
+        })
+        .layer(KeyedBreakerLayer::new(
+            registry.clone(),
+            |m: &&'static str| *m,
+        ))
+        .service(api);
+    // Three failures of "gpt" (one operation's three attempts) open its breaker.
+    let err = svc.ready().await.unwrap().call("gpt").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert_eq!(registry.get("gpt").state(), State::Open);
+    // The next "gpt" call is rejected once, not retried, and reaches nothing.
+    attempts.store(0, Ordering::SeqCst);
+    let err = svc.ready().await.unwrap().call("gpt").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(calls.lock().unwrap()["gpt"], 3);
+    // "claude" has a breaker of its own.
+    assert_eq!(
+        svc.ready().await.unwrap().call("claude").await.unwrap(),
+        "claude"
+    );
+    assert_eq!(registry.get("claude").state(), State::Closed);
+    assert_eq!(registry.names().len(), 2);
+}

@@ -138,7 +138,7 @@
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
 
 mod config;
-mod future;
+pub mod future;
 mod keyed;
 mod layer;
 mod policy;

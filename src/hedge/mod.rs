@@ -86,7 +86,7 @@
 //! `no_operation`, `not_ready`) and a DEBUG event for each hedge decision.
 
 mod decide;
-mod future;
+pub mod future;
 mod latency;
 
 pub use future::ResponseFuture;

@@ -121,35 +121,30 @@ impl<B> KeyStamp for http::Request<B> {
     }
 }
 
+/// The `Idempotency-Key` header of a reqwest request (0.12 and 0.13 alike).
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+macro_rules! reqwest_key_stamp {
+    ($r:ident) => {
+        impl KeyStamp for $r::Request {
+            fn stamped_key(&self) -> Option<&str> {
+                header_key(self.headers())
+            }
+
+            fn carries_unreadable_key(&self) -> bool {
+                unreadable_header(self.headers())
+            }
+
+            fn stamp_key(&mut self, key: &IdempotencyKey) {
+                stamp_header(self.headers_mut(), key);
+            }
+        }
+    };
+}
+
 #[cfg(feature = "reqwest")]
-impl KeyStamp for reqwest::Request {
-    fn stamped_key(&self) -> Option<&str> {
-        header_key(self.headers())
-    }
-
-    fn carries_unreadable_key(&self) -> bool {
-        unreadable_header(self.headers())
-    }
-
-    fn stamp_key(&mut self, key: &IdempotencyKey) {
-        stamp_header(self.headers_mut(), key);
-    }
-}
-
+reqwest_key_stamp!(reqwest);
 #[cfg(feature = "reqwest-0_13")]
-impl KeyStamp for reqwest013::Request {
-    fn stamped_key(&self) -> Option<&str> {
-        header_key(self.headers())
-    }
-
-    fn carries_unreadable_key(&self) -> bool {
-        unreadable_header(self.headers())
-    }
-
-    fn stamp_key(&mut self, key: &IdempotencyKey) {
-        stamp_header(self.headers_mut(), key);
-    }
-}
+reqwest_key_stamp!(reqwest013);
 
 #[cfg(feature = "tonic")]
 impl<T> KeyStamp for tonic::Request<T> {

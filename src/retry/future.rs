@@ -1,5 +1,5 @@
 //! [`ResponseFuture`]: the retry loop of one request, as a state machine that gathers the inputs
-//! of [`decide`](super::decide::decide) and carries out what it returns.
+//! of the retry decision (a pure function) and carries out what it returns.
 
 use super::decide::{decide, settle, Next, OperationView};
 use super::ending::{deadline_passed, give_up, hand_back, pass_up, Ending};

@@ -115,7 +115,7 @@
 
 mod decide;
 mod ending;
-mod future;
+pub mod future;
 mod layer;
 pub(crate) mod policy;
 mod replay;

@@ -70,29 +70,27 @@ impl<Req: Clone> Replay<Req> for CloneReplay {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpReplay;
 
-/// `reqwest::Request` (feature `reqwest`): replayed with `try_clone`, so a streaming body gets
-/// one attempt.
+/// `reqwest::Request` (features `reqwest`, `reqwest-0_13`): replayed with `try_clone`, so a
+/// streaming body gets one attempt.
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+macro_rules! reqwest_replay {
+    ($r:ident) => {
+        impl Replay<$r::Request> for HttpReplay {
+            fn replay(&self, req: &$r::Request) -> Option<$r::Request> {
+                req.try_clone()
+            }
+
+            fn carries_key(&self, req: &$r::Request) -> bool {
+                req.headers().contains_key("idempotency-key")
+            }
+        }
+    };
+}
+
 #[cfg(feature = "reqwest")]
-impl Replay<reqwest::Request> for HttpReplay {
-    fn replay(&self, req: &reqwest::Request) -> Option<reqwest::Request> {
-        req.try_clone()
-    }
-
-    fn carries_key(&self, req: &reqwest::Request) -> bool {
-        req.headers().contains_key("idempotency-key")
-    }
-}
-
+reqwest_replay!(reqwest);
 #[cfg(feature = "reqwest-0_13")]
-impl Replay<reqwest013::Request> for HttpReplay {
-    fn replay(&self, req: &reqwest013::Request) -> Option<reqwest013::Request> {
-        req.try_clone()
-    }
-
-    fn carries_key(&self, req: &reqwest013::Request) -> bool {
-        req.headers().contains_key("idempotency-key")
-    }
-}
+reqwest_replay!(reqwest013);
 
 #[cfg(feature = "http")]
 impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
