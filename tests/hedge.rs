@@ -287,6 +287,21 @@ async fn without_an_operation_in_sight_nothing_is_hedged() {
         .service(tool);
     send.ready().await.unwrap().call(1).await.unwrap();
     assert_eq!(dep.calls(), 1);
+    // Copied where the operation was seen, but polled on a task where it is not: not sent.
+    let dep = Dep::new(|_| (1_000, false));
+    let hedged = hedge(&budget, 10).layer(dep.clone());
+    let tool = tower::service_fn(move |r: u32| {
+        let mut h = hedged.clone();
+        async move {
+            let future = h.ready().await?.call(r);
+            tokio::spawn(future).await.unwrap()
+        }
+    });
+    let mut read = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(tool);
+    read.ready().await.unwrap().call(1).await.unwrap();
+    assert_eq!(dep.calls(), 1);
     // With the operation carried across the spawn, a read is hedged.
     let dep = Dep::new(|_| (1_000, false));
     let hedged = hedge(&budget, 10).layer(dep.clone());

@@ -15,6 +15,8 @@ pub(crate) enum Decision {
     AttemptsSpent,
     /// The retry budget refused.
     Budget,
+    /// No operation in sight (no stormguard `Retry` above on this task): the class is unknown.
+    NoOperation,
 }
 
 impl Decision {
@@ -26,6 +28,7 @@ impl Decision {
             Decision::NotRead => "not_read",
             Decision::AttemptsSpent => "attempts_spent",
             Decision::Budget => "budget",
+            Decision::NoOperation => "no_operation",
         }
     }
 }

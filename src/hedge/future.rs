@@ -2,7 +2,6 @@
 
 use super::decide::{decide, Decision, Op};
 use super::Shared;
-use crate::class::ToolClass;
 use crate::classify::{ClassifiedResponse, Classify, Verdict};
 use crate::operation::ledger::with_current;
 use crate::retry::Replay;
@@ -182,8 +181,9 @@ where
             .try_withdraw(std::time::Duration::ZERO)
             .is_ok()
     };
-    // Inside a stormguard `Retry` the operation's ledger decides and counts the attempt;
-    // alone, the hedge is the call's second and last attempt.
+    // The operation's ledger decides and counts the attempt. Without one in sight (the
+    // request was copied while it was, the future is polled where it is not), nothing is sent:
+    // the class is unknown.
     let mut previous = 1;
     let decision = with_current(|op| {
         previous = op.attempts();
@@ -201,22 +201,7 @@ where
         }
         d
     })
-    .unwrap_or_else(|| {
-        decide(
-            Op {
-                class: ToolClass::Read,
-                attempts: 1,
-                max_attempts: 2,
-                closed: false,
-            },
-            || {
-                shared
-                    .budget
-                    .try_withdraw(std::time::Duration::ZERO)
-                    .is_ok()
-            },
-        )
-    });
+    .unwrap_or(Decision::NoOperation);
     shared.count(decision.label());
     if decision != Decision::Go {
         tracing::debug!(
