@@ -147,3 +147,103 @@ async fn async_openai_through_stormguard_costs_3_requests_in_an_outage_not_12() 
     let kept = openai::sdk_retry_kept().await;
     assert_eq!((kept.requests, kept.failed), (12, true));
 }
+
+/// A body of scripted frames for the peek tests.
+struct Script(std::collections::VecDeque<Result<http_body::Frame<Bytes>, std::io::Error>>);
+
+impl http_body::Body for Script {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front())
+    }
+}
+
+#[tokio::test]
+async fn a_body_that_breaks_during_the_peek_hands_its_error_on_in_its_place() {
+    let mut frames = vec![
+        Ok(http_body::Frame::data(Bytes::from_static(
+            br#"{"error":{"type":"server_"#,
+        ))),
+        Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+    ];
+    let upstream = tower::service_fn(move |_: ()| {
+        let body = Script(frames.drain(..).collect());
+        async move { Ok::<_, std::io::Error>(http::Response::builder().status(500).body(body).unwrap()) }
+    });
+    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+        .unwrap()
+        .layer(upstream);
+    let resp = peek.oneshot(()).await.unwrap();
+    assert!(resp.extensions().get::<ErrorBody>().is_some());
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(
+        first.into_data().unwrap(),
+        Bytes::from_static(br#"{"error":{"type":"server_"#)
+    );
+    let second = body.frame().await.unwrap();
+    assert_eq!(
+        second.unwrap_err().kind(),
+        std::io::ErrorKind::ConnectionReset,
+        "the error, in its place"
+    );
+    assert!(body.frame().await.is_none(), "and nothing after it");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_error_body_is_handed_on_after_the_timeout_with_what_was_read() {
+    // One frame now, the rest 10 s later: the peek waits 2 s, then hands the response on.
+    let upstream = tower::service_fn(|_: ()| async {
+        let (mut tx, body) = http_body_util::channel::Channel::<Bytes, std::io::Error>::new(4);
+        tokio::spawn(async move {
+            let _ = tx.send_data(Bytes::from_static(b"{\"error\":")).await;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let _ = tx
+                .send_data(Bytes::from_static(b"{\"type\":\"slow\"}}"))
+                .await;
+        });
+        Ok::<_, std::io::Error>(http::Response::builder().status(503).body(body).unwrap())
+    });
+    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+        .unwrap()
+        .layer(upstream);
+    let start = tokio::time::Instant::now();
+    let resp = peek.oneshot(()).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(2));
+    assert!(resp.extensions().get::<ErrorBody>().unwrap().truncated);
+    let all = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        &all[..],
+        b"{\"error\":{\"type\":\"slow\"}}",
+        "the whole body, in order"
+    );
+}
+
+#[tokio::test]
+async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
+    const BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
+    let upstream = tower::service_fn(|_: ()| async {
+        Ok::<_, std::io::Error>(
+            http::Response::builder()
+                .status(429)
+                .body(http_body_util::Full::new(Bytes::from_static(BODY)))
+                .unwrap(),
+        )
+    });
+    let peek = PeekErrorBodyLayer::new(BODY.len(), Duration::from_secs(2))
+        .unwrap()
+        .layer(upstream);
+    let resp = peek.oneshot(()).await.unwrap();
+    let seen = resp.extensions().get::<ErrorBody>().cloned().unwrap();
+    assert!(!seen.truncated);
+    assert!(seen.is("insufficient_quota"));
+    assert_eq!(
+        &resp.into_body().collect().await.unwrap().to_bytes()[..],
+        BODY
+    );
+}

@@ -42,8 +42,8 @@ pub struct ErrorBody {
     pub code: Option<String>,
     /// `error.message`, cut to 300 characters.
     pub message: Option<String>,
-    /// The body was longer than the peek's limit, or did not arrive within its timeout: what was
-    /// read is all that was parsed.
+    /// The body was longer than the peek's limit, did not arrive within its timeout, or broke
+    /// (the caller gets its error where it came): what was read is all that was parsed.
     pub truncated: bool,
 }
 
@@ -168,7 +168,7 @@ where
 
 pin_project! {
     /// The future of [`PeekErrorBody`].
-    pub struct PeekFuture<F, B> {
+    pub struct PeekFuture<F, B: Body> {
         #[pin]
         state: PeekState<F, B>,
         limit: usize,
@@ -178,11 +178,11 @@ pin_project! {
 
 pin_project! {
     #[project = PeekProj]
-    enum PeekState<F, B> {
+    enum PeekState<F, B: Body> {
         Calling { #[pin] future: F },
         Reading {
             head: Option<(http::response::Parts, B)>,
-            frames: VecDeque<Frame<Bytes>>,
+            frames: VecDeque<Result<Frame<Bytes>, B::Error>>,
             read: Vec<u8>,
             ended: bool,
             #[pin]
@@ -232,10 +232,15 @@ where
                                     let room = *this.limit - read.len();
                                     read.extend_from_slice(&data[..data.len().min(room)]);
                                 }
-                                frames.push_back(frame);
+                                frames.push_back(Ok(frame));
                             }
-                            // The caller sees the error when it reads the body.
-                            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => *ended = true,
+                            // The caller sees the error where it came, when it reads the body.
+                            Poll::Ready(Some(Err(e))) => {
+                                frames.push_back(Err(e));
+                                *ended = true;
+                                truncated = true;
+                            }
+                            Poll::Ready(None) => *ended = true,
                             Poll::Pending => {
                                 if sleep.poll(cx).is_pending() {
                                     return Poll::Pending;
@@ -246,13 +251,28 @@ where
                         }
                     }
                     if read.len() >= *this.limit && !*ended {
-                        truncated = true;
+                        // Exactly the limit, or more? One more look, without waiting.
+                        match Pin::new(&mut *body).poll_frame(cx) {
+                            Poll::Ready(None) => *ended = true,
+                            Poll::Ready(Some(Ok(frame))) => {
+                                frames.push_back(Ok(frame));
+                                truncated = true;
+                            }
+                            Poll::Ready(Some(Err(e))) => {
+                                frames.push_back(Err(e));
+                                *ended = true;
+                                truncated = true;
+                            }
+                            Poll::Pending => truncated = true,
+                        }
                     }
                     let (mut parts, body) = head.take().expect("polled after completion");
                     let mut parsed = ErrorBody::parse(read);
                     parsed.truncated = truncated;
                     parts.extensions.insert(parsed);
-                    let body = PeekedBody::replayed(std::mem::take(frames), body);
+                    // A body that ended (or failed) during the peek is not polled again.
+                    let rest = (!*ended).then_some(body);
+                    let body = PeekedBody::replayed(std::mem::take(frames), rest);
                     return Poll::Ready(Ok(Response::from_parts(parts, body)));
                 }
             }
@@ -260,7 +280,7 @@ where
     }
 }
 
-impl<F, B> fmt::Debug for PeekFuture<F, B> {
+impl<F, B: Body> fmt::Debug for PeekFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeekFuture").finish_non_exhaustive()
     }
@@ -274,14 +294,14 @@ fn peekable(status: StatusCode) -> bool {
 pin_project! {
     /// A response body after [`PeekErrorBody`]: the original one, or the frames read for the
     /// peek followed by the rest of the original (nothing is lost or reordered; an error the
-    /// original body returned during the peek is returned again in its place).
-    pub struct PeekedBody<B> {
-        frames: VecDeque<Frame<Bytes>>,
+    /// original body returned during the peek is returned in its place).
+    pub struct PeekedBody<B: Body> {
+        frames: VecDeque<Result<Frame<Bytes>, B::Error>>,
         rest: Option<B>,
     }
 }
 
-impl<B> PeekedBody<B> {
+impl<B: Body> PeekedBody<B> {
     fn passthrough(body: B) -> Self {
         PeekedBody {
             frames: VecDeque::new(),
@@ -289,14 +309,9 @@ impl<B> PeekedBody<B> {
         }
     }
 
-    fn replayed(frames: VecDeque<Frame<Bytes>>, body: B) -> Self {
-        // The rest of the original follows what was read. One that ended during the peek is
-        // polled once more and answers its end again (an error it returned then is not kept:
-        // the frames before it are, and the body ends there).
-        PeekedBody {
-            frames,
-            rest: Some(body),
-        }
+    fn replayed(frames: VecDeque<Result<Frame<Bytes>, B::Error>>, rest: Option<B>) -> Self {
+        // What was read, then the rest of the original (none if it ended during the peek).
+        PeekedBody { frames, rest }
     }
 }
 
@@ -310,7 +325,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for PeekedBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
         if let Some(frame) = this.frames.pop_front() {
-            return Poll::Ready(Some(Ok(frame)));
+            return Poll::Ready(Some(frame));
         }
         match this.rest.as_mut() {
             Some(body) => Pin::new(body).poll_frame(cx),
@@ -326,7 +341,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for PeekedBody<B> {
         let buffered: u64 = self
             .frames
             .iter()
-            .filter_map(|f| f.data_ref().map(|d| d.len() as u64))
+            .filter_map(|f| f.as_ref().ok()?.data_ref().map(|d| d.len() as u64))
             .sum();
         match &self.rest {
             Some(body) => {
@@ -343,7 +358,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for PeekedBody<B> {
     }
 }
 
-impl<B> fmt::Debug for PeekedBody<B> {
+impl<B: Body> fmt::Debug for PeekedBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeekedBody")
             .field("buffered_frames", &self.frames.len())

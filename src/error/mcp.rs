@@ -43,8 +43,10 @@ impl ToolError {
     }
 
     /// Reads a stormguard error back from a tool result with `isError: true`: from `_meta`
-    /// ([`MCP_META_KEY`]), else `structuredContent`, else a text content that holds the JSON
-    /// shape. `None` for a success, or for an error that is not a stormguard one.
+    /// ([`MCP_META_KEY`]), else `structuredContent` or a text content that holds the whole JSON
+    /// shape (`code`, `retryable` and `hint`). `None` for a success, or for an error that is not
+    /// a stormguard one (another server's `{"code": "unavailable", "message": ...}` included:
+    /// [`McpClassifier`](crate::classify::McpClassifier) hands those to the model).
     ///
     /// ```
     /// use rmcp::model::{CallToolResult, ContentBlock};
@@ -54,6 +56,8 @@ impl ToolError {
     /// assert_eq!(ToolError::from_call_tool_result(&structured).unwrap().retryable(), false);
     /// let plain = CallToolResult::error(vec![ContentBlock::text("boom")]);
     /// assert!(ToolError::from_call_tool_result(&plain).is_none());
+    /// let theirs = CallToolResult::error(vec![ContentBlock::text(r#"{"code":"unavailable","message":"db down, do not retry"}"#)]);
+    /// assert!(ToolError::from_call_tool_result(&theirs).is_none());
     /// assert!(ToolError::from_call_tool_result(&CallToolResult::success(vec![])).is_none());
     /// ```
     pub fn from_call_tool_result(result: &CallToolResult) -> Option<ToolError> {
@@ -68,17 +72,20 @@ impl ToolError {
         {
             return Some(err);
         }
-        if let Some(err) = result
-            .structured_content
-            .as_ref()
-            .and_then(ToolError::from_json)
-        {
+        // Without the `_meta` key, only the whole shape counts: another server's error JSON
+        // with a `code` field is not a stormguard error (its words are for the model).
+        let whole = |v: &serde_json::Value| {
+            ToolError::is_whole_shape(v)
+                .then(|| ToolError::from_json(v))
+                .flatten()
+        };
+        if let Some(err) = result.structured_content.as_ref().and_then(whole) {
             return Some(err);
         }
         result.content.iter().find_map(|c| {
             let text = c.as_text()?;
             let value: serde_json::Value = serde_json::from_str(&text.text).ok()?;
-            ToolError::from_json(&value)
+            whole(&value)
         })
     }
 }

@@ -252,8 +252,9 @@ impl ToolError {
     /// Reads the JSON shape back ([`to_json`](Self::to_json)'s), as a client does with a tool's
     /// error (an MCP result, a tool server's answer): `code` is required and must be a known
     /// code; `retryable` defaults to the code's, `hint` to the code's; `retry_after_ms`,
-    /// `attempts`, `class` and `cause` are read when present. `None` for anything else, so a
-    /// caller can tell "a stormguard error" from "some JSON".
+    /// `attempts`, `class` and `cause` are read when present, and must have their types when
+    /// present (a `retry_after_ms` of `1.5` or a `retryable` of `"yes"` is not this shape).
+    /// `None` for anything else, so a caller can tell "a stormguard error" from "some JSON".
     ///
     /// ```
     /// use std::time::Duration;
@@ -271,32 +272,34 @@ impl ToolError {
     pub fn from_json(value: &serde_json::Value) -> Option<ToolError> {
         let code = ErrorCode::parse(value.get("code")?.as_str()?)?;
         let mut err = ToolError::new(code);
-        if let Some(retryable) = value.get("retryable").and_then(|v| v.as_bool()) {
-            err = err.with_retryable(retryable);
+        // A field that is present must have its type: a wrong one is not this shape at all.
+        let field = |name: &str| value.get(name).filter(|v| !v.is_null());
+        if let Some(v) = field("retryable") {
+            err = err.with_retryable(v.as_bool()?);
         }
-        if let Some(hint) = value.get("hint").and_then(|v| v.as_str()) {
-            err = err.with_hint(hint.to_string());
+        if let Some(v) = field("hint") {
+            err = err.with_hint(v.as_str()?.to_string());
         }
-        if let Some(ms) = value.get("retry_after_ms").and_then(|v| v.as_u64()) {
-            err = err.with_retry_after(Duration::from_millis(ms));
+        if let Some(v) = field("retry_after_ms") {
+            err = err.with_retry_after(Duration::from_millis(v.as_u64()?));
         }
-        if let Some(attempts) = value
-            .get("attempts")
-            .and_then(|v| v.as_u64())
-            .and_then(|n| u32::try_from(n).ok())
-        {
-            err = err.with_attempts(attempts);
+        if let Some(v) = field("attempts") {
+            err = err.with_attempts(u32::try_from(v.as_u64()?).ok()?);
         }
-        if let Some(class) = value
-            .get("class")
-            .and_then(|v| serde_json::from_value::<FailureClass>(v.clone()).ok())
-        {
-            err = err.with_class(class);
+        if let Some(v) = field("class") {
+            err = err.with_class(serde_json::from_value::<FailureClass>(v.clone()).ok()?);
         }
-        if let Some(cause) = value.get("cause").and_then(ToolError::from_json) {
-            err = err.with_source(cause);
+        if let Some(v) = field("cause") {
+            err = err.with_source(ToolError::from_json(v)?);
         }
         Some(err)
+    }
+
+    /// Whether `value` carries the whole shape [`to_json`](Self::to_json) writes (`code`,
+    /// `retryable` and `hint`), not just a field named `code` (another server's error JSON).
+    pub(crate) fn is_whole_shape(value: &serde_json::Value) -> bool {
+        value.get("retryable").is_some_and(|v| v.is_boolean())
+            && value.get("hint").is_some_and(|v| v.is_string())
     }
 }
 

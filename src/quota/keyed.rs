@@ -65,8 +65,10 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// has room for its whole cost, in line behind that key's earlier calls (first come, first
 /// served, GCRA as [`QuotaLayer`](super::QuotaLayer)), and never behind another key's. A call
 /// that costs more than the burst could never go: it fails at once with `invalid_argument`
-/// (retryable: false), without waiting. The cost is reserved when the call is made: estimate it
-/// from the request (a prompt's tokens plus `max_tokens`).
+/// (retryable: false), without waiting; one that costs 0 goes at once and reserves nothing. The
+/// cost is reserved when the call is made: estimate it from the request (a prompt's tokens plus
+/// `max_tokens`). A call dropped while it waits (a timeout above, a cancelled run) keeps its
+/// reservation: its room in the quota goes unused, as with [`QuotaLayer`](super::QuotaLayer).
 ///
 /// Unlike [`QuotaLayer`](super::QuotaLayer), the wait happens in the call's future (the key is in
 /// the request), and the inner service is driven ready after the wait, on a clone: the service is
@@ -246,7 +248,12 @@ where
                 ));
             return KeyedQuotaFuture::failed(err);
         }
-        let wait = self.layer.keys.gcra(&key).reserve_n(cost.max(1));
+        // A call that costs nothing reserves nothing and waits for nothing.
+        let wait = if cost == 0 {
+            std::time::Duration::ZERO
+        } else {
+            self.layer.keys.gcra(&key).reserve_n(cost)
+        };
         let sleep = if wait.is_zero() {
             None
         } else {
@@ -361,6 +368,22 @@ mod tests {
         // The idle thousand were dropped as the shards filled again.
         assert!(layer.keys() < 200, "{}", layer.keys());
         assert!(layer.capacity_check());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_costs_nothing_waits_for_nothing_and_reserves_nothing() {
+        use tower::ServiceExt;
+        let quota = Quota::per_second(10).burst(10).build().unwrap();
+        let layer = KeyedQuotaLayer::new(quota, |c: &(u32, u32)| (c.0, c.1));
+        let svc = layer.layer(tower::service_fn(|c: (u32, u32)| async move {
+            Ok::<_, std::io::Error>(c.1)
+        }));
+        let start = tokio::time::Instant::now();
+        svc.clone().oneshot((1, 10)).await.unwrap(); // drains key 1
+        svc.clone().oneshot((1, 0)).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        svc.clone().oneshot((1, 10)).await.unwrap(); // waits for a full refill, no more
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
     }
 
     impl<K, F> KeyedQuotaLayer<K, F> {
