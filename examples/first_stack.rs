@@ -6,7 +6,7 @@ use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::classify::{classify_error, classify_status, Classification};
-use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
 use stormguard::{
     budget::RetryBudget, class::ToolClass, error::BoxError, retry::HttpReplay, retry::RetryLayer,
@@ -59,7 +59,9 @@ async fn main() -> Result<(), BoxError> {
             CircuitBreakerLayer::new(Breaker::new("payments", BreakerConfig::default()))
                 .classifier(classify),
         )
-        .layer(QuotaLayer::new(Quota::per_second(20).burst(5).build()?))
+        .layer(QuotaLayer::new(
+            Rate::builder().per_second(20).burst(5).build()?,
+        ))
         .and_then(|resp: reqwest::Response| async move {
             Ok::<_, BoxError>(Charged {
                 status: resp.status().as_u16(),

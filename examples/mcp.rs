@@ -132,11 +132,10 @@ struct Report {
 
 /// A quick policy for the demo: the class's rules, 5 ms backoff.
 fn fast(class: ToolClass) -> ClassPolicy {
-    class
-        .policy()
-        .into_builder()
+    ClassPolicy::builder(class)
         .backoff(
-            Backoff::exponential(Duration::from_millis(5))
+            Backoff::builder()
+                .exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )

@@ -449,7 +449,7 @@ fn fairness() -> Vec<Row> {
             let shared = stormguard_budget();
             let handle = |shared: &RetryBudget| {
                 if runs {
-                    shared.for_run(RunLimits::new())
+                    shared.for_run(RunLimits::default())
                 } else {
                     shared.clone()
                 }
@@ -488,7 +488,7 @@ fn fairness() -> Vec<Row> {
         let b = stormguard_nested(
             dep_b.clone(),
             DemoClassifier,
-            &stormguard_budget().for_run(RunLimits::new()),
+            &stormguard_budget().for_run(RunLimits::default()),
         );
         drive(b, |i| i, rate_b, (rate_b * secs as f64) as u64).await
     });

@@ -88,7 +88,7 @@ async fn the_balance_is_capped() {
 #[tokio::test(start_paused = true)]
 async fn a_run_budget_stops_retries_across_tools() {
     let shared = RetryBudget::default();
-    let run = shared.for_run(RunLimits::new().max_retries(3).build().unwrap());
+    let run = shared.for_run(RunLimits::builder().max_retries(3).build().unwrap());
     let search_dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let fetch_dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut search = ServiceBuilder::new()
@@ -105,14 +105,14 @@ async fn a_run_budget_stops_retries_across_tools() {
     assert_eq!(search_dep.calls() + fetch_dep.calls(), 3 + 2);
     assert_eq!(run.run_retries(), Some(3));
     // Another run sharing the ratio budget is not affected.
-    let other = shared.for_run(RunLimits::new().max_retries(3).build().unwrap());
+    let other = shared.for_run(RunLimits::builder().max_retries(3).build().unwrap());
     assert!(other.try_withdraw(Duration::ZERO).is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_run_budget_caps_retry_time() {
     let run = RetryBudget::default().for_run(
-        RunLimits::new()
+        RunLimits::builder()
             .max_retry_time(Duration::from_secs(1))
             .build()
             .unwrap(),
@@ -165,7 +165,7 @@ fn invalid_budgets_are_rejected_with_the_field_named() {
         assert_eq!(result.unwrap_err().field(), field);
     }
     assert_eq!(
-        RunLimits::new()
+        RunLimits::builder()
             .max_retry_time(Duration::ZERO)
             .build()
             .unwrap_err()

@@ -17,7 +17,7 @@ use std::time::Duration;
 use stormguard::backoff::Backoff;
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
+use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{DefaultClassifier, GrpcClassifier};
 use stormguard::error::ErrorCode;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
@@ -238,12 +238,11 @@ fn client(
     })
 }
 
-fn fast(class: ToolClass) -> stormguard::class::ClassPolicy {
-    class
-        .policy()
-        .into_builder()
+fn fast(class: ToolClass) -> ClassPolicy {
+    ClassPolicy::builder(class)
         .backoff(
-            Backoff::exponential(Duration::from_millis(5))
+            Backoff::builder()
+                .exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )

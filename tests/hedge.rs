@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
+use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::hedge::HedgeLayer;
 use stormguard::retry::{Replay, RetryLayer};
 use tokio::time::Instant;
@@ -83,12 +83,11 @@ fn hedge(budget: &RetryBudget, ms: u64) -> HedgeLayer {
         .unwrap()
 }
 
-fn fast_read(class: ToolClass) -> stormguard::class::ClassPolicy {
-    class
-        .policy()
-        .into_builder()
+fn fast_read(class: ToolClass) -> ClassPolicy {
+    ClassPolicy::builder(class)
         .backoff(
-            stormguard::backoff::Backoff::exponential(Duration::from_millis(1))
+            stormguard::backoff::Backoff::builder()
+                .exponential(Duration::from_millis(1))
                 .build()
                 .unwrap(),
         )
@@ -228,9 +227,7 @@ async fn a_failure_before_the_delay_is_answered_at_once() {
     let budget = RetryBudget::default();
     // Under a Retry that gives no second attempt: the failure comes back after 5 ms, with no
     // hedge after it.
-    let one = ToolClass::Read
-        .policy()
-        .into_builder()
+    let one = ClassPolicy::builder(ToolClass::Read)
         .max_attempts(1)
         .build()
         .unwrap();

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use stormguard::backoff::{Backoff, Jitter};
 use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
+use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::HttpClassifier;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
@@ -19,12 +19,11 @@ fn req() -> Req {
     http::Request::get("/").body(String::new()).unwrap()
 }
 
-fn constant(ms: u64) -> stormguard::class::ClassPolicy {
-    ToolClass::Read
-        .policy()
-        .into_builder()
+fn constant(ms: u64) -> ClassPolicy {
+    ClassPolicy::builder(ToolClass::Read)
         .backoff(
-            Backoff::constant(Duration::from_millis(ms))
+            Backoff::builder()
+                .constant(Duration::from_millis(ms))
                 .jitter(Jitter::None)
                 .build()
                 .unwrap(),

@@ -11,7 +11,7 @@ use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptLayer,
+    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -117,8 +117,13 @@ fn layer(store: &InMemoryStore, log: Log) -> Tool {
         ToolClass::UnkeyedWrite,
         action as fn(&_) -> _,
     )
-    .timing(Duration::from_secs(5), Duration::from_secs(10))
-    .unwrap()
+    .config(
+        ReceiptConfig::builder()
+            .lease(Duration::from_secs(5))
+            .wait(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+    )
     .read_back(log, Consistency::Immediate)
 }
 
@@ -195,10 +200,14 @@ async fn a_keyed_write_crossing_its_key_window_is_read_back_only_after_its_lease
         let effects = Arc::new(AtomicU32::new(0));
         let store = InMemoryStore::with_clock(Paused(Instant::now()));
         let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
-            .timing(Duration::from_secs(5), Duration::from_secs(10))
-            .unwrap()
-            .key_window(Duration::from_secs(1))
-            .unwrap()
+            .config(
+                ReceiptConfig::builder()
+                    .lease(Duration::from_secs(5))
+                    .wait(Duration::from_secs(10))
+                    .key_window(Duration::from_secs(1))
+                    .build()
+                    .unwrap(),
+            )
             .read_back(Log(effects.clone()), Consistency::Immediate)
             .layer(provider_after(effects.clone(), fail, land));
         assert!(tool.clone().oneshot(post()).await.is_err());

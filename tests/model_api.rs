@@ -89,7 +89,10 @@ async fn a_long_error_body_is_peeked_up_to_the_limit_and_handed_on_whole() {
             .unwrap()
     })
     .await;
-    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(1024)
+        .timeout(Duration::from_secs(2))
+        .build()
         .unwrap()
         .layer(client());
     let req = http::Request::get(format!("http://{addr}/"))
@@ -112,7 +115,10 @@ async fn a_success_is_not_read() {
             .unwrap()
     })
     .await;
-    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(1024)
+        .timeout(Duration::from_secs(2))
+        .build()
         .unwrap()
         .layer(client());
     let req = http::Request::get(format!("http://{addr}/"))
@@ -175,7 +181,10 @@ async fn a_body_that_breaks_during_the_peek_hands_its_error_on_in_its_place() {
         let body = Script(frames.drain(..).collect());
         async move { Ok::<_, std::io::Error>(http::Response::builder().status(500).body(body).unwrap()) }
     });
-    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(1024)
+        .timeout(Duration::from_secs(2))
+        .build()
         .unwrap()
         .layer(upstream);
     let resp = peek.oneshot(()).await.unwrap();
@@ -209,7 +218,10 @@ async fn a_slow_error_body_is_handed_on_after_the_timeout_with_what_was_read() {
         });
         Ok::<_, std::io::Error>(http::Response::builder().status(503).body(body).unwrap())
     });
-    let peek = PeekErrorBodyLayer::new(1024, Duration::from_secs(2))
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(1024)
+        .timeout(Duration::from_secs(2))
+        .build()
         .unwrap()
         .layer(upstream);
     let start = tokio::time::Instant::now();
@@ -235,7 +247,10 @@ async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
                 .unwrap(),
         )
     });
-    let peek = PeekErrorBodyLayer::new(BODY.len(), Duration::from_secs(2))
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(BODY.len())
+        .timeout(Duration::from_secs(2))
+        .build()
         .unwrap()
         .layer(upstream);
     let resp = peek.oneshot(()).await.unwrap();

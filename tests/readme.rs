@@ -151,8 +151,10 @@ async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() 
     let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
     let (http_client, budget) = (http_client(addr), RetryBudget::default());
     let run = async move {
+        use stormguard::class::ClassPolicy;
+
         // Five attempts for this operation, whatever the layers below allow each time they are called.
-        let five = ToolClass::Read.policy().into_builder().max_attempts(5).build()?;
+        let five = ClassPolicy::builder(ToolClass::Read).max_attempts(5).build()?;
         let mut search = ServiceBuilder::new()
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five).name("agent-loop"))
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
@@ -454,7 +456,7 @@ async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Resu
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
         // reads at most 16 KiB of an error body, for at most 2 s, and hands the body on whole
-        .layer(PeekErrorBodyLayer::new(16 * 1024, Duration::from_secs(2))?)
+        .layer(PeekErrorBodyLayer::builder().limit(16 * 1024).timeout(Duration::from_secs(2)).build()?)
         .service(http_client);
 
     let ask = || http::Request::post("http://api.test/v1/messages").body(String::from("{}")).unwrap();
@@ -483,10 +485,10 @@ async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(
     let header = |req: &http::Request<String>, name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let tenant_of = move |req: &http::Request<String>| header(req, "x-tenant");
     let tokens_of = move |req: &http::Request<String>| header(req, "x-tokens").parse::<u32>().unwrap_or(1);
-    use stormguard::quota::{KeyedQuotaLayer, Quota};
+    use stormguard::quota::{KeyedQuotaLayer, Rate};
 
     // each tenant: 1,000 tokens a second, a whole second's worth at once; key and cost per call
-    let tokens = Quota::per_second(1_000).burst(1_000).build()?;
+    let tokens = Rate::builder().per_second(1_000).burst(1_000).build()?;
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
         .layer(KeyedQuotaLayer::new(tokens, move |req: &http::Request<String>| (tenant_of(req), tokens_of(req))))

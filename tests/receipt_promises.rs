@@ -15,8 +15,9 @@ use stormguard::classify::{HttpClassifier, NotProcessed};
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
-    ReadBackResult, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
+    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
+    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptConfigBuilder, ReceiptLayer,
+    ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
 use stormguard::retry::{HttpReplay, RetryLayer};
 use support::server::{self, Body, HttpClient};
@@ -108,9 +109,14 @@ impl Service<Send_> for Provider {
 }
 
 fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, ActionFn> {
-    ReceiptLayer::new(store.clone(), class, action as ActionFn)
-        .timing(Duration::from_secs(30), Duration::from_secs(2))
-        .unwrap()
+    ReceiptLayer::new(store.clone(), class, action as ActionFn).config(timing().build().unwrap())
+}
+
+/// A 30 s lease, a 2 s wait for a parallel duplicate.
+fn timing() -> ReceiptConfigBuilder {
+    ReceiptConfig::builder()
+        .lease(Duration::from_secs(30))
+        .wait(Duration::from_secs(2))
 }
 
 async fn crash<St: ReceiptStore>(store: &St, invoice: u64) {
@@ -276,9 +282,13 @@ async fn postgres_judges_every_lease_by_the_server_clock() {
         ..Provider::default()
     };
     let lease = |st: &PostgresStore| {
-        ReceiptLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn)
-            .timing(Duration::from_millis(1_500), Duration::from_secs(5))
-            .unwrap()
+        ReceiptLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn).config(
+            ReceiptConfig::builder()
+                .lease(Duration::from_millis(1_500))
+                .wait(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
     };
     let (mut on_a, mut on_b) = (
         lease(&a).layer(provider.clone()),
@@ -367,8 +377,12 @@ async fn a_keyed_resume_past_the_key_window_is_treated_as_unkeyed() {
     crash(&store, 62).await;
     clock.advance_ms(3600 * 1000);
     let mut svc = layer(&store, ToolClass::KeyedWrite)
-        .key_window(Duration::from_secs(2 * 3600))
-        .unwrap()
+        .config(
+            timing()
+                .key_window(Duration::from_secs(2 * 3600))
+                .build()
+                .unwrap(),
+        )
         .layer(provider.clone());
     svc.ready().await.unwrap().call(send(62)).await.unwrap();
     assert_eq!(provider.deliveries(), 2);
@@ -422,8 +436,9 @@ async fn a_locked_table_fails_a_store_call_in_bounded_time() {
     let Some(url) = fresh_schema().await else {
         return;
     };
-    let store = PostgresStore::options(&url)
+    let store = PostgresOptions::builder(&url)
         .lock_timeout(Duration::from_millis(300))
+        .build()
         .unwrap()
         .connect()
         .await
@@ -530,8 +545,13 @@ async fn waiters_wait_short<St: ReceiptStore>(store: St) {
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     let svc = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
-        .timing(Duration::from_secs(30), Duration::from_secs(5))
-        .unwrap()
+        .config(
+            ReceiptConfig::builder()
+                .lease(Duration::from_secs(30))
+                .wait(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
         .layer(provider.clone());
     let results = futures_join_all((0..20).map(|_| svc.clone().oneshot(send(91)))).await;
     let codes: Vec<_> = results
@@ -680,12 +700,14 @@ async fn a_call_cancelled_before_it_was_sent_removes_its_intent() {
 
 #[tokio::test]
 async fn a_receipt_hit_never_waits_for_or_spends_a_quota_slot() {
-    use stormguard::quota::{Quota, QuotaLayer};
+    use stormguard::quota::{QuotaLayer, Rate};
     let store = InMemoryStore::new();
     let provider = Provider::default();
     let mut svc = ServiceBuilder::new()
         .layer(layer(&store, ToolClass::KeyedWrite))
-        .layer(QuotaLayer::new(Quota::per_second(5).build().unwrap()))
+        .layer(QuotaLayer::new(
+            Rate::builder().per_second(5).build().unwrap(),
+        ))
         .service(provider.clone());
     let started = Instant::now();
     for _ in 0..6 {
@@ -788,8 +810,9 @@ async fn postgres_reconnects_after_its_backends_die() {
     };
     let name = format!("sg_reconnect_{}", std::process::id());
     let url = format!("{url} application_name={name}");
-    let store = PostgresStore::options(&url)
+    let store = PostgresOptions::builder(&url)
         .connections(2)
+        .build()
         .unwrap()
         .connect()
         .await
@@ -1017,8 +1040,13 @@ async fn an_operator_settles_an_outcome_unknown() {
     let store = SqliteStore::open(temp_db("resolve"), Durability::Process).unwrap();
     let provider = Provider::default();
     let mut svc = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn)
-        .timing(Duration::from_millis(10), Duration::from_secs(2))
-        .unwrap()
+        .config(
+            ReceiptConfig::builder()
+                .lease(Duration::from_millis(10))
+                .wait(Duration::from_secs(2))
+                .build()
+                .unwrap(),
+        )
         .layer(provider.clone());
     for (invoice, resolution) in [
         (144, Resolution::NotDone),

@@ -12,8 +12,9 @@ use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresStore, ReadBack,
-    ReadBackResult, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
+    Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
+    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution,
+    Resolved, SqliteStore, StoreError,
 };
 use support::stores::{fresh_schema, temp_db};
 use tower::{Layer, Service, ServiceExt};
@@ -112,9 +113,13 @@ fn send(invoice: u64) -> SendEmail {
 type Action_ = fn(&SendEmail) -> Result<Action, stormguard::key::KeyError>;
 
 fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, Action_> {
-    ReceiptLayer::new(store.clone(), class, action as Action_)
-        .timing(Duration::from_secs(30), Duration::from_secs(2))
-        .unwrap()
+    ReceiptLayer::new(store.clone(), class, action as Action_).config(
+        ReceiptConfig::builder()
+            .lease(Duration::from_secs(30))
+            .wait(Duration::from_secs(2))
+            .build()
+            .unwrap(),
+    )
 }
 
 async fn call<S: Service<SendEmail, Response = Sent, Error = BoxError>>(
@@ -544,8 +549,10 @@ macro_rules! suite {
 /// `None` with a note.
 async fn postgres_on(clock: ManualClock) -> Option<PostgresStore> {
     let url = fresh_schema().await?;
-    let store = PostgresStore::options(&url)
+    let store = PostgresOptions::builder(&url)
         .clock(clock)
+        .build()
+        .unwrap()
         .connect()
         .await
         .unwrap();

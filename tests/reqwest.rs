@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
+use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{HttpClassifier, ReqwestClassifier};
 use stormguard::error::ErrorCode;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
@@ -82,11 +82,12 @@ fn retry(class: ToolClass) -> RetryLayer<HttpClassifier, HttpReplay> {
 }
 
 fn retry_with<C>(class: ToolClass, classifier: C) -> RetryLayer<C, HttpReplay> {
-    let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(5))
+    let fast = stormguard::backoff::Backoff::builder()
+        .exponential(Duration::from_millis(5))
         .build()
         .unwrap();
     RetryLayer::new(class, RetryBudget::default())
-        .policy(class.policy().into_builder().backoff(fast).build().unwrap())
+        .policy(ClassPolicy::builder(class).backoff(fast).build().unwrap())
         .classifier(classifier)
         .replay(HttpReplay)
 }

@@ -11,7 +11,7 @@ use stormguard::budget::{RetryBudget, RunLimits};
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{FailureClass, HttpClassifier};
 use stormguard::error::{ErrorCode, ToolError};
-use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use support::{call, http_script, no_floor, Dependency, Outcome};
 use tokio::time::Instant;
@@ -24,11 +24,12 @@ fn post() -> Req {
 }
 
 fn constant(class: ToolClass, ms: u64) -> stormguard::class::ClassPolicyBuilder {
-    let backoff = Backoff::constant(Duration::from_millis(ms))
+    let backoff = Backoff::builder()
+        .constant(Duration::from_millis(ms))
         .jitter(Jitter::None)
         .build()
         .unwrap();
-    class.policy().into_builder().backoff(backoff)
+    ClassPolicy::builder(class).backoff(backoff)
 }
 
 /// A hint never skips escalation: an ambiguous failure of an unkeyed write ends as
@@ -203,15 +204,15 @@ async fn a_nested_layers_deadline_holds() {
 #[tokio::test(start_paused = true)]
 async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
-    let policy = ToolClass::Read
-        .policy()
-        .into_builder()
+    let policy = ClassPolicy::builder(ToolClass::Read)
         .deadline(Duration::from_millis(500))
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).policy(policy))
-        .layer(QuotaLayer::new(Quota::per_second(1).build().unwrap()))
+        .layer(QuotaLayer::new(
+            Rate::builder().per_second(1).build().unwrap(),
+        ))
         .service(dep.clone());
     let start = Instant::now();
     let err = call(&mut svc, 1u32).await.unwrap_err();
@@ -224,7 +225,9 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-        .layer(QuotaLayer::new(Quota::per_second(1).build().unwrap()))
+        .layer(QuotaLayer::new(
+            Rate::builder().per_second(1).build().unwrap(),
+        ))
         .service(dep.clone());
     assert!(call(&mut svc, 1u32).await.is_ok());
     assert_eq!(dep.calls(), 2);
@@ -286,9 +289,7 @@ async fn every_budget_is_credited_once_per_operation() {
     for _ in 0..5 {
         a.deposit(); // 5 x 0.2: one retry for A to spend
     }
-    let once = ToolClass::Read
-        .policy()
-        .into_builder()
+    let once = ClassPolicy::builder(ToolClass::Read)
         .max_attempts(1)
         .build()
         .unwrap();
@@ -312,8 +313,8 @@ async fn a_run_in_an_outage_cannot_starve_a_healthy_run() {
         .floor(0, Duration::from_secs(60))
         .build()
         .unwrap();
-    let healthy = shared.for_run(RunLimits::new());
-    let down = shared.for_run(RunLimits::new());
+    let healthy = shared.for_run(RunLimits::default());
+    let down = shared.for_run(RunLimits::default());
     let mut good =
         RetryLayer::new(ToolClass::Read, healthy.clone()).layer(Dependency::always(Outcome::Ok));
     for n in 0..500 {
@@ -345,9 +346,7 @@ async fn a_run_in_an_outage_cannot_starve_a_healthy_run() {
 #[tokio::test(start_paused = true)]
 async fn the_outermost_layer_sets_the_operations_attempts() {
     let budget = RetryBudget::default();
-    let five = ToolClass::Read
-        .policy()
-        .into_builder()
+    let five = ClassPolicy::builder(ToolClass::Read)
         .max_attempts(5)
         .build()
         .unwrap();
@@ -363,9 +362,7 @@ async fn the_outermost_layer_sets_the_operations_attempts() {
     assert!(!err.retryable());
 
     // An inner layer that makes one attempt leaves the retrying to the layer above.
-    let once: ClassPolicy = ToolClass::Read
-        .policy()
-        .into_builder()
+    let once: ClassPolicy = ClassPolicy::builder(ToolClass::Read)
         .max_attempts(1)
         .build()
         .unwrap();

@@ -12,7 +12,8 @@ use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, KeyError};
 use stormguard::receipt::{
-    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptLayer, ReceiptStore,
+    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer,
+    ReceiptStore,
 };
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
@@ -200,8 +201,13 @@ impl Stacks {
                 }
                 let receipts = ReceiptLayer::new(store.clone(), *class, action as fn(&_) -> _)
                     .classifier(SimClassifier)
-                    .timing(LEASE, WAIT)
-                    .expect("valid timing");
+                    .config(
+                        ReceiptConfig::builder()
+                            .lease(LEASE)
+                            .wait(WAIT)
+                            .build()
+                            .expect("valid timing"),
+                    );
                 let below = ServiceBuilder::new()
                     .layer(breaker)
                     .service(provider.clone());
@@ -260,7 +266,7 @@ pub async fn run(
             faults,
             provider: provider.clone(),
         };
-        let run_budget = budget.for_run(RunLimits::new());
+        let run_budget = budget.for_run(RunLimits::default());
         let end = match &sqlite_path {
             None => {
                 ep.run(&mut stats, |_| memory.clone(), &breakers, &run_budget)

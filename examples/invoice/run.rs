@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use stormguard::class::ToolClass;
 use stormguard::error::BoxError;
 use stormguard::key::{IdempotencyKey, KeyStamp};
-use stormguard::receipt::{Action, Durability, ReceiptLayer, SqliteStore};
+use stormguard::receipt::{Action, Durability, ReceiptConfig, ReceiptLayer, SqliteStore};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -380,7 +380,12 @@ pub async fn child(
                             &["invoice_id", "to"],
                         )
                     })
-                    .timing(Duration::from_millis(1500), Duration::from_secs(10))?;
+                    .config(
+                        ReceiptConfig::builder()
+                            .lease(Duration::from_millis(1500))
+                            .wait(Duration::from_secs(10))
+                            .build()?,
+                    );
                 emit(
                     &serde_json::json!({"event": "intent", "note": "the receipt layer records the intent before the send"}),
                 );

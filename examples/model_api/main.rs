@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
-use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
@@ -199,10 +199,11 @@ fn stormguard_nested(client: ModelClient) -> Boxed {
 /// The same, with a client-side quota under the retries: 40 calls a second with bursts of 5 put
 /// at most 45 into any one second, a margin under the API's 50 for network jitter.
 fn stormguard_quota(client: ModelClient) -> Boxed {
-    let quota = Quota::per_second(40)
+    let quota = Rate::builder()
+        .per_second(40)
         .burst(5)
         .build()
-        .expect("a valid quota");
+        .expect("a valid rate");
     stormguard_stack(client, Some(QuotaLayer::new(quota).name("model-api")))
 }
 

@@ -80,11 +80,10 @@ async fn serve_503() -> (std::net::SocketAddr, Arc<AtomicU64>) {
 
 /// A quick policy for the demo: the class's rules, 5 ms backoff.
 fn fast(class: ToolClass) -> ClassPolicy {
-    class
-        .policy()
-        .into_builder()
+    ClassPolicy::builder(class)
         .backoff(
-            Backoff::exponential(Duration::from_millis(5))
+            Backoff::builder()
+                .exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )

@@ -226,7 +226,13 @@ pub async fn run_case(provider: Provider, case: &'static str) -> Outcome {
                 .classifier(ModelApiClassifier)
                 .replay(HttpReplay),
         )
-        .layer(PeekErrorBodyLayer::new(64 * 1024, Duration::from_secs(2)).expect("valid"))
+        .layer(
+            PeekErrorBodyLayer::builder()
+                .limit(64 * 1024)
+                .timeout(Duration::from_secs(2))
+                .build()
+                .expect("valid"),
+        )
         .service(HttpClient::new());
     let path = match provider {
         Provider::OpenAi => "/v1/chat/completions",
@@ -387,7 +393,7 @@ async fn serve_tokens() -> (std::net::SocketAddr, Arc<Mutex<(u64, u64)>>) {
 /// Two tenants, 20 calls of 300 tokens each, all at once: with a keyed, weighted quota of 90 %
 /// of each tenant's limit under the retries (`guarded`), or with the retries alone.
 pub async fn run_tokens(guarded: bool) -> Tokens {
-    use stormguard::quota::{KeyedQuotaLayer, Quota};
+    use stormguard::quota::{KeyedQuotaLayer, Rate};
     let (addr, counts) = serve_tokens().await;
     let budget = RetryBudget::default();
     // The key and the cost, from the request: the tenant, and the tokens it will use.
@@ -405,11 +411,17 @@ pub async fn run_tokens(guarded: bool) -> Tokens {
         )
     };
     let rate = TENANT_TOKENS_PER_SEC * 9 / 10;
-    let quota = Quota::per_second(rate)
+    let quota = Rate::builder()
+        .per_second(rate)
         .burst(rate)
         .build()
-        .expect("valid quota");
-    let tokens = guarded.then(|| KeyedQuotaLayer::new(quota, tenant_tokens).name("tokens"));
+        .expect("valid rate");
+    let tokens = guarded.then(|| {
+        KeyedQuotaLayer::builder(quota, tenant_tokens)
+            .name("tokens")
+            .build()
+            .expect("valid keyed quota")
+    });
     let model = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::Read, budget)

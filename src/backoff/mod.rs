@@ -19,7 +19,8 @@
 //! use std::time::Duration;
 //! use stormguard::backoff::{Backoff, Jitter};
 //!
-//! let backoff = Backoff::exponential(Duration::from_millis(100))
+//! let backoff = Backoff::builder()
+//!     .exponential(Duration::from_millis(100))
 //!     .cap(Duration::from_secs(2))
 //!     .jitter(Jitter::Full)
 //!     .build()?;
@@ -44,7 +45,8 @@ use std::time::Duration;
 /// use stormguard::backoff::{Backoff, MAX_CAP};
 ///
 /// assert_eq!(MAX_CAP, Duration::from_secs(3600));
-/// let err = Backoff::exponential(Duration::from_secs(1))
+/// let err = Backoff::builder()
+///     .exponential(Duration::from_secs(1))
 ///     .cap(MAX_CAP + Duration::from_secs(1))
 ///     .build()
 ///     .unwrap_err();
@@ -66,11 +68,11 @@ enum Growth {
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let none = Backoff::exponential(Duration::from_millis(100)).jitter(Jitter::None).build()?;
+/// let none = Backoff::builder().exponential(Duration::from_millis(100)).jitter(Jitter::None).build()?;
 /// let mut state = none.state(7);
 /// assert_eq!(state.next_delay(), Duration::from_millis(100));
 /// assert_eq!(state.next_delay(), Duration::from_millis(200));
-/// let linear = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Decorrelated);
+/// let linear = Backoff::builder().linear(Duration::from_millis(100)).jitter(Jitter::Decorrelated);
 /// assert_eq!(linear.build().unwrap_err().field(), "jitter");
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
@@ -87,14 +89,15 @@ pub enum Jitter {
     Decorrelated,
 }
 
-/// A validated backoff configuration. Build one with [`Backoff::exponential`],
-/// [`Backoff::linear`] or [`Backoff::constant`].
+/// A validated backoff configuration. Build one with [`Backoff::builder`], choosing the curve
+/// ([`exponential`](BackoffBuilder::exponential), [`linear`](BackoffBuilder::linear) or
+/// [`constant`](BackoffBuilder::constant)).
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let backoff = Backoff::exponential(Duration::from_millis(100)).build()?;
+/// let backoff = Backoff::builder().exponential(Duration::from_millis(100)).build()?;
 /// assert_eq!(backoff.cap(), Duration::from_secs(10));
 /// assert_eq!(backoff.jitter(), Jitter::Full);
 /// assert_eq!(backoff.ceiling(3), Duration::from_millis(800));
@@ -110,22 +113,15 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Exponential growth from `base`, doubling per retry. Defaults: cap 10 s, full jitter.
-    pub fn exponential(base: Duration) -> BackoffBuilder {
-        BackoffBuilder::new(Growth::Exponential, base)
-    }
-
-    /// Linear growth: `base · (n + 1)`. Defaults: cap 10 s, full jitter.
-    pub fn linear(base: Duration) -> BackoffBuilder {
-        BackoffBuilder::new(Growth::Linear, base)
-    }
-
-    /// The same delay every time (zero allowed). Defaults: no jitter.
-    pub fn constant(delay: Duration) -> BackoffBuilder {
-        let mut b = BackoffBuilder::new(Growth::Constant, delay);
-        b.jitter = Jitter::None;
-        b.cap = delay;
-        b
+    /// A builder with no curve chosen yet: choose one with
+    /// [`exponential`](BackoffBuilder::exponential), [`linear`](BackoffBuilder::linear) or
+    /// [`constant`](BackoffBuilder::constant) (none chosen is refused by `build`).
+    pub fn builder() -> BackoffBuilder {
+        BackoffBuilder {
+            curve: None,
+            cap: None,
+            jitter: None,
+        }
     }
 
     /// Exponential, full jitter; `base <= cap` and `base > 0` are the caller's promise.
@@ -176,74 +172,103 @@ impl Backoff {
     }
 }
 
-/// Builds a [`Backoff`]; [`build`](Self::build) rejects invalid settings.
+/// Builds a [`Backoff`]; [`build`](Self::build) rejects invalid settings, and a curve never
+/// chosen. The defaults depend on the curve: exponential and linear cap at 10 s with full
+/// jitter; constant caps at its delay with no jitter.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::backoff::Backoff;
 ///
-/// let err = Backoff::linear(Duration::ZERO).build().unwrap_err();
+/// let err = Backoff::builder().linear(Duration::ZERO).build().unwrap_err();
 /// assert_eq!(err.field(), "base");
+/// assert_eq!(Backoff::builder().build().unwrap_err().field(), "curve");
 /// // A constant backoff may be zero; it has no jitter.
-/// let zero = Backoff::constant(Duration::ZERO).build()?;
+/// let zero = Backoff::builder().constant(Duration::ZERO).build()?;
 /// assert_eq!(zero.state(1).next_delay(), Duration::ZERO);
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
+#[must_use]
 pub struct BackoffBuilder {
-    growth: Growth,
-    base: Duration,
-    cap: Duration,
-    jitter: Jitter,
+    /// The growth and its base delay.
+    curve: Option<(Growth, Duration)>,
+    cap: Option<Duration>,
+    jitter: Option<Jitter>,
 }
 
 impl BackoffBuilder {
-    fn new(growth: Growth, base: Duration) -> Self {
-        BackoffBuilder {
-            growth,
-            base,
-            cap: Duration::from_secs(10),
-            jitter: Jitter::Full,
-        }
+    /// Exponential growth from `base`, doubling per retry. Defaults: cap 10 s, full jitter.
+    pub fn exponential(mut self, base: Duration) -> Self {
+        self.curve = Some((Growth::Exponential, base));
+        self
+    }
+
+    /// Linear growth: `base · (n + 1)`. Defaults: cap 10 s, full jitter.
+    pub fn linear(mut self, base: Duration) -> Self {
+        self.curve = Some((Growth::Linear, base));
+        self
+    }
+
+    /// The same delay every time (zero allowed). Defaults: cap `delay`, no jitter.
+    pub fn constant(mut self, delay: Duration) -> Self {
+        self.curve = Some((Growth::Constant, delay));
+        self
     }
 
     /// The longest delay (at most [`MAX_CAP`]).
     pub fn cap(mut self, cap: Duration) -> Self {
-        self.cap = cap;
+        self.cap = Some(cap);
         self
     }
 
     /// The jitter.
     pub fn jitter(mut self, jitter: Jitter) -> Self {
-        self.jitter = jitter;
+        self.jitter = Some(jitter);
         self
     }
 
     /// Checks the settings.
     pub fn build(self) -> Result<Backoff, ConfigError> {
-        if self.growth != Growth::Constant && self.base.is_zero() {
+        let Some((growth, base)) = self.curve else {
+            return Err(ConfigError::new(
+                "curve",
+                "choose one: exponential, linear or constant",
+            ));
+        };
+        let (cap, jitter) = match growth {
+            Growth::Constant => (
+                self.cap.unwrap_or(base),
+                self.jitter.unwrap_or(Jitter::None),
+            ),
+            Growth::Exponential | Growth::Linear => (
+                self.cap.unwrap_or(Duration::from_secs(10)),
+                self.jitter.unwrap_or(Jitter::Full),
+            ),
+        };
+        if growth != Growth::Constant && base.is_zero() {
             return Err(ConfigError::new(
                 "base",
                 "must be greater than zero for exponential and linear backoff",
             ));
         }
-        if self.cap < self.base {
+        if cap < base {
             return Err(ConfigError::new("cap", "must be at least the base delay"));
         }
-        if self.cap > MAX_CAP {
+        if cap > MAX_CAP {
             return Err(ConfigError::new("cap", "must be at most one hour"));
         }
-        if self.jitter == Jitter::Decorrelated && self.growth != Growth::Exponential {
+        if jitter == Jitter::Decorrelated && growth != Growth::Exponential {
             return Err(ConfigError::new(
                 "jitter",
                 "decorrelated jitter applies to exponential backoff only",
             ));
         }
         Ok(Backoff {
-            growth: self.growth,
-            base: self.base,
-            cap: self.cap,
-            jitter: self.jitter,
+            growth,
+            base,
+            cap,
+            jitter,
         })
     }
 }
@@ -254,7 +279,7 @@ impl BackoffBuilder {
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let backoff = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Equal).build()?;
+/// let backoff = Backoff::builder().linear(Duration::from_millis(100)).jitter(Jitter::Equal).build()?;
 /// let (mut a, mut b) = (backoff.state(42), backoff.state(42));
 /// let first = a.next_delay();
 /// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));

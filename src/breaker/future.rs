@@ -1,4 +1,5 @@
-//! [`ResponseFuture`]: one call through the breaker, with its outcome recorded on completion.
+//! [`ResponseFuture`]: one call through the breaker, with its outcome recorded on completion;
+//! [`KeyedBreakerFuture`]: one call through the breaker its request names.
 
 use super::policy::{Count, CountPolicy};
 use super::state::{Admission, Admit, Breaker};
@@ -10,6 +11,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tower_service::Service;
 
 /// An admitted call's claim on the breaker. Dropped before the call completes (a cancelled
 /// trial), it gives the trial permit back, so a cancelled trial cannot wedge the breaker.
@@ -257,5 +259,66 @@ pub(super) fn retry_after_hint(breaker: &Breaker, after: Duration) -> String {
         )
     } else {
         format!("{reason}; calls are paused, retry after {wait}")
+    }
+}
+
+pin_project! {
+    /// The future of [`KeyedBreaker`](super::KeyedBreaker): the key's breaker admits (or rejects) once the inner
+    /// service is ready, then the call is counted as
+    /// [`CircuitBreaker`](super::CircuitBreaker) counts it.
+    pub struct KeyedBreakerFuture<S: Service<Req>, C, P, Req> {
+        #[pin]
+        state: KeyedState<S, C, P, Req>,
+    }
+}
+
+pin_project! {
+    #[project = KeyedProj]
+    enum KeyedState<S: Service<Req>, C, P, Req> {
+        Ready { guarded: super::CircuitBreaker<S, C, P>, request: Option<Req> },
+        Called { #[pin] future: ResponseFuture<S::Future, C, P> },
+    }
+}
+
+impl<S: Service<Req>, C, P, Req> KeyedBreakerFuture<S, C, P, Req> {
+    /// Drives `guarded` ready, then calls it with `request`.
+    pub(super) fn new(guarded: super::CircuitBreaker<S, C, P>, request: Req) -> Self {
+        KeyedBreakerFuture {
+            state: KeyedState::Ready {
+                guarded,
+                request: Some(request),
+            },
+        }
+    }
+}
+
+impl<S, C, P, Req> Future for KeyedBreakerFuture<S, C, P, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error> + Clone,
+    P: super::CountPolicy + Clone,
+{
+    type Output = Result<Watched<C, S::Response, S::Error, P>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                KeyedProj::Ready { guarded, request } => {
+                    ready!(guarded.poll_ready(cx))?;
+                    let req = request.take().expect("polled after completion");
+                    let future = guarded.call(req);
+                    this.state.set(KeyedState::Called { future });
+                }
+                KeyedProj::Called { future } => return future.poll(cx),
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, C, P, Req> fmt::Debug for KeyedBreakerFuture<S, C, P, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBreakerFuture").finish_non_exhaustive()
     }
 }

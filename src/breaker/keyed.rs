@@ -1,13 +1,10 @@
 //! A breaker per key (host, model, tenant), chosen per request: [`KeyedBreakerLayer`].
 
-use super::{BreakerRegistry, CircuitBreaker, CountDependencyFailures, ResponseFuture};
+use super::{BreakerRegistry, CircuitBreaker, CountDependencyFailures, KeyedBreakerFuture};
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::BoxError;
-use pin_project_lite::pin_project;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -139,6 +136,38 @@ impl<S: fmt::Debug, F, C, P> fmt::Debug for KeyedBreaker<S, F, C, P> {
     }
 }
 
+impl<S, F, C, P> KeyedBreaker<S, F, C, P> {
+    /// The inner service.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use stormguard::breaker::{BreakerConfig, BreakerRegistry, KeyedBreakerLayer};
+    ///
+    /// struct Client { region: &'static str }
+    ///
+    /// let registry = BreakerRegistry::new(BreakerConfig::default());
+    /// let layer = KeyedBreakerLayer::new(registry, |model: &String| model.clone());
+    /// let mut svc = layer.layer(Client { region: "eu" });
+    /// svc.get_mut().region = "us";
+    /// assert_eq!(svc.get_ref().region, "us");
+    /// let client: Client = svc.into_inner();
+    /// assert_eq!(client.region, "us");
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, F, C, P, Req, K> Service<Req> for KeyedBreaker<S, F, C, P>
 where
     S: Service<Req> + Clone,
@@ -166,59 +195,6 @@ where
             self.layer.classifier.clone(),
             self.layer.policy.clone(),
         );
-        KeyedBreakerFuture {
-            state: KeyedState::Ready {
-                guarded,
-                request: Some(req),
-            },
-        }
-    }
-}
-
-pin_project! {
-    /// The future of [`KeyedBreaker`]: the key's breaker admits (or rejects) once the inner
-    /// service is ready, then the call is counted as [`CircuitBreaker`] counts it.
-    pub struct KeyedBreakerFuture<S: Service<Req>, C, P, Req> {
-        #[pin]
-        state: KeyedState<S, C, P, Req>,
-    }
-}
-
-pin_project! {
-    #[project = KeyedProj]
-    enum KeyedState<S: Service<Req>, C, P, Req> {
-        Ready { guarded: CircuitBreaker<S, C, P>, request: Option<Req> },
-        Called { #[pin] future: ResponseFuture<S::Future, C, P> },
-    }
-}
-
-impl<S, C, P, Req> Future for KeyedBreakerFuture<S, C, P, Req>
-where
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-    C: Classify<S::Response, S::Error> + Clone,
-    P: super::CountPolicy + Clone,
-{
-    type Output = Result<super::future::Watched<C, S::Response, S::Error, P>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                KeyedProj::Ready { guarded, request } => {
-                    ready!(guarded.poll_ready(cx))?;
-                    let req = request.take().expect("polled after completion");
-                    let future = guarded.call(req);
-                    this.state.set(KeyedState::Called { future });
-                }
-                KeyedProj::Called { future } => return future.poll(cx),
-            }
-        }
-    }
-}
-
-impl<S: Service<Req>, C, P, Req> fmt::Debug for KeyedBreakerFuture<S, C, P, Req> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedBreakerFuture").finish_non_exhaustive()
+        KeyedBreakerFuture::new(guarded, req)
     }
 }

@@ -149,8 +149,8 @@ mod window;
 
 pub use config::{BreakerConfig, BreakerConfigBuilder, FailureRate, OnTransition, Window};
 pub use future::Watched as WatchedResponse;
-pub use future::{ResponseFuture, StreamTicket};
-pub use keyed::{KeyedBreaker, KeyedBreakerFuture, KeyedBreakerLayer};
+pub use future::{KeyedBreakerFuture, ResponseFuture, StreamTicket};
+pub use keyed::{KeyedBreaker, KeyedBreakerLayer};
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};
 pub use registry::BreakerRegistry;

@@ -45,7 +45,7 @@
 //! use stormguard::budget::{RetryBudget, RunLimits};
 //!
 //! let shared = RetryBudget::builder().retry_ratio(0.1).build()?;
-//! let run = shared.for_run(RunLimits::new().max_retries(20).max_retry_time(Duration::from_secs(60)).build()?);
+//! let run = shared.for_run(RunLimits::builder().max_retries(20).max_retry_time(Duration::from_secs(60)).build()?);
 //! assert_eq!(run.run_retries(), Some(0));
 //! # Ok::<(), stormguard::error::ConfigError>(())
 //! ```
@@ -74,8 +74,8 @@
 //! use stormguard::budget::{Refusal, RetryBudget, RunLimits};
 //!
 //! let shared = RetryBudget::builder().floor(0, Duration::from_secs(60)).run_share(2).build()?;
-//! let healthy = shared.for_run(RunLimits::new());
-//! let down = shared.for_run(RunLimits::new());
+//! let healthy = shared.for_run(RunLimits::default());
+//! let down = shared.for_run(RunLimits::default());
 //! for _ in 0..50 {
 //!     healthy.deposit(); // 50 successes x 0.2 = 10 retries in the shared balance
 //! }
@@ -91,7 +91,7 @@
 mod ratio;
 mod run;
 
-pub use run::RunLimits;
+pub use run::{RunLimits, RunLimitsBuilder};
 
 use crate::backoff::rng::mix;
 use crate::error::{ConfigError, ErrorCode};
@@ -109,7 +109,7 @@ use std::time::Duration;
 /// use stormguard::budget::{Refusal, RetryBudget, RunLimits};
 /// use stormguard::error::ErrorCode;
 ///
-/// let run = RetryBudget::default().for_run(RunLimits::new().max_retries(0).build()?);
+/// let run = RetryBudget::default().for_run(RunLimits::builder().max_retries(0).build()?);
 /// let refusal = run.try_withdraw(Duration::ZERO).unwrap_err();
 /// assert_eq!(refusal, Refusal::RunBudget);
 /// assert_eq!(refusal.code(), ErrorCode::RunBudgetExhausted);
@@ -166,7 +166,7 @@ impl RetryBudget {
 
     /// A handle for one agent run: it shares this budget's ratio balance within the run's
     /// [fair share](self#fair-shares-between-runs), and adds the run's own `limits`
-    /// (`RunLimits::new()` for none).
+    /// (`RunLimits::default()` for none).
     pub fn for_run(&self, limits: RunLimits) -> RetryBudget {
         RetryBudget {
             ratio: self.ratio.clone(),
@@ -266,7 +266,7 @@ impl RetryBudget {
     /// use stormguard::budget::{RetryBudget, RunLimits};
     ///
     /// let shared = RetryBudget::builder().retry_ratio(0.5).build()?;
-    /// let run = shared.for_run(RunLimits::new());
+    /// let run = shared.for_run(RunLimits::default());
     /// run.deposit();
     /// assert_eq!(run.run_credit(), Some(0.5));
     /// assert_eq!(shared.run_credit(), None);

@@ -6,14 +6,16 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Caps on what one agent run may spend on retries, across every tool it calls.
+/// `RunLimits::default()` has none; [`RunLimits::builder`] sets them.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::budget::RunLimits;
 ///
-/// let limits = RunLimits::new().max_retries(30).max_retry_time(Duration::from_secs(120)).build()?;
+/// let limits = RunLimits::builder().max_retries(30).max_retry_time(Duration::from_secs(120)).build()?;
 /// assert_eq!(limits.retries(), Some(30));
-/// assert!(RunLimits::new().max_retry_time(Duration::ZERO).build().is_err());
+/// assert_eq!(RunLimits::default().retries(), None);
+/// assert!(RunLimits::builder().max_retry_time(Duration::ZERO).build().is_err());
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -23,35 +25,11 @@ pub struct RunLimits {
 }
 
 impl RunLimits {
-    /// No limits yet.
-    pub const fn new() -> Self {
-        RunLimits {
-            max_retries: None,
-            max_retry_time: None,
+    /// A builder with no limits set.
+    pub fn builder() -> RunLimitsBuilder {
+        RunLimitsBuilder {
+            limits: RunLimits::default(),
         }
-    }
-
-    /// At most `n` retries in the run (0 forbids retries).
-    pub fn max_retries(mut self, n: u32) -> Self {
-        self.max_retries = Some(n);
-        self
-    }
-
-    /// At most `d` of backoff in the run, summed over its retries.
-    pub fn max_retry_time(mut self, d: Duration) -> Self {
-        self.max_retry_time = Some(d);
-        self
-    }
-
-    /// Checks the settings.
-    pub fn build(self) -> Result<RunLimits, ConfigError> {
-        if self.max_retry_time == Some(Duration::ZERO) {
-            return Err(ConfigError::new(
-                "max_retry_time",
-                "must be greater than zero (use max_retries(0) to forbid retries)",
-            ));
-        }
-        Ok(self)
     }
 
     /// The cap on retries.
@@ -62,6 +40,39 @@ impl RunLimits {
     /// The cap on backoff time.
     pub fn retry_time(&self) -> Option<Duration> {
         self.max_retry_time
+    }
+}
+
+/// Builds [`RunLimits`]; [`build`](Self::build) rejects what cannot work. A limit not set is no
+/// limit.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub struct RunLimitsBuilder {
+    limits: RunLimits,
+}
+
+impl RunLimitsBuilder {
+    /// At most `n` retries in the run (0 forbids retries).
+    pub fn max_retries(mut self, n: u32) -> Self {
+        self.limits.max_retries = Some(n);
+        self
+    }
+
+    /// At most `d` of backoff in the run, summed over its retries.
+    pub fn max_retry_time(mut self, d: Duration) -> Self {
+        self.limits.max_retry_time = Some(d);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<RunLimits, ConfigError> {
+        if self.limits.max_retry_time == Some(Duration::ZERO) {
+            return Err(ConfigError::new(
+                "max_retry_time",
+                "must be greater than zero (use max_retries(0) to forbid retries)",
+            ));
+        }
+        Ok(self.limits)
     }
 }
 

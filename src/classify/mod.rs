@@ -63,7 +63,9 @@ pub use mcp::McpClassifier;
 #[cfg(feature = "http")]
 pub use model_api::ModelApiClassifier;
 #[cfg(feature = "http")]
-pub use peek::{ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekFuture, PeekedBody};
+pub use peek::{
+    ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekErrorBodyLayerBuilder, PeekFuture, PeekedBody,
+};
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;

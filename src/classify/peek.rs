@@ -86,14 +86,18 @@ impl ErrorBody {
 /// Put it directly above the HTTP client, below the layers that classify (a `Retry`, a
 /// breaker with [`ModelApiClassifier`](super::ModelApiClassifier)).
 ///
+/// Built with [`PeekErrorBodyLayer::builder`]: by default it reads at most 16 KiB, for at most
+/// 2 s (a model API's error body is well under 1 KiB).
+///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::classify::PeekErrorBodyLayer;
 ///
-/// let peek = PeekErrorBodyLayer::new(16 * 1024, Duration::from_secs(2))?;
-/// # let _ = peek;
-/// assert!(PeekErrorBodyLayer::new(0, Duration::from_secs(2)).is_err());
-/// assert!(PeekErrorBodyLayer::new(1024, Duration::ZERO).is_err());
+/// let peek = PeekErrorBodyLayer::builder().limit(16 * 1024).timeout(Duration::from_secs(2)).build()?;
+/// assert_eq!(peek.limit(), 16 * 1024);
+/// assert_eq!(PeekErrorBodyLayer::builder().build()?.timeout(), Duration::from_secs(2));
+/// assert_eq!(PeekErrorBodyLayer::builder().limit(0).build().unwrap_err().field(), "limit");
+/// assert_eq!(PeekErrorBodyLayer::builder().timeout(Duration::ZERO).build().unwrap_err().field(), "timeout");
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
@@ -103,22 +107,64 @@ pub struct PeekErrorBodyLayer {
 }
 
 impl PeekErrorBodyLayer {
-    /// Reads at most `limit` bytes (1 B to 1 MiB) of an error body, for at most `timeout` (1 ms to
-    /// 1 min).
-    pub fn new(limit: usize, timeout: Duration) -> Result<Self, crate::error::ConfigError> {
-        if !(1..=MAX_LIMIT).contains(&limit) {
+    /// A builder with the defaults: at most 16 KiB, for at most 2 s.
+    pub fn builder() -> PeekErrorBodyLayerBuilder {
+        PeekErrorBodyLayerBuilder {
+            limit: 16 * 1024,
+            timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// The most bytes of an error body it reads.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The longest it waits for an error body.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// Builds a [`PeekErrorBodyLayer`]; [`build`](Self::build) rejects what cannot work.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub struct PeekErrorBodyLayerBuilder {
+    limit: usize,
+    timeout: Duration,
+}
+
+impl PeekErrorBodyLayerBuilder {
+    /// Reads at most `limit` bytes of an error body (1 B to 1 MiB; default 16 KiB).
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Waits at most `timeout` for them (1 ms to 1 min; default 2 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The layer, or the setting that cannot work.
+    pub fn build(self) -> Result<PeekErrorBodyLayer, crate::error::ConfigError> {
+        if !(1..=MAX_LIMIT).contains(&self.limit) {
             return Err(crate::error::ConfigError::new(
                 "limit",
                 "must be between 1 byte and 1 MiB",
             ));
         }
-        if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(60) {
+        if self.timeout < Duration::from_millis(1) || self.timeout > Duration::from_secs(60) {
             return Err(crate::error::ConfigError::new(
                 "timeout",
                 "must be between 1 ms and 1 minute",
             ));
         }
-        Ok(PeekErrorBodyLayer { limit, timeout })
+        Ok(PeekErrorBodyLayer {
+            limit: self.limit,
+            timeout: self.timeout,
+        })
     }
 }
 
@@ -140,6 +186,38 @@ pub struct PeekErrorBody<S> {
     inner: S,
     limit: usize,
     timeout: Duration,
+}
+
+impl<S> PeekErrorBody<S> {
+    /// The inner service.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use stormguard::classify::PeekErrorBodyLayer;
+    ///
+    /// struct Client { region: &'static str }
+    ///
+    /// let layer = PeekErrorBodyLayer::builder().build()?;
+    /// let mut svc = layer.layer(Client { region: "eu" });
+    /// svc.get_mut().region = "us";
+    /// assert_eq!(svc.get_ref().region, "us");
+    /// let client: Client = svc.into_inner();
+    /// assert_eq!(client.region, "us");
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S, Req, B> Service<Req> for PeekErrorBody<S>

@@ -339,6 +339,39 @@ impl<S: fmt::Debug, C, R> fmt::Debug for Hedge<S, C, R> {
     }
 }
 
+impl<S, C, R> Hedge<S, C, R> {
+    /// The inner service.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::Layer;
+    /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
+    ///
+    /// struct Client { region: &'static str }
+    ///
+    /// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(50)).build()?;
+    /// let mut svc = layer.layer(Client { region: "eu" });
+    /// svc.get_mut().region = "us";
+    /// assert_eq!(svc.get_ref().region, "us");
+    /// let client: Client = svc.into_inner();
+    /// assert_eq!(client.region, "us");
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, C, R, Req> Service<Req> for Hedge<S, C, R>
 where
     S: Service<Req> + Clone,

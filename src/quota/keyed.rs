@@ -1,18 +1,15 @@
 //! A quota per key (tenant, run, model), with weighted calls (tokens): [`KeyedQuotaLayer`].
 
-use super::{Gcra, Quota};
-use crate::error::{BoxError, ErrorCode, ToolError};
+use super::{Gcra, KeyedQuotaFuture, Rate};
+use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
 use crate::telemetry::QUOTA_WAITS as WAITS;
-use pin_project_lite::pin_project;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::hash::{BuildHasher, Hash};
-use std::pin::Pin;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
-use std::task::{ready, Context, Poll};
-use tokio::time::Sleep;
+use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -22,7 +19,7 @@ const SHARDS: usize = 16;
 struct Keys<K> {
     shards: Vec<Mutex<HashMap<K, Arc<Gcra>>>>,
     hasher: std::collections::hash_map::RandomState,
-    quota: Quota,
+    rate: Rate,
     /// Keys a shard holds before it drops its idle ones.
     per_shard: usize,
 }
@@ -44,7 +41,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
                 );
             }
         }
-        let gcra = Arc::new(Gcra::new(self.quota));
+        let gcra = Arc::new(Gcra::new(self.rate));
         map.insert(key.clone(), gcra.clone());
         gcra
     }
@@ -57,8 +54,8 @@ impl<K: Hash + Eq + Clone> Keys<K> {
     }
 }
 
-/// Holds each key's calls to its own [`Quota`], weighted by their cost: a provider's limits per
-/// organisation, per model, in requests or in tokens per minute.
+/// Holds each key's calls to its own quota at a [`Rate`], weighted by their cost: a provider's
+/// limits per organisation, per model, in requests or in tokens per minute.
 ///
 /// `key_and_cost` reads the key (a tenant, a run, a model) and the call's cost (1 for a request
 /// quota; the tokens it will use for a token quota) from the request. A call waits until its key
@@ -76,18 +73,24 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// full again it is dropped (when its shard passes `capacity / 16` keys), so idle tenants cost
 /// nothing. Each call takes one short shard lock to find its key.
 ///
+/// [`new`](Self::new) makes a layer with the defaults (name `keyed-quota`, capacity 100,000 keys);
+/// [`builder`](Self::builder) sets them.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower::{Layer, Service, ServiceExt, service_fn};
-/// use stormguard::quota::{KeyedQuotaLayer, Quota};
+/// use stormguard::quota::{KeyedQuotaLayer, Rate};
 ///
 /// struct Prompt { tenant: &'static str, tokens: u32 }
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// // 1,000 tokens a second per tenant, up to 1,000 at once.
-/// let tpm = Quota::per_second(1_000).burst(1_000).build().unwrap();
-/// let layer = KeyedQuotaLayer::new(tpm, |p: &Prompt| (p.tenant, p.tokens)).name("tokens");
+/// let tpm = Rate::builder().per_second(1_000).burst(1_000).build().unwrap();
+/// let layer = KeyedQuotaLayer::builder(tpm, |p: &Prompt| (p.tenant, p.tokens))
+///     .name("tokens")
+///     .build()
+///     .unwrap();
 /// let model = service_fn(|p: Prompt| async move { Ok::<_, std::io::Error>(p.tokens) });
 /// let mut svc = layer.layer(model);
 /// let start = tokio::time::Instant::now();
@@ -110,51 +113,69 @@ pub struct KeyedQuotaLayer<K, F> {
 }
 
 impl<K, F> KeyedQuotaLayer<K, F> {
-    /// Each key gets its own `quota`; `key_and_cost` reads a request's key and cost.
-    pub fn new<Req>(quota: Quota, key_and_cost: F) -> Self
+    /// Each key gets its own quota at `rate`; `key_and_cost` reads a request's key and cost.
+    /// The defaults: name `keyed-quota`, capacity 100,000 keys (as
+    /// `builder(rate, key_and_cost).build()`).
+    pub fn new<Req>(rate: Rate, key_and_cost: F) -> Self
     where
         F: Fn(&Req) -> (K, u32),
     {
+        Self::with(
+            rate,
+            key_and_cost,
+            Cow::Borrowed("keyed-quota"),
+            DEFAULT_CAPACITY,
+        )
+    }
+
+    /// A builder for a layer giving each key its own quota at `rate`; `key_and_cost` reads a
+    /// request's key and cost.
+    ///
+    /// ```
+    /// use stormguard::quota::{KeyedQuotaLayer, Rate};
+    ///
+    /// let rate = Rate::builder().per_minute(500).build()?;
+    /// let layer = KeyedQuotaLayer::builder(rate, |tenant: &String| (tenant.clone(), 1))
+    ///     .name("per-tenant")
+    ///     .capacity(10_000)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// let err = KeyedQuotaLayer::builder(rate, |tenant: &String| (tenant.clone(), 1))
+    ///     .capacity(8)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(err.field(), "capacity");
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn builder<Req>(rate: Rate, key_and_cost: F) -> KeyedQuotaLayerBuilder<K, F>
+    where
+        F: Fn(&Req) -> (K, u32),
+    {
+        KeyedQuotaLayerBuilder {
+            rate,
+            key_and_cost,
+            name: Cow::Borrowed("keyed-quota"),
+            capacity: DEFAULT_CAPACITY,
+            _key: PhantomData,
+        }
+    }
+
+    fn with(rate: Rate, key_and_cost: F, name: Cow<'static, str>, capacity: usize) -> Self {
         KeyedQuotaLayer {
             keys: Arc::new(Keys {
                 shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
                 hasher: Default::default(),
-                quota,
-                per_shard: 100_000 / SHARDS,
+                rate,
+                per_shard: capacity / SHARDS,
             }),
             key_and_cost,
-            name: Cow::Borrowed("keyed-quota"),
+            name,
         }
     }
 
-    /// The name in metrics (`quota` label) and traces.
-    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// How many keys' quotas may be kept before idle ones are dropped (100,000 by default; at
-    /// least 16, at most 100,000,000).
-    pub fn capacity(self, keys: usize) -> Result<Self, crate::error::ConfigError> {
-        if !(SHARDS..=100_000_000).contains(&keys) {
-            return Err(crate::error::ConfigError::new(
-                "capacity",
-                "must be between 16 and 100,000,000 keys",
-            ));
-        }
-        let keys_state = Arc::try_unwrap(self.keys)
-            .map(|mut k| {
-                k.per_shard = keys / SHARDS;
-                Arc::new(k)
-            })
-            .map_err(|_| {
-                crate::error::ConfigError::new("capacity", "set it before the layer is cloned")
-            })?;
-        Ok(KeyedQuotaLayer {
-            keys: keys_state,
-            key_and_cost: self.key_and_cost,
-            name: self.name,
-        })
+    /// The rate each key's quota holds calls to.
+    pub fn rate(&self) -> Rate {
+        self.keys.rate
     }
 
     /// The keys whose quotas are kept now (busy ones, and idle ones not dropped yet).
@@ -163,6 +184,60 @@ impl<K, F> KeyedQuotaLayer<K, F> {
         K: Hash + Eq + Clone,
     {
         self.keys.len()
+    }
+}
+
+/// How many keys' quotas a [`KeyedQuotaLayer`] keeps by default before idle ones are dropped.
+const DEFAULT_CAPACITY: usize = 100_000;
+
+/// Builds a [`KeyedQuotaLayer`]; made by [`KeyedQuotaLayer::builder`].
+#[must_use]
+pub struct KeyedQuotaLayerBuilder<K, F> {
+    rate: Rate,
+    key_and_cost: F,
+    name: Cow<'static, str>,
+    capacity: usize,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<K, F> KeyedQuotaLayerBuilder<K, F> {
+    /// The name in metrics (`quota` label) and traces (default `keyed-quota`).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How many keys' quotas may be kept before idle ones are dropped (100,000 by default; at
+    /// least 16, at most 100,000,000).
+    pub fn capacity(mut self, keys: usize) -> Self {
+        self.capacity = keys;
+        self
+    }
+
+    /// The layer, or the setting that cannot work.
+    pub fn build(self) -> Result<KeyedQuotaLayer<K, F>, ConfigError> {
+        if !(SHARDS..=100_000_000).contains(&self.capacity) {
+            return Err(ConfigError::new(
+                "capacity",
+                "must be between 16 and 100,000,000 keys",
+            ));
+        }
+        Ok(KeyedQuotaLayer::with(
+            self.rate,
+            self.key_and_cost,
+            self.name,
+            self.capacity,
+        ))
+    }
+}
+
+impl<K, F> fmt::Debug for KeyedQuotaLayerBuilder<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQuotaLayerBuilder")
+            .field("rate", &self.rate)
+            .field("name", &self.name)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
     }
 }
 
@@ -180,7 +255,7 @@ impl<K, F> fmt::Debug for KeyedQuotaLayer<K, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedQuotaLayer")
             .field("name", &self.name)
-            .field("quota", &self.keys.quota)
+            .field("rate", &self.keys.rate)
             .finish_non_exhaustive()
     }
 }
@@ -220,6 +295,38 @@ impl<S: fmt::Debug, K, F> fmt::Debug for KeyedQuota<S, K, F> {
     }
 }
 
+impl<S, K, F> KeyedQuota<S, K, F> {
+    /// The inner service.
+    ///
+    /// ```
+    /// use tower::Layer;
+    /// use stormguard::quota::{KeyedQuotaLayer, Rate};
+    ///
+    /// struct Client { region: &'static str }
+    ///
+    /// let rate = Rate::builder().per_second(5).build().unwrap();
+    /// let layer = KeyedQuotaLayer::new(rate, |tenant: &String| (tenant.clone(), 1));
+    /// let mut svc = layer.layer(Client { region: "eu" });
+    /// svc.get_mut().region = "us";
+    /// assert_eq!(svc.get_ref().region, "us");
+    /// let client: Client = svc.into_inner();
+    /// assert_eq!(client.region, "us");
+    /// ```
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
 impl<S, K, F, Req> Service<Req> for KeyedQuota<S, K, F>
 where
     S: Service<Req> + Clone,
@@ -238,13 +345,13 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let (key, cost) = (self.layer.key_and_cost)(&req);
-        let quota = self.layer.keys.quota;
-        if cost > quota.burst() {
+        let rate = self.layer.keys.rate;
+        if cost > rate.burst() {
             let err = ToolError::new(ErrorCode::InvalidArgument)
                 .with_retryable(false)
                 .with_hint(format!(
                     "this call costs {cost}, more than the quota allows at once ({}); make it smaller",
-                    quota.burst()
+                    rate.burst()
                 ));
             return KeyedQuotaFuture::failed(err);
         }
@@ -266,82 +373,7 @@ where
             );
             Some(Box::pin(tokio::time::sleep(wait)))
         };
-        KeyedQuotaFuture {
-            state: KeyedState::Waiting {
-                sleep,
-                service: self.inner.clone(),
-                request: Some(req),
-            },
-        }
-    }
-}
-
-pin_project! {
-    /// The future of [`KeyedQuota`]: the wait for the key's room, the inner service's
-    /// readiness, then the call.
-    pub struct KeyedQuotaFuture<S: Service<Req>, Req> {
-        #[pin]
-        state: KeyedState<S, Req>,
-    }
-}
-
-pin_project! {
-    #[project = KeyedProj]
-    enum KeyedState<S: Service<Req>, Req> {
-        Failed { error: Option<ToolError> },
-        Waiting { sleep: Option<Pin<Box<Sleep>>>, service: S, request: Option<Req> },
-        Calling { #[pin] future: S::Future },
-    }
-}
-
-impl<S: Service<Req>, Req> KeyedQuotaFuture<S, Req> {
-    fn failed(error: ToolError) -> Self {
-        KeyedQuotaFuture {
-            state: KeyedState::Failed { error: Some(error) },
-        }
-    }
-}
-
-impl<S, Req> Future for KeyedQuotaFuture<S, Req>
-where
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-{
-    type Output = Result<S::Response, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                KeyedProj::Failed { error } => {
-                    let error = error.take().expect("polled after completion");
-                    return Poll::Ready(Err(Box::new(error)));
-                }
-                KeyedProj::Waiting {
-                    sleep,
-                    service,
-                    request,
-                } => {
-                    if let Some(s) = sleep.as_mut() {
-                        ready!(s.as_mut().poll(cx));
-                        *sleep = None;
-                    }
-                    ready!(service.poll_ready(cx)).map_err(Into::into)?;
-                    let req = request.take().expect("polled after completion");
-                    let future = service.call(req);
-                    this.state.set(KeyedState::Calling { future });
-                }
-                KeyedProj::Calling { future } => {
-                    return future.poll(cx).map_err(Into::into);
-                }
-            }
-        }
-    }
-}
-
-impl<S: Service<Req>, Req> fmt::Debug for KeyedQuotaFuture<S, Req> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedQuotaFuture").finish_non_exhaustive()
+        KeyedQuotaFuture::waiting(sleep, self.inner.clone(), req)
     }
 }
 
@@ -352,9 +384,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_keys_are_dropped_when_a_shard_fills() {
-        let quota = Quota::per_second(10).build().unwrap();
-        let layer = KeyedQuotaLayer::new(quota, |k: &u32| (*k, 1))
+        let rate = Rate::builder().per_second(10).build().unwrap();
+        let layer = KeyedQuotaLayer::builder(rate, |k: &u32| (*k, 1))
             .capacity(16)
+            .build()
             .unwrap();
         for k in 0..1_000u32 {
             let _ = layer.keys.gcra(&k).reserve_n(1);
@@ -373,8 +406,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_that_costs_nothing_waits_for_nothing_and_reserves_nothing() {
         use tower::ServiceExt;
-        let quota = Quota::per_second(10).burst(10).build().unwrap();
-        let layer = KeyedQuotaLayer::new(quota, |c: &(u32, u32)| (c.0, c.1));
+        let rate = Rate::builder().per_second(10).burst(10).build().unwrap();
+        let layer = KeyedQuotaLayer::new(rate, |c: &(u32, u32)| (c.0, c.1));
         let svc = layer.layer(tower::service_fn(|c: (u32, u32)| async move {
             Ok::<_, std::io::Error>(c.1)
         }));

@@ -1,12 +1,13 @@
 //! The layer and its service: derive the action, stamp its key, hand the call to a [`Run`].
 
 use super::codec::JsonCodec;
+use super::config::ReceiptConfig;
 use super::read_back::{Consistency, NoReadBack};
 use super::run::{Run, Settings, Shared};
 use super::store::ReceiptStore;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
-use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
+use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::key::{KeyStamp, MakeIdempotencyKey};
 use std::fmt;
 use std::future::Future;
@@ -14,7 +15,6 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -23,24 +23,26 @@ use tower_service::Service;
 ///
 /// `action` maps a request to its [`Action`](crate::key::Action) (key and fingerprint): a
 /// [`MakeIdempotencyKey`], such as a closure. The layer stamps the key on the request itself;
-/// below it, the stack needs no [`SetIdempotencyKeyLayer`](crate::key::SetIdempotencyKeyLayer). Defaults: a 30 s lease (how
-/// long a call may be in flight), a 10 s wait for a parallel duplicate, 7 days' retention, a
-/// 24 h provider key window, JSON receipts, no read-back. Invalid settings are refused when the
-/// layer is built:
+/// below it, the stack needs no [`SetIdempotencyKeyLayer`](crate::key::SetIdempotencyKeyLayer).
+/// Defaults: the times of [`ReceiptConfig::default`] (a 30 s lease, how long a call may be in
+/// flight; a 10 s wait for a parallel duplicate; 7 days' retention; a 24 h provider key window),
+/// JSON receipts, no read-back. Other times come as a [`ReceiptConfig`], whose `build` refuses
+/// invalid ones:
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::class::ToolClass;
 /// use stormguard::key::Action;
-/// use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+/// use stormguard::receipt::{InMemoryStore, ReceiptConfig, ReceiptLayer};
 ///
 /// let action = |invoice: &u64| Action::new("run-1", "step-2", "send_invoice", invoice);
-/// let layer = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action);
-/// let err = layer.clone().retention(Duration::from_secs(60)).unwrap_err();
-/// assert_eq!(err.field(), "retention");
-/// let err = layer.clone().key_window(Duration::ZERO).unwrap_err();
-/// assert_eq!(err.field(), "key_window");
-/// assert!(layer.timing(Duration::from_secs(5), Duration::from_secs(2)).is_ok());
+/// let config = ReceiptConfig::builder()
+///     .lease(Duration::from_secs(5))
+///     .wait(Duration::from_secs(2))
+///     .build()?;
+/// let layer = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action).config(config);
+/// # let _ = layer;
+/// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct ReceiptLayer<St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
@@ -61,72 +63,21 @@ impl<St, F> ReceiptLayer<St, F> {
             classifier: DefaultClassifier,
             codec: JsonCodec,
             read_back: NoReadBack,
-            settings: Settings {
-                class,
-                lease: Duration::from_secs(30),
-                wait: Duration::from_secs(10),
-                poll: Duration::from_millis(50),
-                retention: Duration::from_secs(7 * 24 * 3600),
-                key_window: Duration::from_secs(24 * 3600),
-                consistency: Consistency::Eventual,
-            },
+            settings: Settings::new(class, ReceiptConfig::default()),
         }
     }
 }
 
 impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
-    /// How long a call may be in flight before its intent counts as abandoned (a crash), and how
-    /// long to wait for a parallel duplicate's receipt before answering `in_progress`. The lease
-    /// must be at least 1 ms and at most one day, the wait at most one hour. With a
-    /// [`read_back`](Self::read_back), the lease must also outlast the provider's in-flight time:
-    /// a read-back runs only once it has passed.
-    pub fn timing(mut self, lease: Duration, wait: Duration) -> Result<Self, ConfigError> {
-        if lease < Duration::from_millis(1) || lease > Duration::from_secs(24 * 3600) {
-            return Err(ConfigError::new(
-                "lease",
-                "must be at least 1 ms and at most one day",
-            ));
-        }
-        if wait > Duration::from_secs(3600) {
-            return Err(ConfigError::new("wait", "must be at most one hour"));
-        }
-        self.settings.lease = lease;
-        self.settings.wait = wait;
-        Ok(self)
-    }
-
-    /// How long records are kept (at least one hour, at most ten years; longer than your
-    /// longest resume). A resume
-    /// that finds an older intent without a receipt is refused with `receipt_expired`; a receipt
-    /// on hand still answers, whatever its age.
-    pub fn retention(mut self, retention: Duration) -> Result<Self, ConfigError> {
-        if retention > Duration::from_secs(10 * 365 * 24 * 3600) {
-            return Err(ConfigError::new("retention", "must be at most ten years"));
-        }
-        if retention < Duration::from_secs(3600) {
-            return Err(ConfigError::new(
-                "retention",
-                "must be at least one hour (and longer than the longest resume)",
-            ));
-        }
-        self.settings.retention = retention;
-        Ok(self)
-    }
-
-    /// How long the provider of a [`ToolClass::KeyedWrite`] remembers an idempotency key
-    /// (Stripe: 24 h, the default). A pending intent older than this is resumed as if the write
-    /// were unkeyed: by a consistent read-back if one is declared, else `outcome_unknown`;
-    /// never sent again on the strength of a key the provider has forgotten. At least one
-    /// second, at most ten years.
-    pub fn key_window(mut self, window: Duration) -> Result<Self, ConfigError> {
-        if window < Duration::from_secs(1) || window > Duration::from_secs(10 * 365 * 24 * 3600) {
-            return Err(ConfigError::new(
-                "key_window",
-                "must be at least one second and at most ten years",
-            ));
-        }
-        self.settings.key_window = window;
-        Ok(self)
+    /// The times it works with (lease, wait, retention, key window); see [`ReceiptConfig`].
+    /// With a [`read_back`](Self::read_back), the lease must outlast the provider's in-flight
+    /// time: a read-back runs only once it has passed.
+    pub fn config(mut self, config: ReceiptConfig) -> Self {
+        self.settings.lease = config.lease;
+        self.settings.wait = config.wait;
+        self.settings.retention = config.retention;
+        self.settings.key_window = config.key_window;
+        self
     }
 
     /// Replaces the classifier that decides what a result means for the intent. The default,
@@ -162,7 +113,7 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     /// lease of the last attempt has passed: after a crash, and after an ambiguous failure or a
     /// dropped call too (whose lease is then kept running, not given up), because a request
     /// still in flight can land after a read-back that found nothing. **Set the lease
-    /// ([`timing`](Self::timing)) longer than the provider's longest in-flight time** (its
+    /// ([`ReceiptConfigBuilder::lease`](super::ReceiptConfigBuilder::lease)) longer than the provider's longest in-flight time** (its
     /// request timeout, or your client's, plus a margin): that bound is what makes "absent" mean
     /// "safe to send".
     pub fn read_back<RB2>(

@@ -18,7 +18,7 @@
 //! | a receipt | the stored result is returned, whatever its age; the dependency is not called |
 //! | the key with other arguments | `idempotency_key_reused` (Stripe's rule) |
 //! | an intent whose lease is live (a parallel duplicate in flight) | wait, bounded by the layer's `wait`, for its receipt; then `in_progress` |
-//! | an intent whose lease has passed (a crash, an ambiguous failure) | `Read`, `IdempotentWrite`: execute again. `KeyedWrite` younger than the provider's key window (24 h by default, [`ReceiptLayer::key_window`]): execute again with the same key (the provider deduplicates). `UnkeyedWrite`, or a `KeyedWrite` older than the window: a read-back if one is declared consistent, else `outcome_unknown`. `MultiStep`: `outcome_unknown`. A caller that loses the take-over to another waits for that one's receipt |
+//! | an intent whose lease has passed (a crash, an ambiguous failure) | `Read`, `IdempotentWrite`: execute again. `KeyedWrite` younger than the provider's key window (24 h by default, [`ReceiptConfigBuilder::key_window`]): execute again with the same key (the provider deduplicates). `UnkeyedWrite`, or a `KeyedWrite` older than the window: a read-back if one is declared consistent, else `outcome_unknown`. `MultiStep`: `outcome_unknown`. A caller that loses the take-over to another waits for that one's receipt |
 //! | an intent without a receipt, older than the retention | `receipt_expired`: refused loudly, never silently repeated |
 //!
 //! **One clock.** Leases and ages are judged by the store's clock, never by the caller's:
@@ -147,6 +147,7 @@
 
 mod clock;
 mod codec;
+mod config;
 mod intent;
 mod layer;
 mod memory;
@@ -161,10 +162,11 @@ mod store;
 pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec};
+pub use config::{ReceiptConfig, ReceiptConfigBuilder};
 pub use layer::{Receipt, ReceiptLayer};
 pub use memory::InMemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresOptions, PostgresStore};
+pub use postgres::{PostgresOptions, PostgresOptionsBuilder, PostgresStore};
 pub use read_back::{Consistency, NoReadBack, ReadBack, ReadBackResult};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;

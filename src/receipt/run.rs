@@ -25,6 +25,21 @@ pub(super) struct Settings {
     pub(super) consistency: Consistency,
 }
 
+impl Settings {
+    /// A class's settings with `config`'s times, polling every 50 ms, no consistent read-back.
+    pub(super) fn new(class: ToolClass, config: super::ReceiptConfig) -> Settings {
+        Settings {
+            class,
+            lease: config.lease,
+            wait: config.wait,
+            poll: Duration::from_millis(50),
+            retention: config.retention,
+            key_window: config.key_window,
+            consistency: Consistency::Eventual,
+        }
+    }
+}
+
 /// What every call of one layer shares: built once, one pointer cloned per call.
 pub(super) struct Shared<St, C, Cd, RB> {
     pub(super) store: St,

@@ -9,22 +9,23 @@ use std::time::Duration;
 
 /// How one class is retried: attempt cap, backoff, the longest server hint honoured, deadline.
 ///
-/// Start from [`ToolClass::policy`] and change what you need; `build` checks the result.
+/// Start from a class's defaults with [`ClassPolicy::builder`] (or from any policy with
+/// [`into_builder`](Self::into_builder)) and change what you need; `build` checks the result.
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::class::ToolClass;
+/// use stormguard::class::{ClassPolicy, ToolClass};
 ///
-/// let policy = ToolClass::Read
-///     .policy()
-///     .into_builder()
+/// let policy = ClassPolicy::builder(ToolClass::Read)
 ///     .max_attempts(4)
 ///     .deadline(Duration::from_secs(20))
 ///     .build()
 ///     .unwrap();
 /// assert_eq!(policy.max_attempts(), 4);
+/// let longer = policy.into_builder().deadline(Duration::from_secs(60)).build().unwrap();
+/// assert_eq!(longer.max_attempts(), 4);
 ///
-/// assert!(ToolClass::Read.policy().into_builder().max_attempts(0).build().is_err());
+/// assert!(ClassPolicy::builder(ToolClass::Read).max_attempts(0).build().is_err());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ClassPolicy {
@@ -44,6 +45,11 @@ impl ClassPolicy {
             max_server_delay: Duration::from_secs(30),
             deadline: None,
         }
+    }
+
+    /// A builder starting from `class`'s defaults ([`ToolClass::policy`]).
+    pub fn builder(class: ToolClass) -> ClassPolicyBuilder {
+        class.policy().into_builder()
     }
 
     /// A builder starting from this policy.
@@ -83,9 +89,9 @@ impl ClassPolicy {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::class::ToolClass;
+/// use stormguard::class::{ClassPolicy, ToolClass};
 ///
-/// let builder = ToolClass::KeyedWrite.policy().into_builder();
+/// let builder = ClassPolicy::builder(ToolClass::KeyedWrite);
 /// let err = builder.max_server_delay(Duration::from_secs(7200)).build().unwrap_err();
 /// assert_eq!(err.field(), "max_server_delay");
 /// let err = builder.deadline(Duration::ZERO).build().unwrap_err();
@@ -99,9 +105,9 @@ pub struct ClassPolicyBuilder {
 /// The largest `max_attempts` accepted (gRPC caps at 5; agents rarely need more than 10).
 ///
 /// ```
-/// use stormguard::class::{ToolClass, MAX_ATTEMPTS_LIMIT};
+/// use stormguard::class::{ClassPolicy, ToolClass, MAX_ATTEMPTS_LIMIT};
 ///
-/// let builder = ToolClass::Read.policy().into_builder();
+/// let builder = ClassPolicy::builder(ToolClass::Read);
 /// assert!(builder.max_attempts(MAX_ATTEMPTS_LIMIT).build().is_ok());
 /// let err = builder.max_attempts(MAX_ATTEMPTS_LIMIT + 1).build().unwrap_err();
 /// assert_eq!(err.field(), "max_attempts");

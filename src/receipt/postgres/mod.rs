@@ -28,16 +28,17 @@ use tokio_postgres::{Client, NoTls, Statement};
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use stormguard::receipt::{Durability, PostgresStore};
+/// use stormguard::receipt::{Durability, PostgresOptions, PostgresStore};
 /// let url = "host=127.0.0.1 user=postgres dbname=test";
 /// let store = PostgresStore::connect_with(url, Durability::Process).await?;
 /// store.migrate().await?;
 /// // Or with every setting:
-/// let store = PostgresStore::options(url)
+/// let store = PostgresOptions::builder(url)
 ///     .durability(Durability::PowerLoss)
-///     .connections(16)?
-///     .statement_timeout(Duration::from_secs(5))?
-///     .lock_timeout(Duration::from_secs(1))?
+///     .connections(16)
+///     .statement_timeout(Duration::from_secs(5))
+///     .lock_timeout(Duration::from_secs(1))
+///     .build()?
 ///     .connect()
 ///     .await?;
 /// # Ok(())
@@ -48,16 +49,21 @@ pub struct PostgresStore {
     pool: Arc<Pool>,
 }
 
-/// How a [`PostgresStore`] connects; made by [`PostgresStore::options`].
+/// How a [`PostgresStore`] connects: built with [`PostgresOptions::builder`], then
+/// [`connect`](Self::connect)ed.
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::receipt::PostgresStore;
+/// use stormguard::receipt::PostgresOptions;
 ///
-/// let options = PostgresStore::options("host=127.0.0.1 user=postgres dbname=test");
-/// assert_eq!(options.connections(0).unwrap_err().field(), "connections");
-/// let options = PostgresStore::options("host=127.0.0.1");
-/// assert_eq!(options.lock_timeout(Duration::ZERO).unwrap_err().field(), "lock_timeout");
+/// let url = "host=127.0.0.1 user=postgres dbname=test";
+/// let options = PostgresOptions::builder(url).connections(16).build()?;
+/// # let _ = options;
+/// let err = PostgresOptions::builder(url).connections(0).build().unwrap_err();
+/// assert_eq!(err.field(), "connections");
+/// let err = PostgresOptions::builder(url).lock_timeout(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.field(), "lock_timeout");
+/// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone)]
 pub struct PostgresOptions {
@@ -82,52 +88,87 @@ impl fmt::Debug for PostgresOptions {
     }
 }
 
-fn bounded(field: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+fn bounded(field: &'static str, d: Duration) -> Result<(), ConfigError> {
     if d < Duration::from_millis(1) || d > Duration::from_secs(3600) {
         return Err(ConfigError::new(field, "must be between 1 ms and one hour"));
     }
-    Ok(d)
+    Ok(())
 }
 
-impl PostgresOptions {
+/// Builds [`PostgresOptions`]; [`build`](Self::build) rejects what cannot work.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PostgresOptionsBuilder {
+    options: PostgresOptions,
+}
+
+impl PostgresOptionsBuilder {
     /// What a commit survives (default [`Durability::PowerLoss`]).
     pub fn durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
+        self.options.durability = durability;
         self
     }
 
     /// How many connections the store keeps (1 to 64, default 8).
-    pub fn connections(mut self, n: usize) -> Result<Self, ConfigError> {
-        if !(1..=64).contains(&n) {
-            return Err(ConfigError::new("connections", "must be between 1 and 64"));
-        }
-        self.connections = n;
-        Ok(self)
+    pub fn connections(mut self, n: usize) -> Self {
+        self.options.connections = n;
+        self
     }
 
-    /// The longest one statement may run (default 10 s).
-    pub fn statement_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
-        self.statement_timeout = bounded("statement_timeout", d)?;
-        Ok(self)
+    /// The longest one statement may run (1 ms to one hour, default 10 s).
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.options.statement_timeout = d;
+        self
     }
 
-    /// The longest one statement may wait for a lock (default 5 s).
-    pub fn lock_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
-        self.lock_timeout = bounded("lock_timeout", d)?;
-        Ok(self)
+    /// The longest one statement may wait for a lock (1 ms to one hour, default 5 s).
+    pub fn lock_timeout(mut self, d: Duration) -> Self {
+        self.options.lock_timeout = d;
+        self
     }
 
-    /// The longest opening a connection may take (default 5 s).
-    pub fn connect_timeout(mut self, d: Duration) -> Result<Self, ConfigError> {
-        self.connect_timeout = bounded("connect_timeout", d)?;
-        Ok(self)
+    /// The longest opening a connection may take (1 ms to one hour, default 5 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.options.connect_timeout = d;
+        self
     }
 
     /// Judge leases and ages by `clock` instead of the server's (tests only: a clock per
     /// process is what the server clock exists to avoid).
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(StoreClock::of(clock));
+        self.options.clock = Some(StoreClock::of(clock));
         self
+    }
+
+    /// The options, or the setting that cannot work.
+    pub fn build(self) -> Result<PostgresOptions, ConfigError> {
+        let o = self.options;
+        if !(1..=64).contains(&o.connections) {
+            return Err(ConfigError::new("connections", "must be between 1 and 64"));
+        }
+        bounded("statement_timeout", o.statement_timeout)?;
+        bounded("lock_timeout", o.lock_timeout)?;
+        bounded("connect_timeout", o.connect_timeout)?;
+        Ok(o)
+    }
+}
+
+impl PostgresOptions {
+    /// A builder for connecting with `config` (a libpq-style connection string; without TLS:
+    /// for a database on this host or a private network) with the defaults: 8 connections,
+    /// `PowerLoss`, a 10 s statement timeout, a 5 s lock timeout, a 5 s connect timeout.
+    pub fn builder(config: &str) -> PostgresOptionsBuilder {
+        PostgresOptionsBuilder {
+            options: PostgresOptions {
+                config: config.to_string(),
+                durability: Durability::PowerLoss,
+                connections: 8,
+                statement_timeout: Duration::from_secs(10),
+                lock_timeout: Duration::from_secs(5),
+                connect_timeout: Duration::from_secs(5),
+                clock: None,
+            },
+        }
     }
 
     /// Opens the first connection (the others open on first use) and returns the store.
@@ -314,7 +355,7 @@ impl Pool {
 impl PostgresStore {
     /// Connects with [`Durability::PowerLoss`] and the default settings.
     pub async fn connect(config: &str) -> Result<Self, StoreError> {
-        Self::options(config).connect().await
+        PostgresOptions::builder(config).options.connect().await
     }
 
     /// Connects with `durability` and the default settings.
@@ -328,21 +369,9 @@ impl PostgresStore {
     /// `remote_write` / `remote_apply` from the role, database or connection string) and raises
     /// it to `on` only if it is `off`.
     pub async fn connect_with(config: &str, durability: Durability) -> Result<Self, StoreError> {
-        Self::options(config).durability(durability).connect().await
-    }
-
-    /// The settings to connect with (without TLS: for a database on this host or a private
-    /// network): 8 connections, `PowerLoss`, a 10 s statement timeout, a 5 s lock timeout.
-    pub fn options(config: &str) -> PostgresOptions {
-        PostgresOptions {
-            config: config.to_string(),
-            durability: Durability::PowerLoss,
-            connections: 8,
-            statement_timeout: Duration::from_secs(10),
-            lock_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            clock: None,
-        }
+        let mut options = PostgresOptions::builder(config).options;
+        options.durability = durability;
+        options.connect().await
     }
 
     /// The `synchronous_commit` of this store's connections, as PostgreSQL reports it: what a

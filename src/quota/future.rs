@@ -1,0 +1,93 @@
+//! The quota's futures. [`Quota`](super::Quota) returns its inner service's future as it is:
+//! it waits in `poll_ready`, as tower's `RateLimit` does. [`KeyedQuotaFuture`] is the future of
+//! [`KeyedQuota`](super::KeyedQuota), which waits in the call (the key is in the request).
+
+use crate::error::{BoxError, ToolError};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use tokio::time::Sleep;
+use tower_service::Service;
+
+pin_project! {
+    /// The future of [`KeyedQuota`](super::KeyedQuota): the wait for the key's room, the inner
+    /// service's readiness, then the call.
+    pub struct KeyedQuotaFuture<S: Service<Req>, Req> {
+        #[pin]
+        state: KeyedState<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = KeyedProj]
+    enum KeyedState<S: Service<Req>, Req> {
+        Failed { error: Option<ToolError> },
+        Waiting { sleep: Option<Pin<Box<Sleep>>>, service: S, request: Option<Req> },
+        Calling { #[pin] future: S::Future },
+    }
+}
+
+impl<S: Service<Req>, Req> KeyedQuotaFuture<S, Req> {
+    /// Fails at once with `error`.
+    pub(super) fn failed(error: ToolError) -> Self {
+        KeyedQuotaFuture {
+            state: KeyedState::Failed { error: Some(error) },
+        }
+    }
+
+    /// Waits for `sleep` (if any), then for `service` to be ready, then calls it with `request`.
+    pub(super) fn waiting(sleep: Option<Pin<Box<Sleep>>>, service: S, request: Req) -> Self {
+        KeyedQuotaFuture {
+            state: KeyedState::Waiting {
+                sleep,
+                service,
+                request: Some(request),
+            },
+        }
+    }
+}
+
+impl<S, Req> Future for KeyedQuotaFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                KeyedProj::Failed { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Err(Box::new(error)));
+                }
+                KeyedProj::Waiting {
+                    sleep,
+                    service,
+                    request,
+                } => {
+                    if let Some(s) = sleep.as_mut() {
+                        ready!(s.as_mut().poll(cx));
+                        *sleep = None;
+                    }
+                    ready!(service.poll_ready(cx)).map_err(Into::into)?;
+                    let req = request.take().expect("polled after completion");
+                    let future = service.call(req);
+                    this.state.set(KeyedState::Calling { future });
+                }
+                KeyedProj::Calling { future } => {
+                    return future.poll(cx).map_err(Into::into);
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for KeyedQuotaFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQuotaFuture").finish_non_exhaustive()
+    }
+}
