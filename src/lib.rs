@@ -121,6 +121,9 @@ pub mod budget;
 pub mod class;
 pub mod classify;
 pub mod error;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod fleet;
 pub mod hedge;
 pub mod key;
 pub mod operation;

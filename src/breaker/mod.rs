@@ -138,6 +138,8 @@
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
 
 mod config;
+#[cfg(feature = "redis")]
+pub(crate) mod fleet;
 pub mod future;
 mod keyed;
 mod layer;

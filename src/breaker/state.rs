@@ -197,6 +197,10 @@ pub(super) struct Shared {
     reason: Mutex<String>,
     epoch: Instant,
     counters: Counters,
+    /// The fleet this breaker is shared with (feature `redis`): its counts go there, and its
+    /// gate holds the open breaker's probes to the fleet's trial lease.
+    #[cfg(feature = "redis")]
+    pub(super) fleet: std::sync::OnceLock<Arc<super::fleet::Tap>>,
 }
 
 /// A circuit breaker's shared state: one per dependency. Cloning the handle shares it; give a
@@ -247,6 +251,8 @@ impl Breaker {
                 reason: Mutex::new(String::new()),
                 epoch: Instant::now(),
                 counters,
+                #[cfg(feature = "redis")]
+                fleet: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -316,6 +322,11 @@ impl Breaker {
                     ) {
                         OpenDecision::Probe => None,
                         OpenDecision::Reject { retry_after_ms } => Some(retry_after_ms),
+                    };
+                    #[cfg(feature = "redis")]
+                    let wait = match s.fleet.get() {
+                        Some(tap) => tap.gate(wait),
+                        None => wait,
                     };
                     if let Some(retry_after_ms) = wait {
                         s.rejected_since_open.fetch_add(1, Ordering::AcqRel);
@@ -389,6 +400,10 @@ impl Breaker {
             Count::Success => s.counters.success.increment(1),
             Count::Failure => s.counters.failure.increment(1),
             Count::Ignore => s.counters.ignored.increment(1),
+        }
+        #[cfg(feature = "redis")]
+        if let Some(tap) = s.fleet.get() {
+            tap.record(count);
         }
         match admission.view() {
             Admit::Closed(generation) => self.record_closed(generation, count),
@@ -501,6 +516,50 @@ impl Breaker {
                 }
             }
         }
+    }
+
+    /// Opens a closed breaker because the fleet's breaker is open (feature `redis`); says
+    /// whether it did.
+    #[cfg(feature = "redis")]
+    pub(super) fn force_open(&self, reason: String) -> bool {
+        let word = self.word();
+        if word.state() != CLOSED {
+            return false;
+        }
+        self.trip(word, State::Closed, reason);
+        self.word().state() == OPEN
+    }
+
+    /// Closes an open or half-open breaker because the fleet's trial succeeded (feature
+    /// `redis`); says whether it did.
+    #[cfg(feature = "redis")]
+    pub(super) fn force_close(&self, reason: String) -> bool {
+        let s = &*self.shared;
+        let word = self.word();
+        if word.state() == CLOSED {
+            return false;
+        }
+        let closed = word.next(CLOSED);
+        if s.word
+            .compare_exchange(word.0, closed.0, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        s.consecutive.store(0, Ordering::Release);
+        match &s.tally {
+            Tally::Count(ring) => ring.reset(),
+            Tally::Time(buckets) => buckets.reset(),
+            Tally::Off => {}
+        }
+        self.transition(word.public(), State::Closed, reason);
+        true
+    }
+
+    /// Failures in a row now (feature `redis`: the tail a fleet sync reports).
+    #[cfg(feature = "redis")]
+    pub(super) fn consecutive(&self) -> u32 {
+        self.shared.consecutive.load(Ordering::Acquire)
     }
 
     fn trip(&self, word: Word, from: State, reason: String) {

@@ -248,6 +248,54 @@ impl RetryBudget {
         Err(Refusal::RetryBudget)
     }
 
+    /// Asks the fleet's Redis for one retry now, in one round trip (feature `redis`): the exact
+    /// fleet-wide decision, without this worker's lease. The run's own limits apply as in
+    /// [`try_withdraw`](Self::try_withdraw) (fair shares do not: the fleet's balance is asked
+    /// directly). Without a fleet, or while it is down or does not answer within its timeout, it
+    /// is [`try_withdraw`](Self::try_withdraw). The retry layers use the lease, never this: it is
+    /// for a caller that would rather wait a round trip than hold a lease, and for measuring what
+    /// the lease saves (`cargo bench --features redis --bench fleet`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::{Refusal, RetryBudget};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let local = RetryBudget::builder().floor(0, Duration::from_secs(60)).build().unwrap();
+    /// assert_eq!(local.fleet_withdraw(Duration::ZERO).await, Err(Refusal::RetryBudget));
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub async fn fleet_withdraw(&self, delay: Duration) -> Result<(), Refusal> {
+        let Some(lease) = self.ratio.fleet.as_ref().filter(|l| l.is_up()) else {
+            return self.try_withdraw(delay);
+        };
+        if let Some(run) = &self.run {
+            run.try_spend(delay)?;
+        }
+        let answer = lease.withdraw_now(ratio::RETRY).await;
+        if let Ok(true) = answer {
+            return Ok(());
+        }
+        if let Some(run) = &self.run {
+            run.refund(delay);
+        }
+        match answer {
+            Ok(_) => Err(Refusal::RetryBudget),
+            Err(_) => self.try_withdraw(delay),
+        }
+    }
+
+    /// Retries this worker holds leased from the fleet's balance (feature `redis`; 0 without a
+    /// fleet).
+    #[cfg(feature = "redis")]
+    pub fn fleet_lease_held(&self) -> f64 {
+        self.ratio
+            .fleet
+            .as_ref()
+            .map_or(0.0, |l| l.held() as f64 / ratio::RETRY as f64)
+    }
+
     /// Retries the ratio balance allows now (without the floor).
     pub fn balance(&self) -> f64 {
         self.ratio.balance()
@@ -341,6 +389,10 @@ pub struct RetryBudgetBuilder {
     floor_window: Duration,
     seed: Option<u64>,
     run: Option<RunLimits>,
+    #[cfg(feature = "redis")]
+    fleet: Option<(crate::fleet::Fleet, String)>,
+    #[cfg(feature = "redis")]
+    fleet_lease: Option<u32>,
 }
 
 impl Default for RetryBudgetBuilder {
@@ -353,6 +405,10 @@ impl Default for RetryBudgetBuilder {
             floor_window: Duration::from_secs(60),
             seed: None,
             run: None,
+            #[cfg(feature = "redis")]
+            fleet: None,
+            #[cfg(feature = "redis")]
+            fleet_lease: None,
         }
     }
 }
@@ -399,6 +455,43 @@ impl RetryBudgetBuilder {
         self
     }
 
+    /// Shares the ratio balance and the floor with every worker of `fleet` that builds a budget
+    /// of the same `name` (feature `redis`): the fleet as a whole earns `retry_ratio` per
+    /// success, holds at most `max_balance`, and gets `floor` retries per window, as one process
+    /// would. Each worker keeps a lease of up to 2 retries (see [`fleet_lease`](Self::fleet_lease))
+    /// and batches its deposits, so no decision waits on Redis; while the fleet is down, the
+    /// budget decides from its local balance and floor. Every worker must build the budget with
+    /// the same settings: the script applies the caller's. Run budgets and fair shares stay per
+    /// process. See [`fleet`](crate::fleet).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::RetryBudget;
+    /// use stormguard::fleet::Fleet;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A fleet whose Redis does not answer: the budget decides locally.
+    /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
+    /// let budget = RetryBudget::builder().floor(1, Duration::from_secs(60)).fleet(&fleet, "search").build().unwrap();
+    /// assert!(budget.try_withdraw(Duration::ZERO).is_ok()); // the local floor
+    /// assert!(budget.try_withdraw(Duration::ZERO).is_err());
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn fleet(mut self, fleet: &crate::fleet::Fleet, name: impl Into<String>) -> Self {
+        self.fleet = Some((fleet.clone(), name.into()));
+        self
+    }
+
+    /// The retries a worker keeps leased from the fleet's balance (2 by default; 0 to 100). 0
+    /// leases nothing from the balance: a worker then retries only on the floor (one use leased
+    /// at a time) or from the balance through [`RetryBudget::fleet_withdraw`].
+    #[cfg(feature = "redis")]
+    pub fn fleet_lease(mut self, retries: u32) -> Self {
+        self.fleet_lease = Some(retries);
+        self
+    }
+
     /// Checks the settings.
     pub fn build(self) -> Result<RetryBudget, ConfigError> {
         if !(0.0..=10.0).contains(&self.retry_ratio) {
@@ -416,15 +509,31 @@ impl RetryBudgetBuilder {
             return Err(ConfigError::new("floor_window", "must be from 1 s to 1 h"));
         }
         let seed = self.seed.unwrap_or_else(random_seed);
+        #[allow(unused_mut)]
+        let mut ratio = Ratio::new(
+            self.retry_ratio,
+            self.max_balance,
+            self.run_share,
+            self.floor,
+            self.floor_window,
+            seed,
+        );
+        #[cfg(feature = "redis")]
+        match (self.fleet, self.fleet_lease) {
+            (Some((fleet, name)), lease) => {
+                let lease = lease.unwrap_or(2);
+                if lease > 100 {
+                    return Err(ConfigError::new("fleet_lease", "must be 0 to 100 retries"));
+                }
+                ratio.fleet = Some(ratio.lease_on(&fleet, &name, lease)?);
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new("fleet_lease", "needs a fleet: call `fleet` too"));
+            }
+            (None, None) => {}
+        }
         Ok(RetryBudget {
-            ratio: Arc::new(Ratio::new(
-                self.retry_ratio,
-                self.max_balance,
-                self.run_share,
-                self.floor,
-                self.floor_window,
-                seed,
-            )),
+            ratio: Arc::new(ratio),
             run: self.run.map(|limits| Arc::new(Run::new(limits))),
         })
     }
@@ -441,7 +550,8 @@ pub(crate) fn next_id() -> u32 {
     }
 }
 
-fn random_seed() -> u64 {
+/// A random 64-bit number (the process's hasher keys and a counter, mixed).
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

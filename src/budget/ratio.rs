@@ -29,6 +29,11 @@ pub(super) struct Ratio {
     seed: u64,
     operations: AtomicU64,
     id: u32,
+    /// The fleet's balance and floor, when the budget is shared through Redis: while the fleet
+    /// is up, withdrawals come from this worker's lease; while it is down, from the local balance
+    /// and floor above (which deposits keep warm either way).
+    #[cfg(feature = "redis")]
+    pub(super) fleet: Option<std::sync::Arc<crate::fleet::budget::Lease>>,
 }
 
 impl Ratio {
@@ -52,11 +57,17 @@ impl Ratio {
             seed,
             operations: AtomicU64::new(0),
             id: super::next_id(),
+            #[cfg(feature = "redis")]
+            fleet: None,
         }
     }
 
     #[inline]
     pub(super) fn deposit(&self) {
+        #[cfg(feature = "redis")]
+        if let Some(fleet) = &self.fleet {
+            fleet.note_success();
+        }
         // A full balance is the common case when things go well: read, don't write.
         if self.deposit == 0 || self.balance.load(Ordering::Relaxed) >= self.max {
             return;
@@ -74,6 +85,13 @@ impl Ratio {
 
     /// Takes `cost` milli-retries from the balance.
     pub(super) fn try_balance(&self, cost: i64) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(fleet) = &self.fleet {
+            if fleet.is_up() {
+                return fleet.take(cost);
+            }
+            fleet.local_decision();
+        }
         self.balance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
                 (b >= cost).then_some(b - cost)
@@ -83,6 +101,12 @@ impl Ratio {
 
     /// One use of the floor, if this window has one left.
     pub(super) fn try_floor(&self) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(fleet) = &self.fleet {
+            if fleet.is_up() {
+                return fleet.take_floor();
+            }
+        }
         if self.floor == 0 {
             return false;
         }
@@ -119,6 +143,30 @@ impl Ratio {
 
     pub(super) fn balance(&self) -> f64 {
         self.balance.load(Ordering::Relaxed) as f64 / RETRY as f64
+    }
+
+    /// A lease on the fleet's budget `name`, with this budget's terms.
+    #[cfg(feature = "redis")]
+    pub(super) fn lease_on(
+        &self,
+        fleet: &crate::fleet::Fleet,
+        name: &str,
+        lease: u32,
+    ) -> Result<std::sync::Arc<crate::fleet::budget::Lease>, crate::error::ConfigError> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            crate::error::ConfigError::new(
+                "fleet",
+                "a fleet budget starts a task: build it inside a tokio runtime",
+            )
+        })?;
+        let terms = crate::fleet::budget::Terms {
+            deposit: self.deposit,
+            max: self.max,
+            floor: self.floor,
+            floor_window: self.floor_window,
+            lease: i64::from(lease) * RETRY,
+        };
+        Ok(crate::fleet::budget::Lease::start(fleet, name, terms, &handle))
     }
 
     pub(super) fn next_seed(&self) -> u64 {

@@ -16,7 +16,7 @@ use tower_service::Service;
 const SHARDS: usize = 16;
 
 /// The keys' quotas, in shards; idle keys are dropped when a shard grows past its share.
-struct Keys<K> {
+pub(crate) struct Keys<K> {
     shards: Vec<Mutex<HashMap<K, Arc<Gcra>>>>,
     hasher: std::collections::hash_map::RandomState,
     rate: Rate,
@@ -24,8 +24,20 @@ struct Keys<K> {
     per_shard: usize,
 }
 
+impl<K> Keys<K> {
+    /// Room for `capacity` keys, each held to its own `rate`.
+    pub(crate) fn new(rate: Rate, capacity: usize) -> Keys<K> {
+        Keys {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: Default::default(),
+            rate,
+            per_shard: capacity / SHARDS,
+        }
+    }
+}
+
 impl<K: Hash + Eq + Clone> Keys<K> {
-    fn gcra(&self, key: &K) -> Arc<Gcra> {
+    pub(crate) fn gcra(&self, key: &K) -> Arc<Gcra> {
         let shard = &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS];
         let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(gcra) = map.get(key) {
@@ -162,12 +174,7 @@ impl<K, F> KeyedQuotaLayer<K, F> {
 
     fn with(rate: Rate, key_and_cost: F, name: Cow<'static, str>, capacity: usize) -> Self {
         KeyedQuotaLayer {
-            keys: Arc::new(Keys {
-                shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-                hasher: Default::default(),
-                rate,
-                per_shard: capacity / SHARDS,
-            }),
+            keys: Arc::new(Keys::new(rate, capacity)),
             key_and_cost,
             name,
         }

@@ -58,7 +58,7 @@
 
 pub mod future;
 mod gcra;
-mod keyed;
+pub(crate) mod keyed;
 mod layer;
 mod rate;
 

@@ -1,0 +1,222 @@
+//! A breaker shared by the fleet: failures counted fleet-wide, the open state published, the
+//! half-open trial leased to one worker.
+//!
+//! Each worker keeps its own [`Breaker`] (so a call is admitted with one atomic, as ever) and a
+//! sync task that, every `sync_interval` and at once after a failure, runs one script with the
+//! outcomes counted since the last sync:
+//!
+//! - **Counting.** The fleet keeps one run of failures in a row: a batch with no success adds its
+//!   failures, a batch with a success sets the run to the failures in a row at the batch's end.
+//!   The run reaching the breaker's `consecutive_failures` opens the fleet's breaker, so a dead
+//!   dependency opens every worker's after about that many failures in all, not that many each.
+//!   A local breaker that trips by its own rules (the failure rate, say) opens the fleet's too.
+//! - **Open.** A worker that learns the fleet's breaker is open opens its own (the reason says
+//!   so): every worker fails fast within one sync of the first.
+//! - **Trials.** Once the open time has passed, one worker at a time holds the trial lease
+//!   (`SET NX` with the trial timeout): its breaker probes at its next call, the others' stay
+//!   open. The trial's success closes the fleet's breaker, and every worker's at its next sync;
+//!   its failure keeps the fleet open for another open time and frees the lease.
+//!
+//! While the fleet is down each breaker follows its own rules alone.
+
+use super::link::Link;
+use super::scripts;
+use super::Fleet;
+use crate::breaker::fleet::{FleetTerms, Tap, Watched, GATED, LOCAL, PROBE};
+use crate::breaker::Breaker;
+use crate::error::ConfigError;
+use crate::telemetry::FLEET_LOCAL;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A breaker shared with a fleet ([`Fleet::share_breaker`]); dropping this handle does not stop
+/// the sharing, dropping the breaker does.
+///
+/// ```
+/// use stormguard::breaker::{Breaker, BreakerConfig};
+/// use stormguard::fleet::Fleet;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
+/// let breaker = Breaker::new("payments", BreakerConfig::default());
+/// let shared = fleet.share_breaker(&breaker).unwrap();
+/// assert!(!shared.fleet_open());
+/// // A breaker is shared with one fleet at most.
+/// assert_eq!(fleet.share_breaker(&breaker).unwrap_err().field(), "breaker");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SharedBreaker {
+    name: String,
+    tap: Arc<Tap>,
+    view: Arc<View>,
+}
+
+#[derive(Debug, Default)]
+struct View {
+    open: AtomicBool,
+    holds_trial: AtomicBool,
+}
+
+impl SharedBreaker {
+    /// The breaker's name (its Redis key is `{prefix}:breaker:{name}`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the fleet's breaker was open at the last sync.
+    pub fn fleet_open(&self) -> bool {
+        self.view.open.load(Ordering::Acquire)
+    }
+
+    /// Whether this worker held the fleet's trial lease at the last sync.
+    pub fn holds_trial(&self) -> bool {
+        self.view.holds_trial.load(Ordering::Acquire)
+    }
+
+    /// Whether this worker's open breaker is held shut by the fleet (another worker probes).
+    pub fn gated(&self) -> bool {
+        self.tap.gate_now() == GATED
+    }
+}
+
+impl fmt::Debug for SharedBreaker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedBreaker")
+            .field("name", &self.name)
+            .field("fleet_open", &self.fleet_open())
+            .field("holds_trial", &self.holds_trial())
+            .finish()
+    }
+}
+
+pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, ConfigError> {
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+        ConfigError::new("runtime", "sharing a breaker starts a task: do it inside a tokio runtime")
+    })?;
+    let (tap, watched) = breaker
+        .tap_for_fleet()
+        .ok_or(ConfigError::new("breaker", "is shared with a fleet already"))?;
+    let view = Arc::new(View::default());
+    let sync = Sync {
+        link: fleet.link.clone(),
+        key: fleet.link.key("breaker", breaker.name()),
+        trial_key: fleet.link.key("breaker-trial", breaker.name()),
+        terms: breaker.fleet_terms(),
+        tap: tap.clone(),
+        view: view.clone(),
+        last_opens: breaker.opens(),
+        holds_trial: false,
+        was_open: false,
+    };
+    handle.spawn(sync.run(watched));
+    Ok(SharedBreaker {
+        name: breaker.name().to_string(),
+        tap,
+        view,
+    })
+}
+
+struct Sync {
+    link: Arc<Link>,
+    key: String,
+    trial_key: String,
+    terms: FleetTerms,
+    tap: Arc<Tap>,
+    view: Arc<View>,
+    /// The local breaker's opens at the last sync, so a trip of its own is told from ours.
+    last_opens: u64,
+    holds_trial: bool,
+    was_open: bool,
+}
+
+/// What the script answers.
+struct Answer {
+    open: bool,
+    until_trial: Duration,
+    mine: bool,
+}
+
+impl Sync {
+    async fn run(mut self, watched: Watched) {
+        let every = self.link.settings.sync_interval;
+        loop {
+            tokio::select! {
+                _ = self.tap.wake.notified() => {}
+                _ = tokio::time::sleep(every) => {}
+            }
+            let Some(breaker) = watched.get() else { return };
+            if !self.link.is_up() {
+                if self.tap.gate_now() != LOCAL {
+                    metrics::counter!(FLEET_LOCAL, "part" => "breaker").increment(1);
+                    self.tap.set_gate(LOCAL, Duration::ZERO);
+                }
+                continue;
+            }
+            self.once(&breaker).await;
+        }
+    }
+
+    async fn once(&mut self, breaker: &Breaker) {
+        let (successes, failures) = self.tap.take_counts();
+        let opens = breaker.opens();
+        let tripped = opens > self.last_opens;
+        let closed = breaker.is_closed();
+        let trial_ok = self.holds_trial && closed;
+        let mut invocation = scripts::BREAKER.key(&self.key);
+        invocation
+            .key(&self.trial_key)
+            .arg(successes)
+            .arg(failures)
+            .arg(breaker.fleet_tail())
+            .arg(u8::from(tripped))
+            .arg(u8::from(trial_ok))
+            .arg(self.terms.consecutive)
+            .arg(self.terms.open.as_millis() as u64)
+            .arg(self.terms.trial_timeout.as_millis() as u64)
+            .arg(self.link.worker());
+        let answer = match self.link.eval::<(u8, u64, u8, u64)>(&invocation).await {
+            Ok((open, until, mine, _gen)) => Answer {
+                open: open == 1,
+                until_trial: Duration::from_millis(until),
+                mine: mine == 1,
+            },
+            Err(e) => {
+                self.tap.put_back(successes, failures);
+                self.tap.set_gate(LOCAL, Duration::ZERO);
+                tracing::debug!(breaker = %breaker.name(), error = %e, "fleet breaker: sync failed");
+                return;
+            }
+        };
+        self.last_opens = opens;
+        if answer.open {
+            if breaker.is_closed() && !trial_ok {
+                let reason = format!(
+                    "the fleet's breaker for {} is open (another worker saw the failures)",
+                    breaker.name()
+                );
+                breaker.fleet_open(reason);
+                // Our own doing: not a trip to report.
+                self.last_opens = breaker.opens();
+            }
+            let gate = if answer.mine { PROBE } else { GATED };
+            let wait = answer.until_trial.max(self.link.settings.sync_interval);
+            self.tap.set_gate(gate, wait);
+        } else {
+            self.tap.set_gate(LOCAL, Duration::ZERO);
+            if self.was_open && !breaker.is_closed() && !tripped {
+                breaker.fleet_close(format!(
+                    "the fleet's trial call to {} succeeded",
+                    breaker.name()
+                ));
+                self.last_opens = breaker.opens();
+            }
+        }
+        self.holds_trial = answer.mine;
+        self.was_open = answer.open;
+        self.view.open.store(answer.open, Ordering::Release);
+        self.view.holds_trial.store(answer.mine, Ordering::Release);
+    }
+}

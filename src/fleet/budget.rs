@@ -1,0 +1,253 @@
+//! The fleet's retry budget: the ratio balance and the floor in Redis, a lease of retries in
+//! each worker.
+//!
+//! A decision never waits on Redis. Each worker holds a small lease (a couple of retries' worth
+//! of the shared balance, and one use of the shared floor for the current floor window) and
+//! withdraws from it with one atomic; its successes are counted in one atomic and deposited in a
+//! batch. One task per budget syncs with Redis every `sync_interval`, or at once when the lease
+//! runs low: one script deposits the batch and tops the lease up. The fleet therefore spends at
+//! most its balance plus its floor, like one process; what sits in leases is not spent twice, and
+//! a worker that dies with a lease takes it with it (the fleet retries less, never more). A
+//! budget dropped gives its lease back.
+
+use super::link::{Failed, Link};
+use super::scripts;
+use crate::telemetry::FLEET_LOCAL;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// What the budget's settings say, for the script.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Terms {
+    /// Milli-retries one success deposits.
+    pub(crate) deposit: i64,
+    /// The balance's cap (milli-retries).
+    pub(crate) max: i64,
+    pub(crate) floor: u32,
+    pub(crate) floor_window: Duration,
+    /// The lease a worker keeps (milli-retries).
+    pub(crate) lease: i64,
+}
+
+/// One worker's lease on the fleet's budget.
+pub(crate) struct Lease {
+    link: Arc<Link>,
+    key: String,
+    terms: Terms,
+    /// Successes not yet deposited.
+    pending: AtomicU64,
+    /// Milli-retries of the shared balance held here.
+    balance: AtomicI64,
+    /// Uses of the shared floor held here, valid until `floor_until`.
+    floor: AtomicU32,
+    floor_until: AtomicU64,
+    epoch: Instant,
+    wake: Notify,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("balance", &self.balance.load(Ordering::Relaxed))
+            .field("floor", &self.floor.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Lease {
+    /// A lease on the budget `name`, and its sync task.
+    pub(crate) fn start(
+        fleet: &super::Fleet,
+        name: &str,
+        terms: Terms,
+        handle: &tokio::runtime::Handle,
+    ) -> Arc<Lease> {
+        let lease = Arc::new(Lease {
+            link: fleet.link.clone(),
+            key: fleet.link.key("budget", name),
+            terms,
+            pending: AtomicU64::new(0),
+            balance: AtomicI64::new(0),
+            floor: AtomicU32::new(0),
+            floor_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            wake: Notify::new(),
+        });
+        handle.spawn(sync_task(lease.clone()));
+        lease
+    }
+
+    /// Whether decisions go through the fleet now.
+    #[inline]
+    pub(crate) fn is_up(&self) -> bool {
+        self.link.is_up()
+    }
+
+    /// One success, deposited with the next batch (one atomic add).
+    #[inline]
+    pub(crate) fn note_success(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes `cost` milli-retries from the lease.
+    pub(crate) fn take(&self, cost: i64) -> bool {
+        let taken = self
+            .balance
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b >= cost).then_some(b - cost)
+            });
+        match taken {
+            Ok(before) => {
+                if before - cost < self.terms.lease {
+                    self.wake.notify_one();
+                }
+                true
+            }
+            Err(_) => {
+                self.wake.notify_one();
+                false
+            }
+        }
+    }
+
+    /// Takes one use of the fleet's floor, if this worker holds one for the current window.
+    pub(crate) fn take_floor(&self) -> bool {
+        if self.now() >= self.floor_until.load(Ordering::Acquire) {
+            self.floor.store(0, Ordering::Release);
+        }
+        let taken = self
+            .floor
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        self.wake.notify_one();
+        taken
+    }
+
+    /// Counts a decision taken locally because the fleet is down.
+    pub(crate) fn local_decision(&self) {
+        metrics::counter!(FLEET_LOCAL, "part" => "budget").increment(1);
+    }
+
+    /// Milli-retries of the lease held here now.
+    pub(crate) fn held(&self) -> i64 {
+        self.balance.load(Ordering::Acquire)
+    }
+
+    /// Asks Redis for one retry of `cost` now, the floor if the balance cannot pay: the exact
+    /// path, one round trip per decision (what the lease saves).
+    pub(crate) async fn withdraw_now(&self, cost: i64) -> Result<bool, Failed> {
+        let (granted, floor, _, _): (i64, i64, i64, i64) =
+            self
+            .link
+            .eval(
+                scripts::BUDGET
+                    .key(&self.key)
+                    .arg(0)
+                    .arg(0)
+                    .arg(cost)
+                    .arg(1)
+                    .args(self.terms, true),
+            )
+            .await?;
+        Ok(granted >= cost || floor > 0)
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// One sync: deposit the batch, top the lease up (and give it back when `closing`).
+    async fn sync(&self, closing: bool) -> Result<(), Failed> {
+        let successes = self.pending.swap(0, Ordering::AcqRel);
+        let held = self.balance.load(Ordering::Acquire);
+        let give_back = if closing {
+            self.balance.swap(0, Ordering::AcqRel)
+        } else {
+            0
+        };
+        let want = if closing {
+            0
+        } else {
+            (self.terms.lease - held).max(0)
+        };
+        let floor_expired = self.now() >= self.floor_until.load(Ordering::Acquire);
+        let want_floor = u32::from(
+            !closing
+                && self.terms.floor > 0
+                && (floor_expired || self.floor.load(Ordering::Acquire) == 0),
+        );
+        if successes == 0 && give_back == 0 && want == 0 && want_floor == 0 {
+            return Ok(());
+        }
+        let deposit = (successes as i64).saturating_mul(self.terms.deposit);
+        let answer = self
+            .link
+            .eval::<(i64, i64, i64, i64)>(
+                scripts::BUDGET
+                    .key(&self.key)
+                    .arg(deposit)
+                    .arg(give_back)
+                    .arg(want)
+                    .arg(want_floor)
+                    .args(self.terms, false),
+            )
+            .await;
+        let (granted, floor, _balance, window_left_ms) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                // Nothing is lost: the batch and the lease wait for the next sync.
+                self.pending.fetch_add(successes, Ordering::AcqRel);
+                self.balance.fetch_add(give_back, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        self.balance.fetch_add(granted, Ordering::AcqRel);
+        if floor > 0 {
+            let until = self.now() + Duration::from_millis(window_left_ms.max(0) as u64).as_nanos() as u64;
+            self.floor_until.store(until, Ordering::Release);
+            self.floor.store(floor as u32, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+/// What the script reads of the terms: the cap, the floor and its window, and `exact` (0).
+trait TermArgs {
+    fn args(&mut self, terms: Terms, exact: bool) -> &mut Self;
+}
+
+impl TermArgs for redis::ScriptInvocation<'_> {
+    fn args(&mut self, terms: Terms, exact: bool) -> &mut Self {
+        self.arg(terms.max)
+            .arg(terms.floor)
+            .arg(terms.floor_window.as_millis() as u64)
+            .arg(u8::from(exact))
+    }
+}
+
+/// Syncs while the budget lives (woken by a low lease, else every `sync_interval`), then gives
+/// the lease back.
+async fn sync_task(lease: Arc<Lease>) {
+    let every = lease.link.settings.sync_interval;
+    loop {
+        tokio::select! {
+            _ = lease.wake.notified() => {}
+            _ = tokio::time::sleep(every) => {}
+        }
+        if Arc::strong_count(&lease) == 1 {
+            if lease.is_up() {
+                let _ = lease.sync(true).await;
+            }
+            return;
+        }
+        if lease.is_up() {
+            if let Err(e) = lease.sync(false).await {
+                tracing::debug!(budget = %lease.key, error = %e, "fleet budget: sync failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! A provider's quota kept by the whole fleet: GCRA in Redis, keyed and weighted.
+
+use super::link::Link;
+use super::scripts;
+use super::Fleet;
+use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
+use crate::quota::keyed::Keys;
+use crate::quota::Rate;
+use crate::telemetry::{FLEET_LOCAL, QUOTA_WAITS};
+use pin_project_lite::pin_project;
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::time::Sleep;
+use tower_layer::Layer;
+use tower_service::Service;
+
+struct Shared<K> {
+    link: Arc<Link>,
+    name: Cow<'static, str>,
+    rate: Rate,
+    /// The per-key quotas used while the fleet is down.
+    fallback: Keys<K>,
+    interval_us: u64,
+    tolerance_us: u64,
+}
+
+/// Holds the calls of every worker of a [`Fleet`] to one quota per key, weighted by cost: the
+/// fleet as a whole stays under a provider's limits (requests or tokens per minute, per
+/// organisation or model), where a [`KeyedQuotaLayer`](crate::quota::KeyedQuotaLayer) in each
+/// worker would let N workers send N times the limit.
+///
+/// Each call reserves its cost in Redis (one script: GCRA on Redis's clock, first come first
+/// served across the fleet, bursts up to the rate's `burst`) and waits in its own future for its
+/// slot, then drives the inner service ready and calls it, as the keyed quota does. While the
+/// fleet is down (or Redis does not answer within the fleet's timeout) each key's `fallback`
+/// rate holds the call locally instead: set it to the provider's limit divided by the number of
+/// workers. A call that costs more than the burst fails at once with `invalid_argument`; one that
+/// costs 0 reserves nothing. Key names are written into Redis keys: `{prefix}:quota:{name}:{key}`.
+///
+/// # Backpressure
+/// Always ready; the wait is in the call's future, on a clone of the inner service.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower::{Layer, ServiceExt, service_fn};
+/// use stormguard::fleet::{Fleet, FleetQuotaLayer};
+/// use stormguard::quota::Rate;
+///
+/// struct Prompt { tenant: String, tokens: u32 }
+///
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let fleet = Fleet::builder("redis://127.0.0.1:6379/").build()?;
+/// // 40,000 tokens a minute per tenant for the whole fleet of 8 workers.
+/// let tpm = FleetQuotaLayer::builder(&fleet, "tpm", |p: &Prompt| (p.tenant.clone(), p.tokens))
+///     .rate(Rate::builder().per_minute(40_000).burst(8_000).build()?)
+///     .fallback(Rate::builder().per_minute(5_000).burst(1_000).build()?)
+///     .build()?;
+/// let model = tpm.layer(service_fn(|p: Prompt| async move { Ok::<_, std::io::Error>(p.tokens) }));
+/// model.oneshot(Prompt { tenant: "acme".into(), tokens: 700 }).await?;
+/// # Ok(()) }
+/// ```
+pub struct FleetQuotaLayer<K, F> {
+    shared: Arc<Shared<K>>,
+    key_and_cost: F,
+}
+
+impl<K, F> FleetQuotaLayer<K, F> {
+    /// A builder for the fleet's quota `name`; `key_and_cost` reads a request's key (a tenant, a
+    /// model; any `Display`) and cost (1 per request, or its tokens).
+    pub fn builder<Req>(
+        fleet: &Fleet,
+        name: impl Into<Cow<'static, str>>,
+        key_and_cost: F,
+    ) -> FleetQuotaLayerBuilder<K, F>
+    where
+        F: Fn(&Req) -> (K, u32),
+    {
+        FleetQuotaLayerBuilder {
+            fleet: fleet.clone(),
+            name: name.into(),
+            key_and_cost,
+            rate: None,
+            fallback: None,
+            _key: std::marker::PhantomData,
+        }
+    }
+
+    /// The fleet-wide rate each key is held to.
+    pub fn rate(&self) -> Rate {
+        self.shared.rate
+    }
+}
+
+/// Builds a [`FleetQuotaLayer`]; both rates are required.
+///
+/// ```
+/// use stormguard::fleet::{Fleet, FleetQuotaLayer};
+/// use stormguard::quota::Rate;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
+/// let rate = Rate::builder().per_second(100).build().unwrap();
+/// let no_fallback = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(rate).build();
+/// assert_eq!(no_fallback.unwrap_err().field(), "fallback");
+/// let too_fine = Rate::builder().per_second(2_000_000).build().unwrap();
+/// let err = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(too_fine).fallback(rate).build();
+/// assert_eq!(err.unwrap_err().field(), "rate");
+/// # }
+/// ```
+pub struct FleetQuotaLayerBuilder<K, F> {
+    fleet: Fleet,
+    name: Cow<'static, str>,
+    key_and_cost: F,
+    rate: Option<Rate>,
+    fallback: Option<Rate>,
+    _key: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K, F> fmt::Debug for FleetQuotaLayerBuilder<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetQuotaLayerBuilder")
+            .field("name", &self.name)
+            .field("rate", &self.rate)
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Hash + Eq + Clone, F> FleetQuotaLayerBuilder<K, F> {
+    /// The rate per key for the whole fleet (the provider's limit). Required.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// The rate per key in this worker while the fleet is down (the provider's limit divided by
+    /// the number of workers). Required: there is no safe guess.
+    pub fn fallback(mut self, rate: Rate) -> Self {
+        self.fallback = Some(rate);
+        self
+    }
+
+    /// The layer, or the setting that cannot work.
+    pub fn build(self) -> Result<FleetQuotaLayer<K, F>, ConfigError> {
+        let rate = self
+            .rate
+            .ok_or(ConfigError::new("rate", "is required: the provider's limit per key"))?;
+        let fallback = self.fallback.ok_or(ConfigError::new(
+            "fallback",
+            "is required: the limit per key in one worker while Redis is down",
+        ))?;
+        let interval_us = rate.interval().as_micros() as u64;
+        if interval_us == 0 {
+            return Err(ConfigError::new(
+                "rate",
+                "a fleet quota needs at least a microsecond between units",
+            ));
+        }
+        Ok(FleetQuotaLayer {
+            shared: Arc::new(Shared {
+                link: self.fleet.link.clone(),
+                name: self.name,
+                rate,
+                fallback: Keys::new(fallback, 100_000),
+                interval_us,
+                tolerance_us: interval_us.saturating_mul(u64::from(rate.burst() - 1)),
+            }),
+            key_and_cost: self.key_and_cost,
+        })
+    }
+}
+
+impl<K, F: Clone> Clone for FleetQuotaLayer<K, F> {
+    fn clone(&self) -> Self {
+        FleetQuotaLayer {
+            shared: self.shared.clone(),
+            key_and_cost: self.key_and_cost.clone(),
+        }
+    }
+}
+
+impl<K, F> fmt::Debug for FleetQuotaLayer<K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetQuotaLayer")
+            .field("name", &self.shared.name)
+            .field("rate", &self.shared.rate)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, F: Clone> Layer<S> for FleetQuotaLayer<K, F> {
+    type Service = FleetQuota<S, K, F>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FleetQuota {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The service [`FleetQuotaLayer`] makes.
+pub struct FleetQuota<S, K, F> {
+    inner: S,
+    layer: FleetQuotaLayer<K, F>,
+}
+
+impl<S, K, F> FleetQuota<S, K, F> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, taken out.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, K, F: Clone> Clone for FleetQuota<S, K, F> {
+    fn clone(&self) -> Self {
+        FleetQuota {
+            inner: self.inner.clone(),
+            layer: self.layer.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, K, F> fmt::Debug for FleetQuota<S, K, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetQuota")
+            .field("inner", &self.inner)
+            .field("layer", &self.layer)
+            .finish()
+    }
+}
+
+impl<S, K, F, Req> Service<Req> for FleetQuota<S, K, F>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    K: Hash + Eq + Clone + fmt::Display + Send + Sync + 'static,
+    F: Fn(&Req) -> (K, u32),
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = FleetQuotaFuture<S, Req>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // The key is in the request: the wait, and the inner's readiness, come in the call.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let (key, cost) = (self.layer.key_and_cost)(&req);
+        let shared = self.layer.shared.clone();
+        if cost > shared.rate.burst() {
+            let err = ToolError::new(ErrorCode::InvalidArgument)
+                .with_retryable(false)
+                .with_hint(format!(
+                    "this call costs {cost}, more than the fleet's quota allows at once ({}); make it smaller",
+                    shared.rate.burst()
+                ));
+            return FleetQuotaFuture {
+                state: State::Failed { error: Some(err) },
+            };
+        }
+        let service = self.inner.clone();
+        if cost == 0 {
+            return FleetQuotaFuture::waiting(None, service, req);
+        }
+        FleetQuotaFuture {
+            state: State::Reserving {
+                reserve: Box::pin(reserve(shared, key, cost)),
+                service: Some(service),
+                request: Some(req),
+            },
+        }
+    }
+}
+
+/// Reserves `cost` for `key` in Redis, or in this worker's fallback quota while the fleet is
+/// down; says how long to wait.
+async fn reserve<K>(shared: Arc<Shared<K>>, key: K, cost: u32) -> Duration
+where
+    K: Hash + Eq + Clone + fmt::Display,
+{
+    let redis_key = shared.link.key("quota", &format!("{}:{key}", shared.name));
+    let mut invocation = scripts::QUOTA.key(redis_key);
+    invocation
+        .arg(shared.interval_us)
+        .arg(shared.tolerance_us)
+        .arg(cost);
+    let wait = match shared.link.eval::<u64>(&invocation).await {
+        Ok(us) => Duration::from_micros(us),
+        Err(_) => {
+            metrics::counter!(FLEET_LOCAL, "part" => "quota").increment(1);
+            shared.fallback.gcra(&key).reserve_n(cost)
+        }
+    };
+    if !wait.is_zero() {
+        metrics::counter!(QUOTA_WAITS, "quota" => shared.name.clone()).increment(1);
+        tracing::debug!(
+            quota = %shared.name,
+            cost,
+            wait_ms = wait.as_millis() as u64,
+            "waiting for this key's room in the fleet's quota"
+        );
+    }
+    wait
+}
+
+type Reserve = Pin<Box<dyn Future<Output = Duration> + Send>>;
+
+pin_project! {
+    /// The future of [`FleetQuota`]: the reservation (in Redis, or locally while the fleet is
+    /// down), the wait for the slot, the inner service's readiness, then the call.
+    pub struct FleetQuotaFuture<S: Service<Req>, Req> {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = Proj]
+    enum State<S: Service<Req>, Req> {
+        Failed { error: Option<ToolError> },
+        Reserving { reserve: Reserve, service: Option<S>, request: Option<Req> },
+        Waiting { sleep: Option<Pin<Box<Sleep>>>, service: S, request: Option<Req> },
+        Calling { #[pin] future: S::Future },
+    }
+}
+
+impl<S: Service<Req>, Req> FleetQuotaFuture<S, Req> {
+    fn waiting(wait: Option<Duration>, service: S, request: Req) -> Self {
+        FleetQuotaFuture {
+            state: State::Waiting {
+                sleep: wait
+                    .filter(|w| !w.is_zero())
+                    .map(|w| Box::pin(tokio::time::sleep(w))),
+                service,
+                request: Some(request),
+            },
+        }
+    }
+}
+
+impl<S, Req> Future for FleetQuotaFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                Proj::Failed { error } => {
+                    let error = error.take().expect("polled after completion");
+                    return Poll::Ready(Err(Box::new(error)));
+                }
+                Proj::Reserving {
+                    reserve,
+                    service,
+                    request,
+                } => {
+                    let wait = ready!(reserve.as_mut().poll(cx));
+                    let next = FleetQuotaFuture::waiting(
+                        Some(wait),
+                        service.take().expect("polled after completion"),
+                        request.take().expect("polled after completion"),
+                    );
+                    this.state.set(next.state);
+                }
+                Proj::Waiting {
+                    sleep,
+                    service,
+                    request,
+                } => {
+                    if let Some(s) = sleep.as_mut() {
+                        ready!(s.as_mut().poll(cx));
+                        *sleep = None;
+                    }
+                    ready!(service.poll_ready(cx)).map_err(Into::into)?;
+                    let req = request.take().expect("polled after completion");
+                    let future = service.call(req);
+                    this.state.set(State::Calling { future });
+                }
+                Proj::Calling { future } => {
+                    return future.poll(cx).map_err(Into::into);
+                }
+            }
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> fmt::Debug for FleetQuotaFuture<S, Req> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FleetQuotaFuture").finish_non_exhaustive()
+    }
+}

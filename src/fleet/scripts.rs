@@ -1,0 +1,115 @@
+//! The Lua scripts: each decision on shared state is one script, atomic in Redis, timed by
+//! Redis's `TIME` (so the workers' own clocks never enter a decision). Numbers are written with
+//! `%d`: Lua's default conversion keeps 14 digits, and a microsecond clock has 16.
+
+use std::sync::LazyLock;
+
+/// The budget's sync: deposit a batch, give back a lease, take a new one.
+///
+/// `KEYS[1]` the budget's hash. `ARGV`: 1 milli-retries deposited, 2 milli-retries given back,
+/// 3 milli-retries wanted, 4 floor uses wanted, 5 the balance's cap (milli), 6 floor uses per
+/// window, 7 the floor window (ms), 8 `exact`: take the floor only if the balance could not
+/// pay what was wanted. Returns `{granted milli, granted floor uses, balance after (milli),
+/// ms left in the floor window}`.
+pub(super) static BUDGET: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', KEYS[1], 'balance', 'window', 'used')
+local cap = tonumber(ARGV[5])
+local bal = math.min(tonumber(st[1] or '0') + tonumber(ARGV[1]) + tonumber(ARGV[2]), cap)
+local want = tonumber(ARGV[3])
+local grant = 0
+if want > 0 and bal > 0 then
+  grant = math.min(want, bal)
+  if ARGV[8] == '1' and grant < want then grant = 0 end
+  bal = bal - grant
+end
+local width = tonumber(ARGV[7])
+local window = math.floor(now / width)
+local used = tonumber(st[3] or '0')
+if tonumber(st[2] or '-1') ~= window then used = 0 end
+local floor_grant = 0
+local want_floor = tonumber(ARGV[4])
+if ARGV[8] == '1' and grant > 0 then want_floor = 0 end
+if want_floor > 0 then
+  floor_grant = math.max(0, math.min(want_floor, tonumber(ARGV[6]) - used))
+  used = used + floor_grant
+end
+redis.call('HSET', KEYS[1], 'balance', string.format('%d', bal), 'window', string.format('%d', window), 'used', string.format('%d', used))
+redis.call('PEXPIRE', KEYS[1], 86400000)
+return {grant, floor_grant, bal, (window + 1) * width - now}
+"#,
+    )
+});
+
+/// GCRA in Redis: reserve `cost` units and say how long until they may go.
+///
+/// `KEYS[1]` the key's theoretical arrival time (µs on Redis's clock). `ARGV`: 1 the interval
+/// (µs per unit), 2 the burst's tolerance (µs), 3 the cost. Returns the wait in µs. The key
+/// expires once the quota is full again: an idle tenant costs Redis nothing.
+pub(super) static QUOTA: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+local base = math.max(tat, now)
+local nxt = base + interval * tonumber(ARGV[3])
+local wait = math.max(0, nxt - tolerance - interval - now)
+redis.call('SET', KEYS[1], string.format('%d', nxt), 'PX', math.floor((nxt - now) / 1000) + 1000)
+return wait
+"#,
+    )
+});
+
+/// A breaker's sync: count a batch, publish a local trip, lease the half-open trial.
+///
+/// `KEYS[1]` the breaker's hash, `KEYS[2]` its trial lease. `ARGV`: 1 successes, 2 failures, 3
+/// the failures in a row at the batch's end, 4 `1` if this worker's breaker opened by itself
+/// (a trip or a failed trial) since the last sync, 5 `1` if this worker's trial succeeded, 6
+/// failures in a row that open the fleet's breaker, 7 the open time (ms), 8 the trial lease
+/// (ms), 9 this worker. Returns `{open (0/1), ms until a trial may go, 1 if this worker holds
+/// the trial, generation}`.
+pub(super) static BREAKER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', KEYS[1], 'open', 'until', 'run', 'gen')
+local open = tonumber(st[1] or '0')
+local untl = tonumber(st[2] or '0')
+local run = tonumber(st[3] or '0')
+local gen = tonumber(st[4] or '0')
+local s, f, tail = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local me = ARGV[9]
+local holder = redis.call('GET', KEYS[2])
+if open == 1 and ARGV[5] == '1' and holder == me then
+  open = 0; run = 0; gen = gen + 1
+  redis.call('DEL', KEYS[2]); holder = false
+elseif open == 0 then
+  if s > 0 then run = tail else run = run + f end
+  if run >= tonumber(ARGV[6]) or ARGV[4] == '1' then
+    open = 1; untl = now + tonumber(ARGV[7]); run = 0; gen = gen + 1
+  end
+elseif ARGV[4] == '1' then
+  untl = now + tonumber(ARGV[7])
+  if holder == me then redis.call('DEL', KEYS[2]); holder = false end
+end
+local mine = 0
+if open == 1 and now >= untl then
+  if holder == me then
+    mine = 1
+  elseif not holder then
+    if redis.call('SET', KEYS[2], me, 'NX', 'PX', tonumber(ARGV[8])) then mine = 1 end
+  end
+end
+redis.call('HSET', KEYS[1], 'open', open, 'until', string.format('%d', untl), 'run', string.format('%d', run), 'gen', gen)
+redis.call('PEXPIRE', KEYS[1], 86400000)
+return {open, math.max(0, untl - now), mine, gen}
+"#,
+    )
+});

@@ -1,0 +1,447 @@
+//! The fleet's budget, quota and breaker against the real Redis (feature `redis`).
+//!
+//! The shared tests use the Redis at `STORMGUARD_REDIS_URL` (CI starts one on 127.0.0.1:6379 and
+//! sets it); without it they print that they were skipped. The fallback tests start a
+//! `redis-server` of their own on a free port (so they can stop it) and say so when the binary
+//! is missing. Every test uses a prefix of its own: nothing it writes is seen by another.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, State};
+use stormguard::budget::RetryBudget;
+use stormguard::error::{ErrorCode, ToolError};
+use stormguard::fleet::{Fleet, FleetQuotaLayer};
+use stormguard::quota::Rate;
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+fn redis_url() -> Option<String> {
+    match std::env::var("STORMGUARD_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) => {
+            eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
+            None
+        }
+    }
+}
+
+fn prefix(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("stormguard-test:{test}:{}:{nanos}", std::process::id())
+}
+
+/// `n` workers: each its own `Fleet` (its own connection and name), as separate processes have.
+async fn workers(url: &str, prefix: &str, n: usize) -> Vec<Fleet> {
+    let mut fleets = Vec::new();
+    for i in 0..n {
+        let fleet = Fleet::builder(url)
+            .prefix(prefix)
+            .worker(format!("w{i}"))
+            .timeout(Duration::from_millis(500))
+            .sync_interval(Duration::from_millis(10))
+            .build()
+            .unwrap();
+        assert!(fleet.wait_up(Duration::from_secs(5)).await, "Redis at {url} did not answer");
+        fleets.push(fleet);
+    }
+    fleets
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_workers_share_one_floor_exactly() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("floor");
+    let fleets = workers(&url, &prefix, 8).await;
+    let granted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for fleet in &fleets {
+        // No deposits: only the floor, 10 retries a minute for the whole fleet.
+        let budget = RetryBudget::builder()
+            .retry_ratio(0.0)
+            .floor(10, Duration::from_secs(60))
+            .fleet(fleet, "outage")
+            .build()
+            .unwrap();
+        let granted = granted.clone();
+        tasks.push(tokio::spawn(async move {
+            let end = Instant::now() + Duration::from_millis(1_500);
+            while Instant::now() < end {
+                if budget.try_withdraw(Duration::ZERO).is_ok() {
+                    granted.fetch_add(1, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Eight processes with local budgets would have had 80.
+    assert_eq!(granted.load(Ordering::Relaxed), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deposits_from_one_worker_pay_for_retries_in_another_and_no_more() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("deposits");
+    let fleets = workers(&url, &prefix, 2).await;
+    let build = |fleet: &Fleet| {
+        RetryBudget::builder()
+            .retry_ratio(0.2)
+            .floor(0, Duration::from_secs(60))
+            .fleet(fleet, "ratio")
+            .fleet_lease(1)
+            .build()
+            .unwrap()
+    };
+    let (earner, spender) = (build(&fleets[0]), build(&fleets[1]));
+    // Nothing deposited yet: the spender has nothing.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(spender.try_withdraw(Duration::ZERO).is_err());
+    for _ in 0..50 {
+        earner.deposit(); // 50 × 0.2 = 10 retries for the fleet
+    }
+    let mut spent = 0;
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        if spender.try_withdraw(Duration::ZERO).is_ok() {
+            spent += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The earner holds a lease of one retry of its own: the spender gets the rest.
+    assert_eq!(spent + earner.fleet_lease_held().round() as u64, 10);
+    assert!(spent >= 8, "{spent}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exact_path_asks_redis_for_each_retry() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("exact");
+    let fleets = workers(&url, &prefix, 1).await;
+    let budget = RetryBudget::builder()
+        .retry_ratio(1.0)
+        .floor(2, Duration::from_secs(60))
+        .fleet(&fleets[0], "exact")
+        .fleet_lease(0)
+        .build()
+        .unwrap();
+    budget.deposit();
+    budget.deposit();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut granted = 0;
+    for _ in 0..10 {
+        if budget.fleet_withdraw(Duration::ZERO).await.is_ok() {
+            granted += 1;
+        }
+    }
+    // Two from the balance, then the floor's two (the lease of 0 held the floor's use at most
+    // one at a time, and the task's sync may hold one of them).
+    assert!((3..=4).contains(&granted), "{granted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_quota_holds_four_workers_to_the_providers_rate() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("quota");
+    let fleets = workers(&url, &prefix, 4).await;
+    let calls = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let run_for = Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for fleet in &fleets {
+        let layer = FleetQuotaLayer::builder(fleet, "provider", |_: &u32| ("org", 1))
+            .rate(Rate::builder().per_second(200).build().unwrap())
+            .fallback(Rate::builder().per_second(50).build().unwrap())
+            .build()
+            .unwrap();
+        let calls = calls.clone();
+        let svc = layer.layer(tower::service_fn(move |_: u32| {
+            let calls = calls.clone();
+            async move {
+                if start.elapsed() < run_for {
+                    calls.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, std::io::Error>(())
+            }
+        }));
+        for _ in 0..4 {
+            let mut svc = svc.clone();
+            tasks.push(tokio::spawn(async move {
+                while start.elapsed() < run_for {
+                    svc.ready().await.unwrap().call(1).await.unwrap();
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // 200/s for 2 s: 400, and 1 at once (burst 1). Local quotas of 200 each would send 1,600.
+    let sent = calls.load(Ordering::Relaxed) as f64;
+    assert!((380.0..=420.0).contains(&sent), "{sent} calls in 2 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_weighted_fleet_quota_keeps_each_tenant_apart() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("tenants");
+    let fleets = workers(&url, &prefix, 2).await;
+    let layer = |fleet: &Fleet| {
+        FleetQuotaLayer::builder(fleet, "tpm", |c: &(&'static str, u32)| (c.0, c.1))
+            .rate(Rate::builder().per_second(1_000).burst(1_000).build().unwrap())
+            .fallback(Rate::builder().per_second(500).burst(500).build().unwrap())
+            .build()
+            .unwrap()
+    };
+    let model = tower::service_fn(|c: (&'static str, u32)| async move { Ok::<_, std::io::Error>(c.1) });
+    let a = layer(&fleets[0]).layer(model);
+    let b = layer(&fleets[1]).layer(model);
+    let start = Instant::now();
+    // Tenant x spends its whole burst from one worker; tenant y is not held by it.
+    a.clone().oneshot(("x", 1_000)).await.unwrap();
+    b.clone().oneshot(("y", 1_000)).await.unwrap();
+    assert!(start.elapsed() < Duration::from_millis(100));
+    // Tenant x from the other worker waits for half a second of refill.
+    b.clone().oneshot(("x", 500)).await.unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(450) && waited < Duration::from_millis(800),
+        "{waited:?}"
+    );
+    // More than the burst can never go.
+    let err = a.clone().oneshot(("x", 5_000)).await.unwrap_err();
+    assert_eq!(err.downcast_ref::<ToolError>().unwrap().code(), ErrorCode::InvalidArgument);
+}
+
+fn failing() -> impl Service<(), Response = (), Error = std::io::Error, Future = std::future::Ready<Result<(), std::io::Error>>> + Clone {
+    tower::service_fn(|()| std::future::ready(Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_workers_failures_open_every_workers_breaker() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("breaker");
+    let fleets = workers(&url, &prefix, 4).await;
+    let config = || {
+        BreakerConfig::builder()
+            .consecutive_failures(10)
+            .open_duration(Duration::from_millis(300), Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let breakers: Vec<Breaker> = (0..4).map(|_| Breaker::new("payments", config())).collect();
+    let shared: Vec<_> = fleets.iter().zip(&breakers).map(|(f, b)| f.share_breaker(b).unwrap()).collect();
+    // Workers 0 and 1 each see 5 failures: neither breaker trips alone (10 in a row), the fleet's does.
+    for b in &breakers[..2] {
+        let mut svc = CircuitBreakerLayer::new(b.clone()).layer(failing());
+        for _ in 0..5 {
+            let _ = svc.ready().await.unwrap().call(()).await;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while breakers.iter().any(|b| b.state() == State::Closed) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for (i, b) in breakers.iter().enumerate() {
+        assert_eq!(b.state(), State::Open, "worker {i}");
+    }
+    assert!(shared.iter().all(|s| s.fleet_open()));
+    assert!(breakers[3].reason().contains("fleet"), "{}", breakers[3].reason());
+
+    // After the open time one worker holds the trial; the others stay shut even under traffic.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let holders = shared.iter().filter(|s| s.holds_trial()).count();
+    assert_eq!(holders, 1);
+    let holder = shared.iter().position(|s| s.holds_trial()).unwrap();
+    let other = (holder + 1) % 4;
+    let mut svc = CircuitBreakerLayer::new(breakers[other].clone()).layer(failing());
+    for _ in 0..50 {
+        let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
+        assert_eq!(err.downcast_ref::<ToolError>().unwrap().code(), ErrorCode::CircuitOpen);
+    }
+    // The holder's trial succeeds: the fleet closes, and every worker's breaker with it.
+    let healthy = tower::service_fn(|()| std::future::ready(Ok::<_, std::io::Error>(())));
+    let mut svc = CircuitBreakerLayer::new(breakers[holder].clone()).layer(healthy);
+    svc.ready().await.unwrap().call(()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while breakers.iter().any(|b| b.state() != State::Closed) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for (i, b) in breakers.iter().enumerate() {
+        assert_eq!(b.state(), State::Closed, "worker {i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("half");
+    let fleets = workers(&url, &prefix, 4).await;
+    let breakers: Vec<Breaker> = (0..4).map(|_| Breaker::new("search", BreakerConfig::default())).collect();
+    for (f, b) in fleets.iter().zip(&breakers) {
+        f.share_breaker(b).unwrap();
+    }
+    let n = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for b in &breakers {
+        let n = n.clone();
+        let half = tower::service_fn(move |()| {
+            let i = n.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(if i % 2 == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+            })
+        });
+        let mut svc = CircuitBreakerLayer::new(b.clone()).layer(half);
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..500 {
+                let _ = svc.ready().await.unwrap().call(()).await;
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for b in &breakers {
+        assert_eq!(b.opens(), 0, "{}", b.reason());
+    }
+}
+
+/// A `redis-server` of the test's own on a free port, so it can be stopped and started again.
+struct OwnRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    fn start() -> Option<OwnRedis> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let mut own = OwnRedis { port, child: None };
+        if !own.restart() {
+            eprintln!("skipped: no redis-server on PATH to start and stop (apt-get install redis-server)");
+            return None;
+        }
+        Some(own)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn restart(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(child) = child else { return false };
+        self.child = Some(child);
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() {
+    let Some(mut redis) = OwnRedis::start() else { return };
+    let fleet = Fleet::builder(redis.url())
+        .prefix(prefix("down"))
+        .timeout(Duration::from_millis(50))
+        .sync_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    let layer = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
+        .rate(Rate::builder().per_second(100).build().unwrap())
+        .fallback(Rate::builder().per_second(50).build().unwrap())
+        .build()
+        .unwrap();
+    let budget = RetryBudget::builder()
+        .retry_ratio(0.0)
+        .floor(3, Duration::from_secs(60))
+        .fleet(&fleet, "b")
+        .build()
+        .unwrap();
+    let svc = layer.layer(tower::service_fn(|_: u32| async { Ok::<_, std::io::Error>(()) }));
+    svc.clone().oneshot(1).await.unwrap();
+
+    redis.stop();
+    // Every call keeps being served: none waits longer than the timeout plus its quota slot.
+    let down_at = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let t = Instant::now();
+        svc.clone().oneshot(1).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(!fleet.is_up());
+    assert!(slowest < Duration::from_millis(100), "a call waited {slowest:?} with Redis down");
+    // 20 calls at the fallback's 50/s: about 400 ms, not blocked.
+    assert!(down_at.elapsed() < Duration::from_secs(1), "{:?}", down_at.elapsed());
+    // The budget decides from its local floor (3), not from a lease it cannot refill.
+    let local: usize = (0..10).filter(|_| budget.try_withdraw(Duration::ZERO).is_ok()).count();
+    assert!(local >= 3, "{local}");
+
+    assert!(redis.restart());
+    let back = Instant::now();
+    assert!(fleet.wait_up(Duration::from_secs(2)).await, "did not rejoin");
+    assert!(back.elapsed() < Duration::from_secs(1), "rejoined after {:?}", back.elapsed());
+    // Through Redis again: the scripts were loaded anew into the restarted server.
+    svc.clone().oneshot(1).await.unwrap();
+    assert!(fleet.is_up());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
+    let Some(mut redis) = OwnRedis::start() else { return };
+    redis.stop();
+    let fleet = Fleet::builder(redis.url())
+        .prefix(prefix("late"))
+        .timeout(Duration::from_millis(50))
+        .sync_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let breaker = Breaker::new("dep", BreakerConfig::builder().consecutive_failures(3).build().unwrap());
+    let shared = fleet.share_breaker(&breaker).unwrap();
+    let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(failing());
+    // Local rules: three failures trip it.
+    for _ in 0..3 {
+        let _ = svc.ready().await.unwrap().call(()).await;
+    }
+    assert_eq!(breaker.state(), State::Open);
+    assert!(!shared.fleet_open());
+    assert!(redis.restart());
+    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    // Its trip, made while Redis was away, is published when it returns.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !shared.fleet_open() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(shared.fleet_open());
+}
