@@ -1,0 +1,57 @@
+//! A `redis-server` of the demo's own on a free port of 127.0.0.1, so the `redis-down` scenario
+//! can stop it and start it again without touching anyone else's Redis.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct OwnRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    pub fn start() -> Result<OwnRedis, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port: {e}"))?
+            .port();
+        let mut own = OwnRedis { port, child: None };
+        own.restart()?;
+        Ok(own)
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn restart(&mut self) -> Result<(), String> {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("could not start redis-server (is it on PATH?): {e}"))?;
+        self.child = Some(child);
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(format!("redis-server did not listen on port {} within 3 s", self.port))
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
