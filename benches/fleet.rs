@@ -60,8 +60,15 @@ fn fleet(c: &mut Criterion) {
     let fleet = url.map(|url| {
         runtime.block_on(async {
             let prefix = format!("stormguard-bench:{}", std::process::id());
-            let fleet = Fleet::builder(url).prefix(prefix).timeout(Duration::from_secs(1)).build().unwrap();
-            assert!(fleet.wait_up(Duration::from_secs(5)).await, "Redis did not answer");
+            let fleet = Fleet::builder(url)
+                .prefix(prefix)
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            assert!(
+                fleet.wait_up(Duration::from_secs(5)).await,
+                "Redis did not answer"
+            );
             fleet
         })
     });
@@ -78,7 +85,10 @@ fn fleet(c: &mut Criterion) {
         })
     });
     if let Some(fleet) = &fleet {
-        let budget = RetryBudget::builder().fleet(fleet, "first-try").build().unwrap();
+        let budget = RetryBudget::builder()
+            .fleet(fleet, "first-try")
+            .build()
+            .unwrap();
         let mut svc = RetryLayer::new(ToolClass::Read, budget).layer(Leaf);
         group.bench_function("retry_fleet_budget", |b| {
             let mut n = 0u64;
@@ -101,14 +111,22 @@ fn fleet(c: &mut Criterion) {
     if let Some(fleet) = &fleet {
         // Each success deposits 10 retries: the fleet's balance stays full, and every decision
         // is a grant whenever the lease holds one.
-        let leased = RetryBudget::builder().retry_ratio(10.0).fleet(fleet, "lease").build().unwrap();
+        let leased = RetryBudget::builder()
+            .retry_ratio(10.0)
+            .fleet(fleet, "lease")
+            .build()
+            .unwrap();
         group.bench_function("withdraw_fleet_lease", |b| {
             b.iter(|| {
                 leased.deposit();
                 black_box(leased.try_withdraw(Duration::ZERO).is_ok())
             })
         });
-        let exact = RetryBudget::builder().retry_ratio(10.0).fleet(fleet, "exact").build().unwrap();
+        let exact = RetryBudget::builder()
+            .retry_ratio(10.0)
+            .fleet(fleet, "exact")
+            .build()
+            .unwrap();
         group.bench_function("withdraw_fleet_round_trip", |b| {
             b.to_async(&runtime).iter(|| async {
                 exact.deposit();

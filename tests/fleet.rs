@@ -46,7 +46,10 @@ async fn workers(url: &str, prefix: &str, n: usize) -> Vec<Fleet> {
             .sync_interval(Duration::from_millis(10))
             .build()
             .unwrap();
-        assert!(fleet.wait_up(Duration::from_secs(5)).await, "Redis at {url} did not answer");
+        assert!(
+            fleet.wait_up(Duration::from_secs(5)).await,
+            "Redis at {url} did not answer"
+        );
         fleets.push(fleet);
     }
     fleets
@@ -194,12 +197,19 @@ async fn a_weighted_fleet_quota_keeps_each_tenant_apart() {
     let fleets = workers(&url, &prefix, 2).await;
     let layer = |fleet: &Fleet| {
         FleetQuotaLayer::builder(fleet, "tpm", |c: &(&'static str, u32)| (c.0, c.1))
-            .rate(Rate::builder().per_second(1_000).burst(1_000).build().unwrap())
+            .rate(
+                Rate::builder()
+                    .per_second(1_000)
+                    .burst(1_000)
+                    .build()
+                    .unwrap(),
+            )
             .fallback(Rate::builder().per_second(500).burst(500).build().unwrap())
             .build()
             .unwrap()
     };
-    let model = tower::service_fn(|c: (&'static str, u32)| async move { Ok::<_, std::io::Error>(c.1) });
+    let model =
+        tower::service_fn(|c: (&'static str, u32)| async move { Ok::<_, std::io::Error>(c.1) });
     let a = layer(&fleets[0]).layer(model);
     let b = layer(&fleets[1]).layer(model);
     let start = Instant::now();
@@ -216,11 +226,23 @@ async fn a_weighted_fleet_quota_keeps_each_tenant_apart() {
     );
     // More than the burst can never go.
     let err = a.clone().oneshot(("x", 5_000)).await.unwrap_err();
-    assert_eq!(err.downcast_ref::<ToolError>().unwrap().code(), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err.downcast_ref::<ToolError>().unwrap().code(),
+        ErrorCode::InvalidArgument
+    );
 }
 
-fn failing() -> impl Service<(), Response = (), Error = std::io::Error, Future = std::future::Ready<Result<(), std::io::Error>>> + Clone {
-    tower::service_fn(|()| std::future::ready(Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))))
+fn failing() -> impl Service<
+    (),
+    Response = (),
+    Error = std::io::Error,
+    Future = std::future::Ready<Result<(), std::io::Error>>,
+> + Clone {
+    tower::service_fn(|()| {
+        std::future::ready(Err(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )))
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,7 +258,11 @@ async fn one_workers_failures_open_every_workers_breaker() {
             .unwrap()
     };
     let breakers: Vec<Breaker> = (0..4).map(|_| Breaker::new("payments", config())).collect();
-    let shared: Vec<_> = fleets.iter().zip(&breakers).map(|(f, b)| f.share_breaker(b).unwrap()).collect();
+    let shared: Vec<_> = fleets
+        .iter()
+        .zip(&breakers)
+        .map(|(f, b)| f.share_breaker(b).unwrap())
+        .collect();
     // Workers 0 and 1 each see 5 failures: neither breaker trips alone (10 in a row), the fleet's does.
     for b in &breakers[..2] {
         let mut svc = CircuitBreakerLayer::new(b.clone()).layer(failing());
@@ -252,7 +278,11 @@ async fn one_workers_failures_open_every_workers_breaker() {
         assert_eq!(b.state(), State::Open, "worker {i}");
     }
     assert!(shared.iter().all(|s| s.fleet_open()));
-    assert!(breakers[3].reason().contains("fleet"), "{}", breakers[3].reason());
+    assert!(
+        breakers[3].reason().contains("fleet"),
+        "{}",
+        breakers[3].reason()
+    );
 
     // After the open time one worker holds the trial; the others stay shut even under traffic.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -263,7 +293,10 @@ async fn one_workers_failures_open_every_workers_breaker() {
     let mut svc = CircuitBreakerLayer::new(breakers[other].clone()).layer(failing());
     for _ in 0..50 {
         let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
-        assert_eq!(err.downcast_ref::<ToolError>().unwrap().code(), ErrorCode::CircuitOpen);
+        assert_eq!(
+            err.downcast_ref::<ToolError>().unwrap().code(),
+            ErrorCode::CircuitOpen
+        );
     }
     // The holder's trial succeeds: the fleet closes, and every worker's breaker with it.
     let healthy = tower::service_fn(|()| std::future::ready(Ok::<_, std::io::Error>(())));
@@ -283,7 +316,9 @@ async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
     let Some(url) = redis_url() else { return };
     let prefix = prefix("half");
     let fleets = workers(&url, &prefix, 4).await;
-    let breakers: Vec<Breaker> = (0..4).map(|_| Breaker::new("search", BreakerConfig::default())).collect();
+    let breakers: Vec<Breaker> = (0..4)
+        .map(|_| Breaker::new("search", BreakerConfig::default()))
+        .collect();
     for (f, b) in fleets.iter().zip(&breakers) {
         f.share_breaker(b).unwrap();
     }
@@ -323,10 +358,16 @@ struct OwnRedis {
 
 impl OwnRedis {
     fn start() -> Option<OwnRedis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
         let mut own = OwnRedis { port, child: None };
         if !own.restart() {
-            eprintln!("skipped: no redis-server on PATH to start and stop (apt-get install redis-server)");
+            eprintln!(
+                "skipped: no redis-server on PATH to start and stop (apt-get install redis-server)"
+            );
             return None;
         }
         Some(own)
@@ -338,7 +379,16 @@ impl OwnRedis {
 
     fn restart(&mut self) -> bool {
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -369,7 +419,9 @@ impl Drop for OwnRedis {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() {
-    let Some(mut redis) = OwnRedis::start() else { return };
+    let Some(mut redis) = OwnRedis::start() else {
+        return;
+    };
     let fleet = Fleet::builder(redis.url())
         .prefix(prefix("down"))
         .timeout(Duration::from_millis(50))
@@ -388,7 +440,9 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
         .fleet(&fleet, "b")
         .build()
         .unwrap();
-    let svc = layer.layer(tower::service_fn(|_: u32| async { Ok::<_, std::io::Error>(()) }));
+    let svc = layer.layer(tower::service_fn(|_: u32| async {
+        Ok::<_, std::io::Error>(())
+    }));
     svc.clone().oneshot(1).await.unwrap();
 
     redis.stop();
@@ -401,17 +455,33 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
         slowest = slowest.max(t.elapsed());
     }
     assert!(!fleet.is_up());
-    assert!(slowest < Duration::from_millis(100), "a call waited {slowest:?} with Redis down");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a call waited {slowest:?} with Redis down"
+    );
     // 20 calls at the fallback's 50/s: about 400 ms, not blocked.
-    assert!(down_at.elapsed() < Duration::from_secs(1), "{:?}", down_at.elapsed());
+    assert!(
+        down_at.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        down_at.elapsed()
+    );
     // The budget decides from its local floor (3), not from a lease it cannot refill.
-    let local: usize = (0..10).filter(|_| budget.try_withdraw(Duration::ZERO).is_ok()).count();
+    let local: usize = (0..10)
+        .filter(|_| budget.try_withdraw(Duration::ZERO).is_ok())
+        .count();
     assert!(local >= 3, "{local}");
 
     assert!(redis.restart());
     let back = Instant::now();
-    assert!(fleet.wait_up(Duration::from_secs(2)).await, "did not rejoin");
-    assert!(back.elapsed() < Duration::from_secs(1), "rejoined after {:?}", back.elapsed());
+    assert!(
+        fleet.wait_up(Duration::from_secs(2)).await,
+        "did not rejoin"
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(1),
+        "rejoined after {:?}",
+        back.elapsed()
+    );
     // Through Redis again: the scripts were loaded anew into the restarted server.
     svc.clone().oneshot(1).await.unwrap();
     assert!(fleet.is_up());
@@ -419,7 +489,9 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
-    let Some(mut redis) = OwnRedis::start() else { return };
+    let Some(mut redis) = OwnRedis::start() else {
+        return;
+    };
     redis.stop();
     let fleet = Fleet::builder(redis.url())
         .prefix(prefix("late"))
@@ -427,7 +499,13 @@ async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
         .sync_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let breaker = Breaker::new("dep", BreakerConfig::builder().consecutive_failures(3).build().unwrap());
+    let breaker = Breaker::new(
+        "dep",
+        BreakerConfig::builder()
+            .consecutive_failures(3)
+            .build()
+            .unwrap(),
+    );
     let shared = fleet.share_breaker(&breaker).unwrap();
     let mut svc = CircuitBreakerLayer::new(breaker.clone()).layer(failing());
     // Local rules: three failures trip it.

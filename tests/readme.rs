@@ -542,3 +542,101 @@ async fn the_mcp_example_does_not_retry_what_the_server_gave_up_on() -> Result<(
     assert_eq!(backend.requests(), 3);
     Ok(())
 }
+
+/// "A fleet on one Redis": the snippet as written, as one worker of `WORKERS`.
+#[cfg(feature = "redis")]
+#[rustfmt::skip]
+async fn fleet_worker(
+    redis_url: &str,
+    http_client: impl tower::Service<
+            http::Request<String>,
+            Response = http::Response<hyper::body::Incoming>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone + Send + 'static,
+) -> Result<impl tower::Service<http::Request<String>, Response = http::Response<hyper::body::Incoming>, Error = stormguard::ToolError>, BoxError> {
+    use stormguard::classify::HttpClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::class::ToolClass;
+    use tower::ServiceBuilder;
+    const WORKERS: u32 = 2;
+    use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
+    use stormguard::budget::RetryBudget;
+    use stormguard::fleet::{Fleet, FleetQuotaLayer};
+    use stormguard::quota::Rate;
+
+    let fleet = Fleet::builder(redis_url).prefix("billing-agents").build()?;
+    fleet.wait_up(Duration::from_secs(1)).await; // or start local and join when Redis answers
+    // The ratio balance and the floor are the fleet's: 10 retries a minute for all the workers.
+    let budget = RetryBudget::builder().fleet(&fleet, "payments").build()?;
+    // The provider's 200 requests a second for the whole fleet; each worker's share while Redis is down.
+    let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &http::Request<String>| ("org", 1))
+        .rate(Rate::builder().per_second(200).build()?)
+        .fallback(Rate::builder().per_second(200 / WORKERS).build()?)
+        .build()?;
+    // One worker's failures open every worker's breaker.
+    let breaker = Breaker::new("payments", BreakerConfig::default());
+    fleet.share_breaker(&breaker)?;
+    let mut payments = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::IdempotentWrite, budget).classifier(HttpClassifier).replay(HttpReplay))
+        .layer(CircuitBreakerLayer::new(breaker).classifier(HttpClassifier))
+        .layer(quota)
+        .service(http_client);
+
+    assert!(fleet.is_up());
+    let _ = &mut payments;
+    Ok(payments)
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_example_opens_both_workers_breakers_on_the_fleets_count() -> Result<(), BoxError>
+{
+    use tower::{Service, ServiceExt};
+    let Ok(redis_url) = std::env::var("STORMGUARD_REDIS_URL") else {
+        eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
+        return Ok(());
+    };
+    // The snippet's keys are fixed: start from a clean slate.
+    let client = redis::Client::open(redis_url.as_str())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("billing-agents:*")
+        .query_async(&mut conn)
+        .await?;
+    if !keys.is_empty() {
+        redis::cmd("DEL")
+            .arg(&keys)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
+    let mut workers = Vec::new();
+    for _ in 0..2 {
+        workers.push(fleet_worker(&redis_url, http_client(addr)).await?);
+    }
+    let charge = || {
+        http::Request::post("http://payments.test/charges")
+            .body(String::new())
+            .unwrap()
+    };
+    // The two workers take turns until both answer circuit_open.
+    let mut open = [false, false];
+    for _ in 0..40 {
+        for (i, w) in workers.iter_mut().enumerate() {
+            let err = w.ready().await?.call(charge()).await.unwrap_err();
+            open[i] |= err.code() == ErrorCode::CircuitOpen;
+        }
+        if open == [true, true] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open, [true, true], "both breakers open");
+    // About 20 failures in all opened both, where two breakers of their own would have needed
+    // 20 each (40).
+    let sent = calls.load(Ordering::SeqCst);
+    assert!(sent < 40, "{sent} calls reached the provider");
+    eprintln!("{sent} calls reached the provider before both breakers opened");
+    Ok(())
+}

@@ -19,7 +19,12 @@ const SCENARIOS: [&str; 4] = ["outage", "quota", "breaker", "redis-down"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
     if args.iter().any(|a| a == "--worker") {
         return as_worker(&flag);
     }
@@ -34,7 +39,10 @@ fn main() {
         }
     };
     let mut failed = false;
-    for scenario in SCENARIOS.iter().filter(|s| only.as_deref().is_none_or(|o| o == **s)) {
+    for scenario in SCENARIOS
+        .iter()
+        .filter(|s| only.as_deref().is_none_or(|o| o == **s))
+    {
         let local = run_mode(scenario, false, workers, &mut redis);
         let fleet = run_mode(scenario, true, workers, &mut redis);
         for mut line in [local.clone(), fleet.clone()] {
@@ -76,8 +84,21 @@ fn run_mode(scenario: &str, fleet: bool, workers: usize, redis: &mut redis::OwnR
     let children: Vec<_> = (0..workers)
         .map(|i| {
             Command::new(&exe)
-                .args(["--worker", "--scenario", scenario, "--mode", if fleet { "fleet" } else { "local" }])
-                .args(["--redis", &redis.url(), "--index", &i.to_string(), "--workers", &workers.to_string()])
+                .args([
+                    "--worker",
+                    "--scenario",
+                    scenario,
+                    "--mode",
+                    if fleet { "fleet" } else { "local" },
+                ])
+                .args([
+                    "--redis",
+                    &redis.url(),
+                    "--index",
+                    &i.to_string(),
+                    "--workers",
+                    &workers.to_string(),
+                ])
                 .args(["--start-at", &start_at.to_string()])
                 .stdout(Stdio::piped())
                 .spawn()
@@ -113,17 +134,27 @@ fn sum(reports: &[Value], field: &str) -> u64 {
     reports.iter().map(|r| r[field].as_u64().unwrap_or(0)).sum()
 }
 
-fn summarise(scenario: &str, reports: &[Value], line: &mut Value, stopped: Option<u64>, restarted: Option<u64>) {
+fn summarise(
+    scenario: &str,
+    reports: &[Value],
+    line: &mut Value,
+    stopped: Option<u64>,
+    restarted: Option<u64>,
+) {
     match scenario {
         "outage" => {
             let (ops, calls) = (sum(reports, "ops"), sum(reports, "calls"));
             line["ops"] = json!(ops);
             line["calls"] = json!(calls);
             line["amplification"] = json!(round3(calls as f64 / ops.max(1) as f64));
-            line["retries_per_op"] = json!(round3((calls - ops.min(calls)) as f64 / ops.max(1) as f64));
+            line["retries_per_op"] =
+                json!(round3((calls - ops.min(calls)) as f64 / ops.max(1) as f64));
         }
         "quota" => {
-            let window = reports.first().and_then(|r| r["window_s"].as_f64()).unwrap_or(1.0);
+            let window = reports
+                .first()
+                .and_then(|r| r["window_s"].as_f64())
+                .unwrap_or(1.0);
             let rps = sum(reports, "calls") as f64 / window;
             line["quota_per_s"] = json!(QUOTA_PER_S);
             line["requests_per_s"] = json!(round3(rps));
@@ -132,14 +163,20 @@ fn summarise(scenario: &str, reports: &[Value], line: &mut Value, stopped: Optio
         "breaker" => {
             line["trip_threshold"] = json!(TRIP_THRESHOLD);
             line["calls_before_all_open"] = json!(sum(reports, "calls_before_open"));
-            let all_open = reports.iter().map(|r| r["opened_ms"].as_u64()).collect::<Option<Vec<_>>>();
+            let all_open = reports
+                .iter()
+                .map(|r| r["opened_ms"].as_u64())
+                .collect::<Option<Vec<_>>>();
             line["all_open_ms"] = json!(all_open.and_then(|v| v.into_iter().max()));
             line["calls_total"] = json!(sum(reports, "calls"));
         }
         "redis-down" => redis_down_summary(reports, line, stopped, restarted),
         _ => {}
     }
-    let errors: Vec<_> = reports.iter().filter(|r| r.get("error").is_some()).collect();
+    let errors: Vec<_> = reports
+        .iter()
+        .filter(|r| r.get("error").is_some())
+        .collect();
     if !errors.is_empty() {
         line["errors"] = json!(errors);
     }
@@ -153,11 +190,22 @@ fn summarise(scenario: &str, reports: &[Value], line: &mut Value, stopped: Optio
 
 /// Fleet-wide calls per second before, while and after Redis is down; how soon every worker
 /// served again after the stop; how soon every worker was back through Redis after the restart.
-fn redis_down_summary(reports: &[Value], line: &mut Value, stopped: Option<u64>, restarted: Option<u64>) {
+fn redis_down_summary(
+    reports: &[Value],
+    line: &mut Value,
+    stopped: Option<u64>,
+    restarted: Option<u64>,
+) {
     let n = (DOWN_SECS * 10) as usize;
     let mut total = vec![0u64; n];
     for r in reports {
-        for (i, b) in r["buckets"].as_array().into_iter().flatten().enumerate().take(n) {
+        for (i, b) in r["buckets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .take(n)
+        {
             total[i] += b.as_u64().unwrap_or(0);
         }
     }
@@ -174,7 +222,12 @@ fn redis_down_summary(reports: &[Value], line: &mut Value, stopped: Option<u64>,
     let longest_gap = reports
         .iter()
         .map(|r| {
-            let b: Vec<u64> = r["buckets"].as_array().into_iter().flatten().map(|v| v.as_u64().unwrap_or(0)).collect();
+            let b: Vec<u64> = r["buckets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_u64().unwrap_or(0))
+                .collect();
             let mut gap = 0;
             let mut run = 0;
             for v in b.iter().skip(from) {
@@ -192,7 +245,9 @@ fn redis_down_summary(reports: &[Value], line: &mut Value, stopped: Option<u64>,
         .map(|r| r["up_ms"].as_u64())
         .collect::<Option<Vec<_>>>()
         .and_then(|v| v.into_iter().max());
-    line["rejoin_ms"] = json!(rejoined.zip(restarted).map(|(up, at)| up.saturating_sub(at)));
+    line["rejoin_ms"] = json!(rejoined
+        .zip(restarted)
+        .map(|(up, at)| up.saturating_sub(at)));
 }
 
 /// Whether the fleet line meets the goal, against the local line.
@@ -206,7 +261,10 @@ fn judge(scenario: &str, local: &Value, fleet: &Value, workers: usize) -> Option
                 && f(fleet, "retries_per_op")? <= f(local, "retries_per_op")? / 2.0,
         ),
         // Goal: the fleet within 5 % of the quota; local is about N x the quota.
-        "quota" => Some((f(fleet, "ratio_to_quota")? - 1.0).abs() <= 0.05 && f(local, "ratio_to_quota")? > workers as f64 * 0.8),
+        "quota" => Some(
+            (f(fleet, "ratio_to_quota")? - 1.0).abs() <= 0.05
+                && f(local, "ratio_to_quota")? > workers as f64 * 0.8,
+        ),
         // Goal: calls into a dead dependency before every worker fails fast <= 2 x one worker's
         // trip threshold.
         "breaker" => Some(f(fleet, "calls_before_all_open")? <= 2.0 * f64::from(TRIP_THRESHOLD)),
@@ -225,7 +283,11 @@ fn print_line(line: &Value, json: bool) {
         println!("{line}");
         return;
     }
-    let mut text = format!("{:>10} {:>6}", line["scenario"].as_str().unwrap_or(""), line["mode"].as_str().unwrap_or(""));
+    let mut text = format!(
+        "{:>10} {:>6}",
+        line["scenario"].as_str().unwrap_or(""),
+        line["mode"].as_str().unwrap_or("")
+    );
     if let Some(obj) = line.as_object() {
         for (k, v) in obj {
             if !["scenario", "mode", "workers", "errors"].contains(&k.as_str()) {

@@ -39,7 +39,10 @@ impl OwnRedis {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        Err(format!("redis-server did not listen on port {} within 3 s", self.port))
+        Err(format!(
+            "redis-server did not listen on port {} within 3 s",
+            self.port
+        ))
     }
 
     pub fn stop(&mut self) {

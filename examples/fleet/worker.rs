@@ -10,7 +10,7 @@ use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, State};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::fleet::{Fleet, FleetQuotaLayer};
-use stormguard::quota::{Quota, QuotaLayer};
+use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::retry::RetryLayer;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -50,7 +50,10 @@ pub async fn run(job: Job) -> Value {
         .build()
         .expect("valid fleet settings");
     if job.fleet && !fleet.wait_up(Duration::from_secs(2)).await {
-        eprintln!("worker {}: Redis did not answer within 2 s; deciding locally", job.index);
+        eprintln!(
+            "worker {}: Redis did not answer within 2 s; deciding locally",
+            job.index
+        );
     }
     let mut line = match job.scenario.as_str() {
         "outage" => outage(&job, &fleet).await,
@@ -72,7 +75,14 @@ fn unix_ms() -> u64 {
 
 /// A dependency in full outage that counts its calls: every call is refused (not sent, so a
 /// retry is allowed for any class).
-fn down(calls: Arc<AtomicU64>) -> impl Service<u64, Response = (), Error = std::io::Error, Future = std::future::Ready<Result<(), std::io::Error>>> + Clone {
+fn down(
+    calls: Arc<AtomicU64>,
+) -> impl Service<
+    u64,
+    Response = (),
+    Error = std::io::Error,
+    Future = std::future::Ready<Result<(), std::io::Error>>,
+> + Clone {
     tower::service_fn(move |_: u64| {
         calls.fetch_add(1, Ordering::Relaxed);
         std::future::ready(Err(std::io::ErrorKind::ConnectionRefused.into()))
@@ -84,7 +94,10 @@ fn down(calls: Arc<AtomicU64>) -> impl Service<u64, Response = (), Error = std::
 /// minute, nothing deposited since nothing succeeds).
 async fn outage(job: &Job, fleet: &Fleet) -> Value {
     let budget = if job.fleet {
-        RetryBudget::builder().fleet(fleet, "outage").build().expect("valid budget")
+        RetryBudget::builder()
+            .fleet(fleet, "outage")
+            .build()
+            .expect("valid budget")
     } else {
         RetryBudget::default()
     };
@@ -120,8 +133,14 @@ async fn quota(job: &Job, fleet: &Fleet) -> Value {
             std::future::ready(Ok::<_, std::io::Error>(()))
         })
     };
-    let rate = Quota::per_second(QUOTA_PER_S).build().expect("valid rate");
-    let share = Quota::per_second((QUOTA_PER_S / job.workers as u32).max(1)).build().expect("valid rate");
+    let rate = Rate::builder()
+        .per_second(QUOTA_PER_S)
+        .build()
+        .expect("valid rate");
+    let share = Rate::builder()
+        .per_second((QUOTA_PER_S / job.workers as u32).max(1))
+        .build()
+        .expect("valid rate");
     if job.fleet {
         let layer = FleetQuotaLayer::builder(fleet, "provider", |_: &u64| ("org", 1))
             .rate(rate)
@@ -221,8 +240,14 @@ async fn redis_down(job: &Job, fleet: &Fleet) -> Value {
             (down_ms, up_ms)
         })
     };
-    let rate = Quota::per_second(QUOTA_PER_S).build().expect("valid rate");
-    let share = Quota::per_second((QUOTA_PER_S / job.workers as u32).max(1)).build().expect("valid rate");
+    let rate = Rate::builder()
+        .per_second(QUOTA_PER_S)
+        .build()
+        .expect("valid rate");
+    let share = Rate::builder()
+        .per_second((QUOTA_PER_S / job.workers as u32).max(1))
+        .build()
+        .expect("valid rate");
     if job.fleet {
         let layer = FleetQuotaLayer::builder(fleet, "provider-down", |_: &u64| ("org", 1))
             .rate(rate)

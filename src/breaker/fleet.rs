@@ -46,9 +46,11 @@ impl Tap {
     /// The open breaker's local decision (`None`: probe), as the fleet's gate has it.
     pub(super) fn gate(&self, local: Option<u64>) -> Option<u64> {
         match self.gate.load(Ordering::Acquire) {
-            GATED => Some(local.unwrap_or_else(|| {
-                u64::from(self.retry_after_ms.load(Ordering::Acquire)).max(1)
-            })),
+            GATED => {
+                Some(local.unwrap_or_else(|| {
+                    u64::from(self.retry_after_ms.load(Ordering::Acquire)).max(1)
+                }))
+            }
             PROBE => None,
             _ => local,
         }

@@ -528,7 +528,10 @@ impl RetryBudgetBuilder {
                 ratio.fleet = Some(ratio.lease_on(&fleet, &name, lease)?);
             }
             (None, Some(_)) => {
-                return Err(ConfigError::new("fleet_lease", "needs a fleet: call `fleet` too"));
+                return Err(ConfigError::new(
+                    "fleet_lease",
+                    "needs a fleet: call `fleet` too",
+                ));
             }
             (None, None) => {}
         }

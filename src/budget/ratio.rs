@@ -166,7 +166,9 @@ impl Ratio {
             floor_window: self.floor_window,
             lease: i64::from(lease) * RETRY,
         };
-        Ok(crate::fleet::budget::Lease::start(fleet, name, terms, &handle))
+        Ok(crate::fleet::budget::Lease::start(
+            fleet, name, terms, &handle,
+        ))
     }
 
     pub(super) fn next_seed(&self) -> u64 {

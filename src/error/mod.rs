@@ -297,6 +297,7 @@ impl ToolError {
 
     /// Whether `value` carries the whole shape [`to_json`](Self::to_json) writes (`code`,
     /// `retryable` and `hint`), not just a field named `code` (another server's error JSON).
+    #[cfg(feature = "rmcp")]
     pub(crate) fn is_whole_shape(value: &serde_json::Value) -> bool {
         value.get("retryable").is_some_and(|v| v.is_boolean())
             && value.get("hint").is_some_and(|v| v.is_string())

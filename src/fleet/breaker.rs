@@ -94,11 +94,15 @@ impl fmt::Debug for SharedBreaker {
 
 pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, ConfigError> {
     let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-        ConfigError::new("runtime", "sharing a breaker starts a task: do it inside a tokio runtime")
+        ConfigError::new(
+            "runtime",
+            "sharing a breaker starts a task: do it inside a tokio runtime",
+        )
     })?;
-    let (tap, watched) = breaker
-        .tap_for_fleet()
-        .ok_or(ConfigError::new("breaker", "is shared with a fleet already"))?;
+    let (tap, watched) = breaker.tap_for_fleet().ok_or(ConfigError::new(
+        "breaker",
+        "is shared with a fleet already",
+    ))?;
     let view = Arc::new(View::default());
     let sync = Sync {
         link: fleet.link.clone(),

@@ -140,8 +140,7 @@ impl Lease {
     /// Asks Redis for one retry of `cost` now, the floor if the balance cannot pay: the exact
     /// path, one round trip per decision (what the lease saves).
     pub(crate) async fn withdraw_now(&self, cost: i64) -> Result<bool, Failed> {
-        let (granted, floor, _, _): (i64, i64, i64, i64) =
-            self
+        let (granted, floor, _, _): (i64, i64, i64, i64) = self
             .link
             .eval(
                 scripts::BUDGET
@@ -207,7 +206,8 @@ impl Lease {
         };
         self.balance.fetch_add(granted, Ordering::AcqRel);
         if floor > 0 {
-            let until = self.now() + Duration::from_millis(window_left_ms.max(0) as u64).as_nanos() as u64;
+            let until =
+                self.now() + Duration::from_millis(window_left_ms.max(0) as u64).as_nanos() as u64;
             self.floor_until.store(until, Ordering::Release);
             self.floor.store(floor as u32, Ordering::Release);
         }

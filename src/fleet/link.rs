@@ -106,7 +106,8 @@ impl Link {
             return Err(Failed::Down);
         }
         let mut conn = self.conn.clone();
-        let answer = tokio::time::timeout(self.settings.timeout, invocation.invoke_async(&mut conn));
+        let answer =
+            tokio::time::timeout(self.settings.timeout, invocation.invoke_async(&mut conn));
         match answer.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => {
@@ -156,7 +157,8 @@ impl Link {
         let mut conn = self.conn.clone();
         let ping = redis::cmd("PING");
         matches!(
-            tokio::time::timeout(self.settings.timeout, ping.query_async::<String>(&mut conn)).await,
+            tokio::time::timeout(self.settings.timeout, ping.query_async::<String>(&mut conn))
+                .await,
             Ok(Ok(_))
         )
     }

@@ -214,7 +214,10 @@ impl FleetBuilder {
         if self.sync_interval < Duration::from_millis(1)
             || self.sync_interval > Duration::from_secs(60)
         {
-            return Err(ConfigError::new("sync_interval", "must be from 1 ms to 60 s"));
+            return Err(ConfigError::new(
+                "sync_interval",
+                "must be from 1 ms to 60 s",
+            ));
         }
         if self.prefix.is_empty() || self.prefix.len() > 200 {
             return Err(ConfigError::new("prefix", "must be 1 to 200 bytes"));
@@ -222,7 +225,10 @@ impl FleetBuilder {
         let client = redis::Client::open(self.url.as_str())
             .map_err(|_| ConfigError::new("url", "is not a Redis URL (redis://host:port/db)"))?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-            ConfigError::new("runtime", "a fleet starts tasks: build it inside a tokio runtime")
+            ConfigError::new(
+                "runtime",
+                "a fleet starts tasks: build it inside a tokio runtime",
+            )
         })?;
         let worker = self
             .worker

@@ -148,9 +148,10 @@ impl<K: Hash + Eq + Clone, F> FleetQuotaLayerBuilder<K, F> {
 
     /// The layer, or the setting that cannot work.
     pub fn build(self) -> Result<FleetQuotaLayer<K, F>, ConfigError> {
-        let rate = self
-            .rate
-            .ok_or(ConfigError::new("rate", "is required: the provider's limit per key"))?;
+        let rate = self.rate.ok_or(ConfigError::new(
+            "rate",
+            "is required: the provider's limit per key",
+        ))?;
         let fallback = self.fallback.ok_or(ConfigError::new(
             "fallback",
             "is required: the limit per key in one worker while Redis is down",
