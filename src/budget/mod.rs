@@ -462,7 +462,9 @@ impl RetryBudgetBuilder {
     /// and batches its deposits, so no decision waits on Redis; while the fleet is down, the
     /// budget decides from its local balance and floor. Every worker must build the budget with
     /// the same settings: the script applies the caller's. Run budgets and fair shares stay per
-    /// process. See [`fleet`](crate::fleet).
+    /// process, and [`RetryBudget::balance`] is this worker's local balance (the one it falls
+    /// back to), not the fleet's. Leases sit with the workers that took them: keep
+    /// `workers × fleet_lease` well below `max_balance`. See [`fleet`](crate::fleet).
     ///
     /// ```
     /// use std::time::Duration;

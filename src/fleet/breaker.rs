@@ -8,7 +8,9 @@
 //! - **Counting.** The fleet keeps one run of failures in a row: a batch with no success adds its
 //!   failures, a batch with a success sets the run to the failures in a row at the batch's end.
 //!   The run reaching the breaker's `consecutive_failures` opens the fleet's breaker, so a dead
-//!   dependency opens every worker's after about that many failures in all, not that many each.
+//!   dependency opens every worker's after about that many failures in all, not that many each
+//!   (a breaker built without that rule leaves the fleet's count idle: only its local trips open
+//!   the fleet's).
 //!   A local breaker that trips by its own rules (the failure rate, say) opens the fleet's too.
 //! - **Open.** A worker that learns the fleet's breaker is open opens its own (the reason says
 //!   so): every worker fails fast within one sync of the first.
@@ -17,7 +19,9 @@
 //!   open. The trial's success closes the fleet's breaker, and every worker's at its next sync;
 //!   its failure keeps the fleet open for another open time and frees the lease.
 //!
-//! While the fleet is down each breaker follows its own rules alone.
+//! While the fleet is down each breaker follows its own rules alone. Each shared breaker runs one
+//! script per `sync_interval` in each worker (20 a second at the default 50 ms), busy or not:
+//! that is how a quiet worker learns the fleet's breaker opened.
 
 use super::link::Link;
 use super::scripts;

@@ -9,6 +9,13 @@
 //! most its balance plus its floor, like one process; what sits in leases is not spent twice, and
 //! a worker that dies with a lease takes it with it (the fleet retries less, never more). A
 //! budget dropped gives its lease back.
+//!
+//! Leases are held, not handed back when a worker goes quiet: an agent whose failures come tens
+//! of seconds apart would otherwise find its lease empty at every one. The price is what sits in
+//! quiet workers' leases: up to `workers × fleet_lease` retries of the balance (keep it well
+//! below `max_balance`: 8 workers × 2 of 100 by default), and one floor use per worker until its
+//! floor window ends (with more workers than the floor has uses, the first workers to ask hold
+//! them). Both err toward fewer retries, never more.
 
 use super::link::{Failed, Link};
 use super::scripts;

@@ -41,7 +41,12 @@ struct Shared<K> {
 /// fleet is down (or Redis does not answer within the fleet's timeout) each key's `fallback`
 /// rate holds the call locally instead: set it to the provider's limit divided by the number of
 /// workers. A call that costs more than the burst fails at once with `invalid_argument`; one that
-/// costs 0 reserves nothing. Key names are written into Redis keys: `{prefix}:quota:{name}:{key}`.
+/// costs 0 reserves nothing. A call dropped while it waits (or while its reservation is on its way
+/// to Redis) keeps its reservation: its room goes unused, as with the local quotas. A call that
+/// falls back locally and costs more than the fallback's burst waits until its whole cost fits
+/// the fallback's rate (it is not refused: the fleet's burst is what it is checked against). Key
+/// names are written into Redis keys: `{prefix}:quota:{name}:{key}`; the key of a quota full
+/// again expires, so idle tenants cost Redis nothing.
 ///
 /// # Backpressure
 /// Always ready; the wait is in the call's future, on a clone of the inner service.
@@ -54,7 +59,7 @@ struct Shared<K> {
 ///
 /// struct Prompt { tenant: String, tokens: u32 }
 ///
-/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # #[tokio::main] async fn main() -> Result<(), stormguard::error::BoxError> {
 /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").build()?;
 /// // 40,000 tokens a minute per tenant for the whole fleet of 8 workers.
 /// let tpm = FleetQuotaLayer::builder(&fleet, "tpm", |p: &Prompt| (p.tenant.clone(), p.tokens))
