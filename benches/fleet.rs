@@ -4,48 +4,16 @@
 //! `cargo bench --features redis --bench fleet`. Uses the Redis at `STORMGUARD_REDIS_URL`, or
 //! starts none and measures only the local rows when it is unset (it says so).
 
+mod common;
+
+use common::{once, Leaf};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use std::future::{ready, Future, Ready};
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::fleet::Fleet;
 use stormguard::retry::RetryLayer;
-use tower::{Layer, Service};
-
-#[derive(Clone, Copy)]
-struct Leaf;
-
-impl Service<u64> for Leaf {
-    type Response = u64;
-    type Error = std::io::Error;
-    type Future = Ready<Result<u64, std::io::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: u64) -> Self::Future {
-        ready(Ok(req + 1))
-    }
-}
-
-/// One call polled once with a no-op waker: what is measured is the middleware.
-fn once<S: Service<u64>>(svc: &mut S, n: u64) -> S::Response
-where
-    S::Error: std::fmt::Debug,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let Poll::Ready(Ok(())) = svc.poll_ready(&mut cx) else {
-        panic!("not ready")
-    };
-    match pin!(svc.call(n)).poll(&mut cx) {
-        Poll::Ready(Ok(out)) => out,
-        _ => panic!("the stack should answer at once"),
-    }
-}
+use tower::Layer;
 
 fn fleet(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()

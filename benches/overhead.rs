@@ -3,34 +3,18 @@
 //! `cargo bench --bench overhead`. Every stack wraps the same leaf service that answers at once;
 //! futures are polled once with a no-op waker, so what is measured is the middleware itself.
 
+mod common;
+
+use common::{once, Leaf};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use std::future::{ready, Future, Ready};
-use std::pin::pin;
+use std::future::{ready, Ready};
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::retry::RetryLayer;
 use tower::retry::budget::{Budget, TpsBudget};
-use tower::{Service, ServiceBuilder};
-
-#[derive(Clone, Copy)]
-struct Leaf;
-
-impl Service<u64> for Leaf {
-    type Response = u64;
-    type Error = std::io::Error;
-    type Future = Ready<Result<u64, std::io::Error>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: u64) -> Self::Future {
-        ready(Ok(req + 1))
-    }
-}
+use tower::ServiceBuilder;
 
 /// tower's `Retry` with the least a policy can do: retry errors, deposit successes if budgeted.
 #[derive(Clone)]
@@ -58,20 +42,6 @@ impl<E> tower::retry::Policy<u64, u64, E> for Trivial {
 
     fn clone_request(&mut self, req: &u64) -> Option<u64> {
         Some(*req)
-    }
-}
-
-fn once<S: Service<u64>>(svc: &mut S, n: u64) -> S::Response
-where
-    S::Error: std::fmt::Debug,
-{
-    let mut cx = Context::from_waker(Waker::noop());
-    let Poll::Ready(Ok(())) = svc.poll_ready(&mut cx) else {
-        panic!("not ready")
-    };
-    match pin!(svc.call(n)).poll(&mut cx) {
-        Poll::Ready(Ok(out)) => out,
-        _ => panic!("the stack should answer at once"),
     }
 }
 

@@ -5,7 +5,6 @@
 //! `redis-server` of their own on a free port (so they can stop it) and say so when the binary
 //! is missing. Every test uses a prefix of its own: nothing it writes is seen by another.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -350,76 +349,21 @@ async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
     }
 }
 
-/// A `redis-server` of the test's own on a free port, so it can be stopped and started again.
-struct OwnRedis {
-    port: u16,
-    child: Option<Child>,
-}
+/// A `redis-server` of the test's own on a free port (the fleet demo's), so it can be stopped
+/// and started again; `None`, with the reason, where there is no `redis-server` to start.
+#[path = "../examples/fleet/redis.rs"]
+#[allow(dead_code)]
+mod own_redis;
 
-impl OwnRedis {
-    fn start() -> Option<OwnRedis> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let mut own = OwnRedis { port, child: None };
-        if !own.restart() {
-            eprintln!(
-                "skipped: no redis-server on PATH to start and stop (apt-get install redis-server)"
-            );
-            return None;
-        }
-        Some(own)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn restart(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let Ok(child) = child else { return false };
-        self.child = Some(child);
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.stop();
-    }
+fn own_redis() -> Option<own_redis::OwnRedis> {
+    own_redis::OwnRedis::start()
+        .map_err(|e| eprintln!("skipped: {e} (apt-get install redis-server)"))
+        .ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() {
-    let Some(mut redis) = OwnRedis::start() else {
+    let Some(mut redis) = own_redis() else {
         return;
     };
     let fleet = Fleet::builder(redis.url())
@@ -471,7 +415,7 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
         .count();
     assert!(local >= 3, "{local}");
 
-    assert!(redis.restart());
+    redis.restart().unwrap();
     let back = Instant::now();
     assert!(
         fleet.wait_up(Duration::from_secs(2)).await,
@@ -489,7 +433,7 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
-    let Some(mut redis) = OwnRedis::start() else {
+    let Some(mut redis) = own_redis() else {
         return;
     };
     redis.stop();
@@ -514,7 +458,7 @@ async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
     }
     assert_eq!(breaker.state(), State::Open);
     assert!(!shared.fleet_open());
-    assert!(redis.restart());
+    redis.restart().unwrap();
     assert!(fleet.wait_up(Duration::from_secs(2)).await);
     // Its trip, made while Redis was away, is published when it returns.
     let deadline = Instant::now() + Duration::from_secs(1);

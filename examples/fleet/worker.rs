@@ -133,25 +133,42 @@ async fn quota(job: &Job, fleet: &Fleet) -> Value {
             std::future::ready(Ok::<_, std::io::Error>(()))
         })
     };
-    let rate = Rate::builder()
-        .per_second(QUOTA_PER_S)
-        .build()
-        .expect("valid rate");
-    let share = Rate::builder()
-        .per_second((QUOTA_PER_S / job.workers as u32).max(1))
-        .build()
-        .expect("valid rate");
+    // Local: each worker holds the provider's whole limit, as a per-process quota does.
+    quota_load(job, fleet, "provider", QUOTA_PER_S, counted, start, to).await;
+    json!({ "window_s": (to - from).as_secs_f64(), "calls": calls.load(Ordering::Relaxed) })
+}
+
+/// Four callers through a quota of `QUOTA_PER_S` for the fleet (falling back to each worker's
+/// share) or, in local mode, `local_rate` per worker, until `end` after `start`.
+async fn quota_load<S>(
+    job: &Job,
+    fleet: &Fleet,
+    name: &'static str,
+    local_rate: u32,
+    svc: S,
+    start: Instant,
+    end: Duration,
+) where
+    S: Service<u64> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<stormguard::error::BoxError> + std::fmt::Debug,
+{
+    let rate = |n: u32| {
+        Rate::builder()
+            .per_second(n.max(1))
+            .build()
+            .expect("valid rate")
+    };
     if job.fleet {
-        let layer = FleetQuotaLayer::builder(fleet, "provider", |_: &u64| ("org", 1))
-            .rate(rate)
-            .fallback(share)
+        let layer = FleetQuotaLayer::builder(fleet, name, |_: &u64| ("org", 1))
+            .rate(rate(QUOTA_PER_S))
+            .fallback(rate(QUOTA_PER_S / job.workers as u32))
             .build()
             .expect("valid quota");
-        callers(layer.layer(counted), start, to).await;
+        callers(layer.layer(svc), start, end).await;
     } else {
-        callers(QuotaLayer::new(rate).layer(counted), start, to).await;
+        callers(QuotaLayer::new(rate(local_rate)).layer(svc), start, end).await;
     }
-    json!({ "window_s": (to - from).as_secs_f64(), "calls": calls.load(Ordering::Relaxed) })
 }
 
 /// Four callers that call `svc` until `end` after `start`.
@@ -240,24 +257,9 @@ async fn redis_down(job: &Job, fleet: &Fleet) -> Value {
             (down_ms, up_ms)
         })
     };
-    let rate = Rate::builder()
-        .per_second(QUOTA_PER_S)
-        .build()
-        .expect("valid rate");
-    let share = Rate::builder()
-        .per_second((QUOTA_PER_S / job.workers as u32).max(1))
-        .build()
-        .expect("valid rate");
-    if job.fleet {
-        let layer = FleetQuotaLayer::builder(fleet, "provider-down", |_: &u64| ("org", 1))
-            .rate(rate)
-            .fallback(share)
-            .build()
-            .expect("valid quota");
-        callers(layer.layer(counted), start, end).await;
-    } else {
-        callers(QuotaLayer::new(share).layer(counted), start, end).await;
-    }
+    // Local: each worker holds its share, as the fleet's workers do while Redis is down.
+    let share = QUOTA_PER_S / job.workers as u32;
+    quota_load(job, fleet, "provider-down", share, counted, start, end).await;
     let (down_ms, up_ms) = watch.await.unwrap_or((None, None));
     let buckets = buckets.lock().unwrap().clone();
     json!({ "buckets": buckets, "down_ms": down_ms, "up_ms": up_ms })

@@ -3,10 +3,11 @@
 use super::link::Link;
 use super::scripts;
 use super::Fleet;
-use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
-use crate::quota::keyed::Keys;
+use crate::error::{BoxError, ConfigError};
+use crate::quota::keyed::{sleep_for, too_costly, Keys};
+use crate::quota::KeyedQuotaFuture;
 use crate::quota::Rate;
-use crate::telemetry::{FLEET_LOCAL, QUOTA_WAITS};
+use crate::telemetry::FLEET_LOCAL;
 use pin_project_lite::pin_project;
 use std::borrow::Cow;
 use std::fmt;
@@ -271,34 +272,29 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let (key, cost) = (self.layer.key_and_cost)(&req);
         let shared = self.layer.shared.clone();
-        if cost > shared.rate.burst() {
-            let err = ToolError::new(ErrorCode::InvalidArgument)
-                .with_retryable(false)
-                .with_hint(format!(
-                    "this call costs {cost}, more than the fleet's quota allows at once ({}); make it smaller",
-                    shared.rate.burst()
-                ));
+        let burst = shared.rate.burst();
+        let inner = if cost > burst {
+            KeyedQuotaFuture::failed(too_costly(cost, burst, "the fleet's quota"))
+        } else if cost == 0 {
+            KeyedQuotaFuture::waiting(None, self.inner.clone(), req)
+        } else {
             return FleetQuotaFuture {
-                state: State::Failed { error: Some(err) },
+                state: State::Reserving {
+                    reserve: Box::pin(reserve(shared, key, cost)),
+                    service: Some(self.inner.clone()),
+                    request: Some(req),
+                },
             };
-        }
-        let service = self.inner.clone();
-        if cost == 0 {
-            return FleetQuotaFuture::waiting(None, service, req);
-        }
+        };
         FleetQuotaFuture {
-            state: State::Reserving {
-                reserve: Box::pin(reserve(shared, key, cost)),
-                service: Some(service),
-                request: Some(req),
-            },
+            state: State::Then { inner },
         }
     }
 }
 
 /// Reserves `cost` for `key` in Redis, or in this worker's fallback quota while the fleet is
-/// down; says how long to wait.
-async fn reserve<K>(shared: Arc<Shared<K>>, key: K, cost: u32) -> Duration
+/// down; the sleep until the slot comes.
+async fn reserve<K>(shared: Arc<Shared<K>>, key: K, cost: u32) -> Option<Pin<Box<Sleep>>>
 where
     K: Hash + Eq + Clone + fmt::Display,
 {
@@ -315,23 +311,15 @@ where
             shared.fallback.gcra(&key).reserve_n(cost)
         }
     };
-    if !wait.is_zero() {
-        metrics::counter!(QUOTA_WAITS, "quota" => shared.name.clone()).increment(1);
-        tracing::debug!(
-            quota = %shared.name,
-            cost,
-            wait_ms = wait.as_millis() as u64,
-            "waiting for this key's room in the fleet's quota"
-        );
-    }
-    wait
+    sleep_for(wait, &shared.name, cost)
 }
 
-type Reserve = Pin<Box<dyn Future<Output = Duration> + Send>>;
+type Reserve = Pin<Box<dyn Future<Output = Option<Pin<Box<Sleep>>>> + Send>>;
 
 pin_project! {
     /// The future of [`FleetQuota`]: the reservation (in Redis, or locally while the fleet is
-    /// down), the wait for the slot, the inner service's readiness, then the call.
+    /// down), then what a [`KeyedQuotaFuture`] does: the wait for the slot, the inner service's
+    /// readiness, the call.
     pub struct FleetQuotaFuture<S: Service<Req>, Req> {
         #[pin]
         state: State<S, Req>,
@@ -341,24 +329,8 @@ pin_project! {
 pin_project! {
     #[project = Proj]
     enum State<S: Service<Req>, Req> {
-        Failed { error: Option<ToolError> },
         Reserving { reserve: Reserve, service: Option<S>, request: Option<Req> },
-        Waiting { sleep: Option<Pin<Box<Sleep>>>, service: S, request: Option<Req> },
-        Calling { #[pin] future: S::Future },
-    }
-}
-
-impl<S: Service<Req>, Req> FleetQuotaFuture<S, Req> {
-    fn waiting(wait: Option<Duration>, service: S, request: Req) -> Self {
-        FleetQuotaFuture {
-            state: State::Waiting {
-                sleep: wait
-                    .filter(|w| !w.is_zero())
-                    .map(|w| Box::pin(tokio::time::sleep(w))),
-                service,
-                request: Some(request),
-            },
-        }
+        Then { #[pin] inner: KeyedQuotaFuture<S, Req> },
     }
 }
 
@@ -373,40 +345,19 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                Proj::Failed { error } => {
-                    let error = error.take().expect("polled after completion");
-                    return Poll::Ready(Err(Box::new(error)));
-                }
                 Proj::Reserving {
                     reserve,
                     service,
                     request,
                 } => {
-                    let wait = ready!(reserve.as_mut().poll(cx));
-                    let next = FleetQuotaFuture::waiting(
-                        Some(wait),
-                        service.take().expect("polled after completion"),
-                        request.take().expect("polled after completion"),
-                    );
-                    this.state.set(next.state);
+                    let sleep = ready!(reserve.as_mut().poll(cx));
+                    let (Some(service), Some(request)) = (service.take(), request.take()) else {
+                        panic!("polled after completion");
+                    };
+                    let inner = KeyedQuotaFuture::waiting(sleep, service, request);
+                    this.state.set(State::Then { inner });
                 }
-                Proj::Waiting {
-                    sleep,
-                    service,
-                    request,
-                } => {
-                    if let Some(s) = sleep.as_mut() {
-                        ready!(s.as_mut().poll(cx));
-                        *sleep = None;
-                    }
-                    ready!(service.poll_ready(cx)).map_err(Into::into)?;
-                    let req = request.take().expect("polled after completion");
-                    let future = service.call(req);
-                    this.state.set(State::Calling { future });
-                }
-                Proj::Calling { future } => {
-                    return future.poll(cx).map_err(Into::into);
-                }
+                Proj::Then { inner } => return inner.poll(cx),
             }
         }
     }

@@ -31,14 +31,14 @@ pin_project! {
 
 impl<S: Service<Req>, Req> KeyedQuotaFuture<S, Req> {
     /// Fails at once with `error`.
-    pub(super) fn failed(error: ToolError) -> Self {
+    pub(crate) fn failed(error: ToolError) -> Self {
         KeyedQuotaFuture {
             state: KeyedState::Failed { error: Some(error) },
         }
     }
 
     /// Waits for `sleep` (if any), then for `service` to be ready, then calls it with `request`.
-    pub(super) fn waiting(sleep: Option<Pin<Box<Sleep>>>, service: S, request: Req) -> Self {
+    pub(crate) fn waiting(sleep: Option<Pin<Box<Sleep>>>, service: S, request: Req) -> Self {
         KeyedQuotaFuture {
             state: KeyedState::Waiting {
                 sleep,

@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
 use std::marker::PhantomData;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -354,13 +356,7 @@ where
         let (key, cost) = (self.layer.key_and_cost)(&req);
         let rate = self.layer.keys.rate;
         if cost > rate.burst() {
-            let err = ToolError::new(ErrorCode::InvalidArgument)
-                .with_retryable(false)
-                .with_hint(format!(
-                    "this call costs {cost}, more than the quota allows at once ({}); make it smaller",
-                    rate.burst()
-                ));
-            return KeyedQuotaFuture::failed(err);
+            return KeyedQuotaFuture::failed(too_costly(cost, rate.burst(), "the quota"));
         }
         // A call that costs nothing reserves nothing and waits for nothing.
         let wait = if cost == 0 {
@@ -368,20 +364,39 @@ where
         } else {
             self.layer.keys.gcra(&key).reserve_n(cost)
         };
-        let sleep = if wait.is_zero() {
-            None
-        } else {
-            metrics::counter!(WAITS, "quota" => self.layer.name.clone()).increment(1);
-            tracing::debug!(
-                quota = %self.layer.name,
-                cost,
-                wait_ms = wait.as_millis() as u64,
-                "waiting for this key's room in the quota"
-            );
-            Some(Box::pin(tokio::time::sleep(wait)))
-        };
+        let sleep = sleep_for(wait, &self.layer.name, cost);
         KeyedQuotaFuture::waiting(sleep, self.inner.clone(), req)
     }
+}
+
+/// The error of a call that costs more than `what` lets through at once: it could never go.
+pub(crate) fn too_costly(cost: u32, burst: u32, what: &str) -> ToolError {
+    ToolError::new(ErrorCode::InvalidArgument)
+        .with_retryable(false)
+        .with_hint(format!(
+            "this call costs {cost}, more than {what} allows at once ({burst}); make it smaller"
+        ))
+}
+
+/// The sleep until a reserved slot comes (none if it is now), counted and traced. The name is a
+/// `Cow` so the metric label is a clone of it, not a new string.
+#[allow(clippy::ptr_arg)]
+pub(crate) fn sleep_for(
+    wait: std::time::Duration,
+    quota: &Cow<'static, str>,
+    cost: u32,
+) -> Option<Pin<Box<Sleep>>> {
+    if wait.is_zero() {
+        return None;
+    }
+    metrics::counter!(WAITS, "quota" => quota.clone()).increment(1);
+    tracing::debug!(
+        quota = %quota,
+        cost,
+        wait_ms = wait.as_millis() as u64,
+        "waiting for this key's room in the quota"
+    );
+    Some(Box::pin(tokio::time::sleep(wait)))
 }
 
 #[cfg(test)]
