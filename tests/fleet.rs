@@ -467,3 +467,69 @@ async fn a_fleet_that_starts_without_redis_decides_locally_and_joins_later() {
     }
     assert!(shared.fleet_open());
 }
+
+#[test]
+fn going_down_deciding_locally_and_coming_back_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let Some(mut redis) = own_redis() else { return };
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prefix = prefix("metrics");
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let fleet = Fleet::builder(redis.url())
+                .prefix(prefix.as_str())
+                .timeout(Duration::from_millis(50))
+                .sync_interval(Duration::from_millis(20))
+                .build()
+                .unwrap();
+            assert!(fleet.wait_up(Duration::from_secs(2)).await);
+            let quota = FleetQuotaLayer::builder(&fleet, "q", |_: &u32| ("k", 1))
+                .rate(Rate::builder().per_second(1_000).build().unwrap())
+                .fallback(Rate::builder().per_second(1_000).build().unwrap())
+                .build()
+                .unwrap();
+            let budget = RetryBudget::builder().fleet(&fleet, "b").build().unwrap();
+            let svc = quota.layer(tower::service_fn(|_: u32| async {
+                Ok::<_, std::io::Error>(())
+            }));
+            svc.clone().oneshot(1).await.unwrap();
+            redis.stop();
+            for _ in 0..3 {
+                svc.clone().oneshot(1).await.unwrap();
+            }
+            assert!(!fleet.is_up());
+            let _ = budget.try_withdraw(Duration::ZERO);
+            redis.restart().unwrap();
+            assert!(fleet.wait_up(Duration::from_secs(2)).await);
+        })
+    });
+    let metrics = snapshotter.snapshot().into_vec();
+    let find = |name: &str, label: (&str, &str)| {
+        metrics.iter().find_map(|(key, _, _, value)| {
+            let key = key.key();
+            (key.name() == name
+                && key
+                    .labels()
+                    .any(|l| l.key() == label.0 && l.value() == label.1))
+            .then_some(value)
+        })
+    };
+    let count = |name: &str, label| match find(name, label) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{name} {label:?}: {other:?}"),
+    };
+    assert!(count("stormguard_fleet_local_decisions_total", ("part", "quota")) >= 3);
+    assert!(count("stormguard_fleet_local_decisions_total", ("part", "budget")) >= 1);
+    assert!(count("stormguard_fleet_transitions_total", ("to", "down")) >= 1);
+    assert_eq!(count("stormguard_fleet_transitions_total", ("to", "up")), 2);
+    let up = find("stormguard_fleet_up", ("fleet", prefix.as_str()));
+    assert!(
+        matches!(up, Some(DebugValue::Gauge(g)) if g.into_inner() == 1.0),
+        "{up:?}"
+    );
+}
