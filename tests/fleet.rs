@@ -283,24 +283,43 @@ async fn one_workers_failures_open_every_workers_breaker() {
         breakers[3].reason()
     );
 
-    // After the open time one worker holds the trial; the others stay shut even under traffic.
+    // After the open time nobody holds the trial until a worker has a call to probe with.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let holders = shared.iter().filter(|s| s.holds_trial()).count();
-    assert_eq!(holders, 1);
-    let holder = shared.iter().position(|s| s.holds_trial()).unwrap();
-    let other = (holder + 1) % 4;
-    let mut svc = CircuitBreakerLayer::new(breakers[other].clone()).layer(failing());
-    for _ in 0..50 {
-        let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
-        assert_eq!(
-            err.downcast_ref::<ToolError>().unwrap().code(),
-            ErrorCode::CircuitOpen
-        );
-    }
-    // The holder's trial succeeds: the fleet closes, and every worker's breaker with it.
+    assert!(shared.iter().all(|s| !s.holds_trial()));
+    // Worker 1 gets calls, for a dependency that has healed: turned away until its claim to the
+    // trial lands, then its next call is the trial. While it holds the trial the others stay
+    // shut, even under traffic.
     let healthy = tower::service_fn(|()| std::future::ready(Ok::<_, std::io::Error>(())));
-    let mut svc = CircuitBreakerLayer::new(breakers[holder].clone()).layer(healthy);
-    svc.ready().await.unwrap().call(()).await.unwrap();
+    let mut one = CircuitBreakerLayer::new(breakers[1].clone()).layer(healthy);
+    let mut two = CircuitBreakerLayer::new(breakers[2].clone()).layer(failing());
+    let start = Instant::now();
+    let mut saw_holder = false;
+    loop {
+        if shared[1].holds_trial() {
+            saw_holder = true;
+            for _ in 0..50 {
+                let err = two.ready().await.unwrap().call(()).await.unwrap_err();
+                assert_eq!(
+                    err.downcast_ref::<ToolError>().unwrap().code(),
+                    ErrorCode::CircuitOpen
+                );
+            }
+        }
+        match one.ready().await.unwrap().call(()).await {
+            Ok(()) => break,
+            Err(e) => assert_eq!(
+                e.downcast_ref::<ToolError>().unwrap().code(),
+                ErrorCode::CircuitOpen
+            ),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "worker 1 never got the trial"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(saw_holder);
+    // Its trial succeeded: the fleet closes, and every worker's breaker with it.
     let deadline = Instant::now() + Duration::from_secs(2);
     while breakers.iter().any(|b| b.state() != State::Closed) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -532,4 +551,214 @@ fn going_down_deciding_locally_and_coming_back_are_counted() {
         matches!(up, Some(DebugValue::Gauge(g)) if g.into_inner() == 1.0),
         "{up:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_holds_for_the_whole_fleet_leases_included() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("cap");
+    let fleets = workers(&url, &prefix, 4).await;
+    let budgets: Vec<_> = fleets
+        .iter()
+        .map(|f| {
+            RetryBudget::builder()
+                .retry_ratio(1.0)
+                .max_balance(4)
+                .floor(0, Duration::from_secs(60))
+                .fleet(f, "pay")
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // Steady traffic: every worker deposits far more than the cap, leases fill up.
+    for _ in 0..5 {
+        for b in &budgets {
+            for _ in 0..10 {
+                b.deposit();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Then an outage: the fleet spends at most max_balance, leases and all.
+    let mut spent = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        for b in &budgets {
+            if b.try_withdraw(Duration::ZERO).is_ok() {
+                spent += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(spent, 4, "the fleet spent {spent} with a cap of 4");
+}
+
+#[test]
+fn a_dead_workers_lease_stops_counting_against_the_cap() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("dead");
+    let budget = |fleet: &Fleet| {
+        RetryBudget::builder()
+            .retry_ratio(1.0)
+            .max_balance(4)
+            .floor(0, Duration::from_secs(60))
+            .fleet(fleet, "pay")
+            .fleet_lease(4)
+            .build()
+            .unwrap()
+    };
+    // Worker a takes the whole cap as its lease, then dies: its runtime is dropped with its
+    // tasks, so nothing gives the lease back.
+    let dying = tokio::runtime::Runtime::new().unwrap();
+    dying.block_on(async {
+        let fleet = &workers(&url, &prefix, 1).await[0];
+        let a = budget(fleet);
+        for _ in 0..4 {
+            a.deposit();
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while a.fleet_lease_held() < 4.0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(a.fleet_lease_held(), 4.0);
+        std::mem::forget(a);
+    });
+    drop(dying);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let fleet = Fleet::builder(url.as_str())
+            .prefix(prefix.as_str())
+            .worker("b")
+            .sync_interval(Duration::from_millis(10))
+            .build()
+            .unwrap();
+        assert!(fleet.wait_up(Duration::from_secs(5)).await);
+        let b = budget(&fleet);
+        let deposit_and_wait = |b: &RetryBudget| {
+            for _ in 0..4 {
+                b.deposit();
+            }
+        };
+        deposit_and_wait(&b);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // a's lease still counts: the cap is full.
+        assert_eq!(b.fleet_lease_held(), 0.0);
+        // After the lease TTL (10 s) a is taken for dead and the cap is free again.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        deposit_and_wait(&b);
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while b.fleet_lease_held() < 4.0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(b.fleet_lease_held(), 4.0);
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_worker_does_not_keep_the_trial_from_the_others() {
+    let Some(url) = redis_url() else { return };
+    let prefix = prefix("quiet");
+    let fleets = workers(&url, &prefix, 2).await;
+    let config = || {
+        BreakerConfig::builder()
+            .consecutive_failures(3)
+            .no_failure_rate()
+            .build()
+            .unwrap()
+    };
+    let breakers: Vec<Breaker> = (0..2).map(|_| Breaker::new("dep", config())).collect();
+    let shared: Vec<_> = fleets
+        .iter()
+        .zip(&breakers)
+        .map(|(f, b)| f.share_breaker(b).unwrap())
+        .collect();
+    let mut failing = CircuitBreakerLayer::new(breakers[0].clone()).layer(failing());
+    for _ in 0..3 {
+        let _ = failing.ready().await.unwrap().call(()).await;
+    }
+    // Worker 0 tripped it and then goes quiet; worker 1, opened by the fleet, calls a
+    // dependency that has healed.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while breakers[1].state() == State::Closed && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(breakers[1].state(), State::Open);
+    let healthy = tower::service_fn(|()| std::future::ready(Ok::<_, std::io::Error>(())));
+    let mut svc = CircuitBreakerLayer::new(breakers[1].clone()).layer(healthy);
+    let start = Instant::now();
+    while breakers[1].state() != State::Closed && start.elapsed() < Duration::from_secs(15) {
+        let _ = svc.ready().await.unwrap().call(()).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Probing starts after the shortest open time (250 ms by default) and 25 calls turned away.
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "closed after {:?}",
+        start.elapsed()
+    );
+    assert!(!shared[0].holds_trial());
+    // And the quiet worker's breaker follows the fleet's.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while breakers[0].state() != State::Closed && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(breakers[0].state(), State::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_quotas_whose_name_and_key_join_alike_share_no_bucket() {
+    let Some(url) = redis_url() else { return };
+    let fleet = &workers(&url, &prefix("join"), 1).await[0];
+    let one_a_minute = Rate::builder().per_minute(1).build().unwrap();
+    let quota = |name: &'static str, key: &'static str| {
+        FleetQuotaLayer::builder(fleet, name, move |_: &u32| (key, 1))
+            .rate(one_a_minute)
+            .fallback(one_a_minute)
+            .build()
+            .unwrap()
+            .layer(tower::service_fn(|_: u32| async {
+                Ok::<_, std::io::Error>(())
+            }))
+    };
+    quota("a", "b:c").oneshot(1).await.unwrap();
+    let other = tokio::time::timeout(Duration::from_secs(1), quota("a:b", "c").oneshot(1)).await;
+    assert!(
+        other.is_ok(),
+        "the second quota waited on the first one's bucket"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_fleet_budget_grants_nothing_on_a_guess_and_is_ready_after_one_sync() {
+    let Some(url) = redis_url() else { return };
+    let fleets = workers(&url, &prefix("new"), 8).await;
+    let budgets: Vec<_> = fleets
+        .iter()
+        .map(|f| {
+            RetryBudget::builder()
+                .floor(2, Duration::from_secs(60))
+                .fleet(f, "pay")
+                .build()
+                .unwrap()
+        })
+        .collect();
+    // At once, before any sync: no lease yet, and no local floor taken on a guess.
+    assert!(budgets
+        .iter()
+        .all(|b| b.try_withdraw(Duration::ZERO).is_err()));
+    for b in &budgets {
+        assert!(b.fleet_ready(Duration::from_secs(2)).await);
+    }
+    // Then the fleet's floor of 2, not 2 per worker.
+    let mut granted = 0;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(500) {
+        granted += budgets
+            .iter()
+            .filter(|b| b.try_withdraw(Duration::ZERO).is_ok())
+            .count();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(granted, 2);
 }

@@ -569,6 +569,7 @@ async fn fleet_worker(
     fleet.wait_up(Duration::from_secs(1)).await; // or start local and join when Redis answers
     // The ratio balance and the floor are the fleet's: 10 retries a minute for all the workers.
     let budget = RetryBudget::builder().fleet(&fleet, "payments").build()?;
+    budget.fleet_ready(Duration::from_secs(1)).await; // its first lease: one round trip
     // The provider's 200 requests a second for the whole fleet; each worker's share while Redis is down.
     let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &http::Request<String>| ("org", 1))
         .rate(Rate::builder().per_second(200).build()?)

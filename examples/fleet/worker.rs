@@ -101,6 +101,8 @@ async fn outage(job: &Job, fleet: &Fleet) -> Value {
     } else {
         RetryBudget::default()
     };
+    // Its first lease, so the fleet's budget is not refusing for want of a sync.
+    budget.fleet_ready(Duration::from_secs(2)).await;
     let calls = Arc::new(AtomicU64::new(0));
     let svc = RetryLayer::new(ToolClass::Read, budget).layer(down(calls.clone()));
     let ops = OUTAGE_OPS_PER_S * OUTAGE_SECS;

@@ -4,7 +4,7 @@
 use super::policy::Count;
 use super::state::{Breaker, Shared};
 use super::State;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -24,6 +24,9 @@ pub(crate) struct Tap {
     gate: AtomicU8,
     /// While gated: how long until the fleet lets a trial go (ms).
     retry_after_ms: AtomicU32,
+    /// A call came to the open breaker since the last sync: this worker has traffic to probe
+    /// with, so it may take the fleet's trial lease.
+    demand: AtomicBool,
     pub(crate) wake: Notify,
 }
 
@@ -45,6 +48,9 @@ impl Tap {
 
     /// The open breaker's local decision (`None`: probe), as the fleet's gate has it.
     pub(super) fn gate(&self, local: Option<u64>) -> Option<u64> {
+        if !self.demand.load(Ordering::Relaxed) {
+            self.demand.store(true, Ordering::Relaxed);
+        }
         match self.gate.load(Ordering::Acquire) {
             GATED => {
                 Some(local.unwrap_or_else(|| {
@@ -66,6 +72,11 @@ impl Tap {
 
     pub(crate) fn gate_now(&self) -> u8 {
         self.gate.load(Ordering::Acquire)
+    }
+
+    /// Whether a call came to the open breaker since the last sync (and forget it).
+    pub(crate) fn take_demand(&self) -> bool {
+        self.demand.swap(false, Ordering::AcqRel)
     }
 
     /// The counts since the last sync (successes, failures).
@@ -111,6 +122,7 @@ impl Breaker {
             failures: AtomicU64::new(0),
             gate: AtomicU8::new(LOCAL),
             retry_after_ms: AtomicU32::new(0),
+            demand: AtomicBool::new(false),
             wake: Notify::new(),
         });
         self.shared.fleet.set(tap.clone()).ok()?;
@@ -144,5 +156,10 @@ impl Breaker {
     /// Whether the breaker is closed.
     pub(crate) fn is_closed(&self) -> bool {
         self.state() == State::Closed
+    }
+
+    /// Whether the breaker is half-open (a trial is under way).
+    pub(crate) fn is_half_open(&self) -> bool {
+        self.state() == State::HalfOpen
     }
 }

@@ -286,6 +286,27 @@ impl RetryBudget {
         }
     }
 
+    /// Waits until this worker's first sync with the fleet has answered, at most `limit`, and
+    /// says whether it did (feature `redis`; `true` at once without a fleet). A fleet budget holds
+    /// no lease until then (a round trip after `build`, started at once), so a retry asked for in
+    /// that moment is refused; await this after building when the first calls may fail at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::RetryBudget;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// assert!(RetryBudget::default().fleet_ready(Duration::ZERO).await);
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub async fn fleet_ready(&self, limit: Duration) -> bool {
+        match &self.ratio.fleet {
+            Some(lease) => lease.wait_synced(limit).await,
+            None => true,
+        }
+    }
+
     /// Retries this worker holds leased from the fleet's balance (feature `redis`; 0 without a
     /// fleet).
     #[cfg(feature = "redis")]
@@ -487,7 +508,9 @@ impl RetryBudgetBuilder {
 
     /// The retries a worker keeps leased from the fleet's balance (2 by default; 0 to 100). 0
     /// leases nothing from the balance: a worker then retries only on the floor (one use leased
-    /// at a time) or from the balance through [`RetryBudget::fleet_withdraw`].
+    /// at a time) or from the balance through [`RetryBudget::fleet_withdraw`]. Set without
+    /// [`fleet`](Self::fleet), `build` refuses it (`fleet_lease`). A budget dropped gives its
+    /// lease back.
     #[cfg(feature = "redis")]
     pub fn fleet_lease(mut self, retries: u32) -> Self {
         self.fleet_lease = Some(retries);

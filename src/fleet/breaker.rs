@@ -15,8 +15,10 @@
 //! - **Open.** A worker that learns the fleet's breaker is open opens its own (the reason says
 //!   so): every worker fails fast within one sync of the first.
 //! - **Trials.** Once the open time has passed, one worker at a time holds the trial lease
-//!   (`SET NX` with the trial timeout): its breaker probes at its next call, the others' stay
-//!   open. The trial's success closes the fleet's breaker, and every worker's at its next sync;
+//!   (`SET NX` with the trial timeout), and only a worker that has calls to probe with (a call
+//!   came to its open breaker since its last sync) takes it: its breaker probes at its next call,
+//!   the others' stay open. A holder that made no call by its next sync gives the lease up, so a
+//!   quiet worker never keeps the others shut. The trial's success closes the fleet's breaker, and every worker's at its next sync;
 //!   its failure keeps the fleet open for another open time and frees the lease.
 //!
 //! While the fleet is down each breaker follows its own rules alone. Each shared breaker runs one
@@ -169,6 +171,7 @@ impl Sync {
 
     async fn once(&mut self, breaker: &Breaker) {
         let (successes, failures) = self.tap.take_counts();
+        let demand = self.tap.take_demand();
         let opens = breaker.opens();
         let tripped = opens > self.last_opens;
         let closed = breaker.is_closed();
@@ -184,7 +187,9 @@ impl Sync {
             .arg(self.terms.consecutive)
             .arg(self.terms.open.as_millis() as u64)
             .arg(self.terms.trial_timeout.as_millis() as u64)
-            .arg(self.link.worker());
+            .arg(self.link.worker())
+            .arg(u8::from(demand))
+            .arg(u8::from(breaker.is_half_open()));
         let answer = match self.link.eval::<(u8, u64, u8, u64)>(&invocation).await {
             Ok((open, until, mine, _gen)) => Answer {
                 open: open == 1,

@@ -5,22 +5,28 @@
 //! of the shared balance, and one use of the shared floor for the current floor window) and
 //! withdraws from it with one atomic; its successes are counted in one atomic and deposited in a
 //! batch. One task per budget syncs with Redis every `sync_interval`, or at once when the lease
-//! runs low: one script deposits the batch and tops the lease up. The fleet therefore spends at
-//! most its balance plus its floor, like one process; what sits in leases is not spent twice, and
-//! a worker that dies with a lease takes it with it (the fleet retries less, never more). A
-//! budget dropped gives its lease back.
+//! runs low: one script deposits the batch and tops the lease up.
+//!
+//! **The cap holds fleet-wide.** What sits in leases counts against `max_balance`: the script
+//! keeps the sum of every live worker's lease (each sync reports what the worker still holds)
+//! and holds balance plus leases at the cap, so the fleet spends at most `max_balance` plus its
+//! floor, as one process would. A worker not heard from for 10 s (a live one syncs at least every
+//! 2 s) is taken for dead: its lease stops counting and is lost (the fleet retries less, never
+//! more). A budget dropped gives its lease back. A new budget holds nothing until its first
+//! sync has answered (one round trip after it is built, started at once): a retry asked for in
+//! that moment is refused, never granted on a guess (`RetryBudget::fleet_ready` waits for it).
 //!
 //! Leases are held, not handed back when a worker goes quiet: an agent whose failures come tens
 //! of seconds apart would otherwise find its lease empty at every one. The price is what sits in
-//! quiet workers' leases: up to `workers × fleet_lease` retries of the balance (keep it well
-//! below `max_balance`: 8 workers × 2 of 100 by default), and one floor use per worker until its
-//! floor window ends (with more workers than the floor has uses, the first workers to ask hold
-//! them). Both err toward fewer retries, never more.
+//! quiet workers' leases: up to `workers × fleet_lease` retries of the balance, which the others
+//! cannot spend (keep it well below `max_balance`: 8 workers × 2 of 100 by default), and one
+//! floor use per worker until its floor window ends (with more workers than the floor has uses,
+//! the first workers to ask hold them). Both err toward fewer retries, never more.
 
 use super::link::{Failed, Link};
 use super::scripts;
 use crate::telemetry::FLEET_LOCAL;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -42,7 +48,8 @@ pub(crate) struct Terms {
 /// One worker's lease on the fleet's budget.
 pub(crate) struct Lease {
     link: Arc<Link>,
-    key: String,
+    /// The budget's hash, its leases by worker, and when each worker was last heard from.
+    keys: [String; 3],
     terms: Terms,
     /// Successes not yet deposited.
     pending: AtomicU64,
@@ -53,12 +60,23 @@ pub(crate) struct Lease {
     floor_until: AtomicU64,
     epoch: Instant,
     wake: Notify,
+    /// Whether a sync has answered since the budget was built (until then the lease is empty).
+    synced: AtomicBool,
+    synced_now: Notify,
+    /// When the last sync answered (`now()`), for the heartbeat.
+    last_sync: AtomicU64,
 }
+
+/// A worker not heard from for this long is taken for dead by the others, and its lease stops
+/// counting against the cap.
+const LEASE_TTL: Duration = Duration::from_secs(10);
+/// A live worker syncs at least this often, even with nothing to deposit or take.
+const HEARTBEAT: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &self.key)
+            .field("key", &self.keys[0])
             .field("balance", &self.balance.load(Ordering::Relaxed))
             .field("floor", &self.floor.load(Ordering::Relaxed))
             .finish()
@@ -75,7 +93,11 @@ impl Lease {
     ) -> Arc<Lease> {
         let lease = Arc::new(Lease {
             link: fleet.link.clone(),
-            key: fleet.link.key("budget", name),
+            keys: [
+                fleet.link.key("budget", name),
+                fleet.link.key("budget-leases", name),
+                fleet.link.key("budget-seen", name),
+            ],
             terms,
             pending: AtomicU64::new(0),
             balance: AtomicI64::new(0),
@@ -83,6 +105,9 @@ impl Lease {
             floor_until: AtomicU64::new(0),
             epoch: Instant::now(),
             wake: Notify::new(),
+            synced: AtomicBool::new(false),
+            synced_now: Notify::new(),
+            last_sync: AtomicU64::new(0),
         });
         handle.spawn(sync_task(lease.clone()));
         lease
@@ -92,6 +117,16 @@ impl Lease {
     #[inline]
     pub(crate) fn is_up(&self) -> bool {
         self.link.is_up()
+    }
+
+    /// Waits until the first sync has answered, at most `limit`; says whether it did.
+    pub(crate) async fn wait_synced(&self, limit: Duration) -> bool {
+        let synced = self.synced_now.notified();
+        if self.synced.load(Ordering::Acquire) {
+            return true;
+        }
+        let _ = tokio::time::timeout(limit, synced).await;
+        self.synced.load(Ordering::Acquire)
     }
 
     /// One success, deposited with the next batch (one atomic add).
@@ -147,18 +182,15 @@ impl Lease {
     /// Asks Redis for one retry of `cost` now, the floor if the balance cannot pay: the exact
     /// path, one round trip per decision (what the lease saves).
     pub(crate) async fn withdraw_now(&self, cost: i64) -> Result<bool, Failed> {
-        let (granted, floor, _, _): (i64, i64, i64, i64) = self
-            .link
-            .eval(
-                scripts::BUDGET
-                    .key(&self.key)
-                    .arg(0)
-                    .arg(0)
-                    .arg(cost)
-                    .arg(1)
-                    .args(self.terms, true),
-            )
-            .await?;
+        let ask = Ask {
+            want: cost,
+            want_floor: 1,
+            exact: true,
+            held: self.held(),
+            ..Ask::default()
+        };
+        let (granted, floor, _, _): (i64, i64, i64, i64) =
+            self.link.eval(&self.invocation(ask)).await?;
         Ok(granted >= cost || floor > 0)
     }
 
@@ -166,15 +198,35 @@ impl Lease {
         self.epoch.elapsed().as_nanos() as u64 + 1
     }
 
-    /// One sync: deposit the batch, top the lease up (and give it back when `closing`).
+    fn invocation(&self, ask: Ask) -> redis::ScriptInvocation<'static> {
+        let mut invocation = scripts::BUDGET.key(&self.keys[0]);
+        invocation
+            .key(&self.keys[1])
+            .key(&self.keys[2])
+            .arg(ask.deposit)
+            .arg(ask.give_back)
+            .arg(ask.want)
+            .arg(ask.want_floor)
+            .arg(self.terms.max)
+            .arg(self.terms.floor)
+            .arg(self.terms.floor_window.as_millis() as u64)
+            .arg(u8::from(ask.exact))
+            .arg(self.link.worker())
+            .arg(ask.held)
+            .arg(LEASE_TTL.as_millis() as u64);
+        invocation
+    }
+
+    /// One sync: deposit the batch, top the lease up (and give it back when `closing`); a
+    /// heartbeat at least every [`HEARTBEAT`], so the others know this worker's lease is alive.
     async fn sync(&self, closing: bool) -> Result<(), Failed> {
         let successes = self.pending.swap(0, Ordering::AcqRel);
-        let held = self.balance.load(Ordering::Acquire);
         let give_back = if closing {
             self.balance.swap(0, Ordering::AcqRel)
         } else {
             0
         };
+        let held = self.balance.load(Ordering::Acquire);
         let want = if closing {
             0
         } else {
@@ -186,23 +238,26 @@ impl Lease {
                 && self.terms.floor > 0
                 && (floor_expired || self.floor.load(Ordering::Acquire) == 0),
         );
-        if successes == 0 && give_back == 0 && want == 0 && want_floor == 0 {
+        let quiet = self
+            .now()
+            .saturating_sub(self.last_sync.load(Ordering::Acquire))
+            < HEARTBEAT.as_nanos() as u64;
+        if successes == 0 && give_back == 0 && want == 0 && want_floor == 0 && quiet {
             return Ok(());
         }
-        let deposit = (successes as i64).saturating_mul(self.terms.deposit);
-        let answer = self
+        let ask = Ask {
+            deposit: (successes as i64).saturating_mul(self.terms.deposit),
+            give_back,
+            want,
+            want_floor,
+            exact: false,
+            held,
+        };
+        let (granted, floor, _balance, window_left_ms) = match self
             .link
-            .eval::<(i64, i64, i64, i64)>(
-                scripts::BUDGET
-                    .key(&self.key)
-                    .arg(deposit)
-                    .arg(give_back)
-                    .arg(want)
-                    .arg(want_floor)
-                    .args(self.terms, false),
-            )
-            .await;
-        let (granted, floor, _balance, window_left_ms) = match answer {
+            .eval::<(i64, i64, i64, i64)>(&self.invocation(ask))
+            .await
+        {
             Ok(answer) => answer,
             Err(e) => {
                 // Nothing is lost: the batch and the lease wait for the next sync.
@@ -218,43 +273,57 @@ impl Lease {
             self.floor_until.store(until, Ordering::Release);
             self.floor.store(floor as u32, Ordering::Release);
         }
+        self.last_sync.store(self.now(), Ordering::Release);
+        if !self.synced.swap(true, Ordering::AcqRel) {
+            self.synced_now.notify_waiters();
+        }
         Ok(())
     }
 }
 
-/// What the script reads of the terms: the cap, the floor and its window, and `exact` (0).
-trait TermArgs {
-    fn args(&mut self, terms: Terms, exact: bool) -> &mut Self;
-}
-
-impl TermArgs for redis::ScriptInvocation<'_> {
-    fn args(&mut self, terms: Terms, exact: bool) -> &mut Self {
-        self.arg(terms.max)
-            .arg(terms.floor)
-            .arg(terms.floor_window.as_millis() as u64)
-            .arg(u8::from(exact))
-    }
+/// What one sync asks of the script.
+#[derive(Clone, Copy, Debug, Default)]
+struct Ask {
+    /// Milli-retries deposited by the batch of successes.
+    deposit: i64,
+    /// Milli-retries of the lease given back.
+    give_back: i64,
+    /// Milli-retries wanted for the lease (or, `exact`, for one retry now).
+    want: i64,
+    want_floor: u32,
+    exact: bool,
+    /// Milli-retries this worker still holds, after its give back.
+    held: i64,
 }
 
 /// Syncs while the budget lives (woken by a low lease, else every `sync_interval`), then gives
 /// the lease back.
 async fn sync_task(lease: Arc<Lease>) {
     let every = lease.link.settings.sync_interval;
+    // The first sync at once: until it answers the budget decides locally.
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = lease.wake.notified() => {}
-            _ = tokio::time::sleep(every) => {}
+        if !first {
+            tokio::select! {
+                _ = lease.wake.notified() => {}
+                _ = tokio::time::sleep(every) => {}
+            }
         }
+        first = false;
         if Arc::strong_count(&lease) == 1 {
-            if lease.is_up() {
+            if lease.link.is_up() {
                 let _ = lease.sync(true).await;
             }
             return;
         }
-        if lease.is_up() {
-            if let Err(e) = lease.sync(false).await {
-                tracing::debug!(budget = %lease.key, error = %e, "fleet budget: sync failed");
-            }
+        if !lease.link.is_up() {
+            // The ping brings the fleet back; wait for it rather than spin on every wake.
+            let _ = lease.link.wait_up(every).await;
+            first = lease.link.is_up();
+            continue;
+        }
+        if let Err(e) = lease.sync(false).await {
+            tracing::debug!(budget = %lease.keys[0], error = %e, "fleet budget: sync failed");
         }
     }
 }

@@ -80,8 +80,10 @@ impl Link {
         &self.settings.worker
     }
 
+    /// The Redis key of the `kind` named `name`: `{prefix}:{kind}:{bytes in name}:{name}`, so no
+    /// name can end where another begins (a quota `a` keyed `b:c` and a quota `a:b` keyed `c`).
     pub(crate) fn key(&self, kind: &str, name: &str) -> String {
-        format!("{}:{kind}:{name}", self.settings.prefix)
+        format!("{}:{kind}:{}:{name}", self.settings.prefix, name.len())
     }
 
     pub(crate) fn downs(&self) -> u64 {

@@ -161,6 +161,7 @@ impl fmt::Debug for Fleet {
 /// assert_eq!(b().timeout(Duration::ZERO).build().unwrap_err().field(), "timeout");
 /// assert_eq!(b().sync_interval(Duration::from_secs(3600)).build().unwrap_err().field(), "sync_interval");
 /// assert_eq!(b().prefix("").build().unwrap_err().field(), "prefix");
+/// assert_eq!(b().worker("").build().unwrap_err().field(), "worker");
 /// # }
 /// # fn no_runtime() {
 /// // Outside a tokio runtime there is nothing to run the fleet's tasks on.
@@ -199,7 +200,9 @@ impl FleetBuilder {
         self
     }
 
-    /// This worker's name (by default the process id and a random number).
+    /// This worker's name, 1 to 200 bytes (by default the process id and a random number). Two
+    /// live workers of one fleet must not share a name: the name keys a worker's lease and its
+    /// hold on a breaker's trial.
     pub fn worker(mut self, name: impl Into<String>) -> Self {
         self.worker = Some(name.into());
         self
@@ -221,6 +224,13 @@ impl FleetBuilder {
         }
         if self.prefix.is_empty() || self.prefix.len() > 200 {
             return Err(ConfigError::new("prefix", "must be 1 to 200 bytes"));
+        }
+        if self
+            .worker
+            .as_ref()
+            .is_some_and(|w| w.is_empty() || w.len() > 200)
+        {
+            return Err(ConfigError::new("worker", "must be 1 to 200 bytes"));
         }
         let client = redis::Client::open(self.url.as_str())
             .map_err(|_| ConfigError::new("url", "is not a Redis URL (redis://host:port/db)"))?;

@@ -46,7 +46,7 @@ struct Shared<K> {
 /// to Redis) keeps its reservation: its room goes unused, as with the local quotas. A call that
 /// falls back locally and costs more than the fallback's burst waits until its whole cost fits
 /// the fallback's rate (it is not refused: the fleet's burst is what it is checked against). Key
-/// names are written into Redis keys: `{prefix}:quota:{name}:{key}`; the key of a quota full
+/// names are written into Redis keys: `{prefix}:quota:{bytes in name}:{name}:{key}`; the key of a quota full
 /// again expires, so idle tenants cost Redis nothing.
 ///
 /// # Backpressure
@@ -298,7 +298,7 @@ async fn reserve<K>(shared: Arc<Shared<K>>, key: K, cost: u32) -> Option<Pin<Box
 where
     K: Hash + Eq + Clone + fmt::Display,
 {
-    let redis_key = shared.link.key("quota", &format!("{}:{key}", shared.name));
+    let redis_key = format!("{}:{key}", shared.link.key("quota", &shared.name));
     let mut invocation = scripts::QUOTA.key(redis_key);
     invocation
         .arg(shared.interval_us)

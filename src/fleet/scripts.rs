@@ -4,27 +4,50 @@
 
 use std::sync::LazyLock;
 
-/// The budget's sync: deposit a batch, give back a lease, take a new one.
+/// The budget's sync: deposit a batch, give back or take a lease, keep the cap fleet-wide.
 ///
-/// `KEYS[1]` the budget's hash. `ARGV`: 1 milli-retries deposited, 2 milli-retries given back,
-/// 3 milli-retries wanted, 4 floor uses wanted, 5 the balance's cap (milli), 6 floor uses per
-/// window, 7 the floor window (ms), 8 `exact`: take the floor only if the balance could not
-/// pay what was wanted. Returns `{granted milli, granted floor uses, balance after (milli),
-/// ms left in the floor window}`.
+/// What sits in leases counts against the cap: the script keeps `leased`, the sum of every live
+/// worker's lease (each worker reports what it still holds; what it spent is gone), and holds
+/// `balance + leased <= cap`. A worker not heard from for the lease TTL is taken for dead: its
+/// lease leaves `leased` (those retries are lost, and the cap is free again).
+///
+/// `KEYS`: 1 the budget's hash, 2 the leases by worker (hash), 3 when each worker was last heard
+/// from (sorted set). `ARGV`: 1 milli-retries deposited, 2 milli-retries given back, 3
+/// milli-retries wanted, 4 floor uses wanted, 5 the cap (milli), 6 floor uses per window, 7 the
+/// floor window (ms), 8 `exact`: take the floor only if the balance could not pay what was
+/// wanted, 9 this worker, 10 milli-retries it still holds (after its give back), 11 the lease TTL
+/// (ms). Returns `{granted milli, granted floor uses, balance after (milli), ms left in the floor
+/// window}`.
 pub(super) static BUDGET: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local st = redis.call('HMGET', KEYS[1], 'balance', 'window', 'used')
+local st = redis.call('HMGET', KEYS[1], 'balance', 'window', 'used', 'leased')
+local leased = tonumber(st[4] or '0')
+local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[11]), 'LIMIT', 0, 100)
+for _, w in ipairs(dead) do
+  if w ~= ARGV[9] then
+    leased = leased - tonumber(redis.call('HGET', KEYS[2], w) or '0')
+    redis.call('HDEL', KEYS[2], w)
+    redis.call('ZREM', KEYS[3], w)
+  end
+end
+local held = tonumber(ARGV[10])
+leased = math.max(0, leased - tonumber(redis.call('HGET', KEYS[2], ARGV[9]) or '0') + held)
 local cap = tonumber(ARGV[5])
-local bal = math.min(tonumber(st[1] or '0') + tonumber(ARGV[1]) + tonumber(ARGV[2]), cap)
+local bal = tonumber(st[1] or '0') + tonumber(ARGV[1]) + tonumber(ARGV[2])
+bal = math.max(0, math.min(bal, cap - leased))
 local want = tonumber(ARGV[3])
 local grant = 0
 if want > 0 and bal > 0 then
   grant = math.min(want, bal)
   if ARGV[8] == '1' and grant < want then grant = 0 end
   bal = bal - grant
+end
+if ARGV[8] ~= '1' then
+  leased = leased + grant
+  held = held + grant
 end
 local width = tonumber(ARGV[7])
 local window = math.floor(now / width)
@@ -37,8 +60,14 @@ if want_floor > 0 then
   floor_grant = math.max(0, math.min(want_floor, tonumber(ARGV[6]) - used))
   used = used + floor_grant
 end
-redis.call('HSET', KEYS[1], 'balance', string.format('%d', bal), 'window', string.format('%d', window), 'used', string.format('%d', used))
-redis.call('PEXPIRE', KEYS[1], 86400000)
+redis.call('HSET', KEYS[1], 'balance', string.format('%d', bal), 'window', string.format('%d', window), 'used', string.format('%d', used), 'leased', string.format('%d', leased))
+if held > 0 then
+  redis.call('HSET', KEYS[2], ARGV[9], string.format('%d', held))
+else
+  redis.call('HDEL', KEYS[2], ARGV[9])
+end
+redis.call('ZADD', KEYS[3], now, ARGV[9])
+for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 86400000) end
 return {grant, floor_grant, bal, (window + 1) * width - now}
 "#,
     )
@@ -72,7 +101,10 @@ return wait
 /// the failures in a row at the batch's end, 4 `1` if this worker's breaker opened by itself
 /// (a trip or a failed trial) since the last sync, 5 `1` if this worker's trial succeeded, 6
 /// failures in a row that open the fleet's breaker, 7 the open time (ms), 8 the trial lease
-/// (ms), 9 this worker. Returns `{open (0/1), ms until a trial may go, 1 if this worker holds
+/// (ms), 9 this worker, 10 `1` if a call came to this worker's open breaker since the last sync
+/// (only a worker with traffic takes the trial lease), 11 `1` if this worker's breaker is
+/// half-open (its trial is under way: it keeps the lease; a holder with neither gives it up).
+/// Returns `{open (0/1), ms until a trial may go, 1 if this worker holds
 /// the trial, generation}`.
 pub(super) static BREAKER: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
@@ -102,8 +134,8 @@ end
 local mine = 0
 if open == 1 and now >= untl then
   if holder == me then
-    mine = 1
-  elseif not holder then
+    if ARGV[10] == '1' or ARGV[11] == '1' then mine = 1 else redis.call('DEL', KEYS[2]) end
+  elseif not holder and ARGV[10] == '1' then
     if redis.call('SET', KEYS[2], me, 'NX', 'PX', tonumber(ARGV[8])) then mine = 1 end
   end
 end
