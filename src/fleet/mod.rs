@@ -51,12 +51,14 @@
 
 mod breaker;
 pub(crate) mod budget;
+pub mod future;
 mod link;
 mod quota;
 mod scripts;
 
 pub use breaker::SharedBreaker;
-pub use quota::{FleetQuota, FleetQuotaFuture, FleetQuotaLayer, FleetQuotaLayerBuilder};
+pub use future::FleetQuotaFuture;
+pub use quota::{FleetQuota, FleetQuotaLayer, FleetQuotaLayerBuilder};
 
 use crate::error::ConfigError;
 use link::Link;

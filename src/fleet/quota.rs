@@ -1,5 +1,6 @@
 //! A provider's quota kept by the whole fleet: GCRA in Redis, keyed and weighted.
 
+use super::future::{FleetQuotaFuture, State};
 use super::link::Link;
 use super::scripts;
 use super::Fleet;
@@ -8,14 +9,12 @@ use crate::quota::keyed::{sleep_for, too_costly, Keys};
 use crate::quota::KeyedQuotaFuture;
 use crate::quota::Rate;
 use crate::telemetry::FLEET_LOCAL;
-use pin_project_lite::pin_project;
 use std::borrow::Cow;
 use std::fmt;
-use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
 use tower_layer::Layer;
@@ -78,7 +77,9 @@ pub struct FleetQuotaLayer<K, F> {
 
 impl<K, F> FleetQuotaLayer<K, F> {
     /// A builder for the fleet's quota `name`; `key_and_cost` reads a request's key (a tenant, a
-    /// model; any `Display`) and cost (1 per request, or its tokens).
+    /// model; any `Display`) and cost (1 per request, or its tokens). The name is an argument, not
+    /// a setter as on the local quotas, because it is the quota's identity in Redis: every worker
+    /// that builds the quota of one name shares it (as with a fleet budget's name).
     pub fn builder<Req>(
         fleet: &Fleet,
         name: impl Into<Cow<'static, str>>,
@@ -212,7 +213,28 @@ impl<S, K, F: Clone> Layer<S> for FleetQuotaLayer<K, F> {
     }
 }
 
-/// The service [`FleetQuotaLayer`] makes.
+/// The service [`FleetQuotaLayer`] makes: each call reserves its cost in the fleet's quota (or,
+/// while the fleet is down, in this worker's fallback) and waits for its slot in its future.
+///
+/// ```
+/// use tower::{Layer, ServiceExt, service_fn};
+/// use stormguard::fleet::{Fleet, FleetQuota, FleetQuotaLayer};
+/// use stormguard::quota::Rate;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap(); // down: local fallback
+/// let tpm = FleetQuotaLayer::builder(&fleet, "tokens", |tokens: &u32| ("org", *tokens))
+///     .rate(Rate::builder().per_second(1_000).burst(1_000).build().unwrap())
+///     .fallback(Rate::builder().per_second(100).burst(100).build().unwrap())
+///     .build()
+///     .unwrap();
+/// let svc: FleetQuota<_, _, _> = tpm.layer(service_fn(|t: u32| async move { Ok::<_, std::io::Error>(t) }));
+/// assert_eq!(svc.clone().oneshot(50).await.unwrap(), 50);
+/// // More than the fleet's burst can never go, whichever quota holds the call.
+/// let err = svc.oneshot(5_000).await.unwrap_err();
+/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// # }
+/// ```
 pub struct FleetQuota<S, K, F> {
     inner: S,
     layer: FleetQuotaLayer<K, F>,
@@ -312,59 +334,4 @@ where
         }
     };
     sleep_for(wait, &shared.name, cost)
-}
-
-type Reserve = Pin<Box<dyn Future<Output = Option<Pin<Box<Sleep>>>> + Send>>;
-
-pin_project! {
-    /// The future of [`FleetQuota`]: the reservation (in Redis, or locally while the fleet is
-    /// down), then what a [`KeyedQuotaFuture`] does: the wait for the slot, the inner service's
-    /// readiness, the call.
-    pub struct FleetQuotaFuture<S: Service<Req>, Req> {
-        #[pin]
-        state: State<S, Req>,
-    }
-}
-
-pin_project! {
-    #[project = Proj]
-    enum State<S: Service<Req>, Req> {
-        Reserving { reserve: Reserve, service: Option<S>, request: Option<Req> },
-        Then { #[pin] inner: KeyedQuotaFuture<S, Req> },
-    }
-}
-
-impl<S, Req> Future for FleetQuotaFuture<S, Req>
-where
-    S: Service<Req>,
-    S::Error: Into<BoxError>,
-{
-    type Output = Result<S::Response, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                Proj::Reserving {
-                    reserve,
-                    service,
-                    request,
-                } => {
-                    let sleep = ready!(reserve.as_mut().poll(cx));
-                    let (Some(service), Some(request)) = (service.take(), request.take()) else {
-                        panic!("polled after completion");
-                    };
-                    let inner = KeyedQuotaFuture::waiting(sleep, service, request);
-                    this.state.set(State::Then { inner });
-                }
-                Proj::Then { inner } => return inner.poll(cx),
-            }
-        }
-    }
-}
-
-impl<S: Service<Req>, Req> fmt::Debug for FleetQuotaFuture<S, Req> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FleetQuotaFuture").finish_non_exhaustive()
-    }
 }
