@@ -762,3 +762,66 @@ async fn a_new_fleet_budget_grants_nothing_on_a_guess_and_is_ready_after_one_syn
     }
     assert_eq!(granted, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_rejoins() {
+    let Some(redis) = own_redis() else { return };
+    let fleet = Fleet::builder(redis.url())
+        .prefix(prefix("frozen"))
+        .timeout(Duration::from_millis(50))
+        .sync_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
+        .rate(Rate::builder().per_second(1_000).build().unwrap())
+        .fallback(Rate::builder().per_second(1_000).build().unwrap())
+        .build()
+        .unwrap();
+    let breaker = Breaker::new(
+        "dep",
+        BreakerConfig::builder()
+            .consecutive_failures(3)
+            .build()
+            .unwrap(),
+    );
+    fleet.share_breaker(&breaker).unwrap();
+    let svc = quota.layer(tower::service_fn(|_: u32| async {
+        Ok::<_, std::io::Error>(())
+    }));
+    svc.clone().oneshot(1).await.unwrap();
+
+    // The server stops answering: connections stay open, nothing comes back.
+    redis.freeze();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let t = Instant::now();
+        svc.clone().oneshot(1).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+    }
+    assert!(!fleet.is_up());
+    assert!(
+        slowest < Duration::from_millis(150),
+        "a call waited {slowest:?}"
+    );
+    // The breaker follows its own rules meanwhile: three failures trip it.
+    let mut failing = CircuitBreakerLayer::new(breaker.clone()).layer(failing());
+    for _ in 0..3 {
+        let _ = failing.ready().await.unwrap().call(()).await;
+    }
+    assert_eq!(breaker.state(), State::Open);
+
+    redis.thaw();
+    let back = Instant::now();
+    assert!(
+        fleet.wait_up(Duration::from_secs(2)).await,
+        "did not rejoin"
+    );
+    assert!(
+        back.elapsed() < Duration::from_secs(1),
+        "rejoined after {:?}",
+        back.elapsed()
+    );
+    svc.clone().oneshot(1).await.unwrap();
+    assert!(fleet.is_up());
+}

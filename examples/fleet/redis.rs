@@ -45,7 +45,27 @@ impl OwnRedis {
         ))
     }
 
+    /// Freezes the server (SIGSTOP): its port still accepts connections but nothing answers, as
+    /// behind a network partition or a server stalled on a slow command.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server go on (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+        }
+    }
+
     pub fn stop(&mut self) {
+        self.thaw();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
