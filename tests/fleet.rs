@@ -374,6 +374,29 @@ async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
 #[allow(dead_code)]
 mod own_redis;
 
+/// A fleet on the test's own Redis that notices within 50 ms when it goes, and pings every 20 ms.
+async fn quick_fleet(redis: &own_redis::OwnRedis, test: &str) -> Fleet {
+    let fleet = Fleet::builder(redis.url())
+        .prefix(prefix(test))
+        .timeout(Duration::from_millis(50))
+        .sync_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    fleet
+}
+
+/// Redis is back: the fleet answers through it again within a second.
+async fn rejoins_within_a_second(fleet: &Fleet) {
+    let back = Instant::now();
+    assert!(
+        fleet.wait_up(Duration::from_secs(2)).await,
+        "did not rejoin"
+    );
+    let took = back.elapsed();
+    assert!(took < Duration::from_secs(1), "rejoined after {took:?}");
+}
+
 fn own_redis() -> Option<own_redis::OwnRedis> {
     own_redis::OwnRedis::start()
         .map_err(|e| eprintln!("skipped: {e} (apt-get install redis-server)"))
@@ -385,13 +408,7 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
     let Some(mut redis) = own_redis() else {
         return;
     };
-    let fleet = Fleet::builder(redis.url())
-        .prefix(prefix("down"))
-        .timeout(Duration::from_millis(50))
-        .sync_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
-    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    let fleet = quick_fleet(&redis, "down").await;
     let layer = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
         .rate(Rate::builder().per_second(100).build().unwrap())
         .fallback(Rate::builder().per_second(50).build().unwrap())
@@ -435,16 +452,7 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
     assert!(local >= 3, "{local}");
 
     redis.restart().unwrap();
-    let back = Instant::now();
-    assert!(
-        fleet.wait_up(Duration::from_secs(2)).await,
-        "did not rejoin"
-    );
-    assert!(
-        back.elapsed() < Duration::from_secs(1),
-        "rejoined after {:?}",
-        back.elapsed()
-    );
+    rejoins_within_a_second(&fleet).await;
     // Through Redis again: the scripts were loaded anew into the restarted server.
     svc.clone().oneshot(1).await.unwrap();
     assert!(fleet.is_up());
@@ -766,13 +774,7 @@ async fn a_new_fleet_budget_grants_nothing_on_a_guess_and_is_ready_after_one_syn
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_rejoins() {
     let Some(redis) = own_redis() else { return };
-    let fleet = Fleet::builder(redis.url())
-        .prefix(prefix("frozen"))
-        .timeout(Duration::from_millis(50))
-        .sync_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
-    assert!(fleet.wait_up(Duration::from_secs(2)).await);
+    let fleet = quick_fleet(&redis, "frozen").await;
     let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
         .rate(Rate::builder().per_second(1_000).build().unwrap())
         .fallback(Rate::builder().per_second(1_000).build().unwrap())
@@ -812,16 +814,7 @@ async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_r
     assert_eq!(breaker.state(), State::Open);
 
     redis.thaw();
-    let back = Instant::now();
-    assert!(
-        fleet.wait_up(Duration::from_secs(2)).await,
-        "did not rejoin"
-    );
-    assert!(
-        back.elapsed() < Duration::from_secs(1),
-        "rejoined after {:?}",
-        back.elapsed()
-    );
+    rejoins_within_a_second(&fleet).await;
     svc.clone().oneshot(1).await.unwrap();
     assert!(fleet.is_up());
 }
