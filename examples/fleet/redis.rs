@@ -45,8 +45,11 @@ impl OwnRedis {
         ))
     }
 
+    /// (Used by `tests/fleet.rs`, which includes this file; the demo stops the server instead.)
+    ///
     /// Freezes the server (SIGSTOP): its port still accepts connections but nothing answers, as
     /// behind a network partition or a server stalled on a slow command.
+    #[allow(dead_code)]
     pub fn freeze(&self) {
         self.signal("-STOP");
     }
