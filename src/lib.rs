@@ -105,6 +105,8 @@
 //!   `tonic::Request`, and `retry::GrpcReplay`.
 //! - `rmcp`: a `ToolError` as an rmcp `CallToolResult`, read back by `McpClassifier` on the
 //!   client, classes from `ToolAnnotations`.
+//! - `redis`: the `fleet` module: a retry budget, quotas and breakers shared by a fleet of
+//!   workers through Redis (redis-rs), each deciding locally while Redis is out of reach.
 
 #![forbid(unsafe_code)]
 #![warn(

@@ -1,5 +1,10 @@
-//! [`ResponseFuture`]: one call through the breaker, with its outcome recorded on completion;
-//! [`KeyedBreakerFuture`]: one call through the breaker its request names.
+//! The breaker's futures and what a streamed answer carries: [`ResponseFuture`], one call
+//! through the breaker, with its outcome recorded on completion; [`KeyedBreakerFuture`], one call
+//! through the breaker its request names; [`StreamTicket`], the claim a streamed answer's body
+//! carries until its end is counted; [`Watched`], the response type the breaker hands on.
+//!
+//! Each item has an example: [`ResponseFuture`]'s shows a call's future by name,
+//! [`StreamTicket`]'s a stream counted at its end.
 
 use super::policy::{Count, CountPolicy};
 use super::state::{Admission, Admit, Breaker};
@@ -64,6 +69,38 @@ impl Ticket {
 /// A streamed call's claim on the breaker, carried by its response body until the stream ends:
 /// then the end's verdict is counted (a trial settles the breaker's state). Dropped untold (the
 /// caller dropped the stream), it counts nothing and gives a trial permit back.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body::Frame;
+/// use http_body_util::{BodyExt, StreamBody};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, CountDependencyFailures, State, StreamTicket};
+/// use stormguard::classify::{ClassifiedBody, GrpcClassifier, GrpcEos};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let config = BreakerConfig::builder().consecutive_failures(1).no_failure_rate().build().unwrap();
+/// let breaker = Breaker::new("watch", config);
+/// // A gRPC stream: one message, then UNAVAILABLE in its trailers.
+/// let grpc = service_fn(|_: ()| async {
+///     let mut trailers = http::HeaderMap::new();
+///     trailers.insert("grpc-status", "14".parse().unwrap());
+///     let frames = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from_static(b"msg"))), Ok(Frame::trailers(trailers))];
+///     let body = StreamBody::new(futures_util::stream::iter(frames));
+///     Ok::<_, std::io::Error>(http::Response::builder().header("content-type", "application/grpc").body(body).unwrap())
+/// });
+/// let mut svc = CircuitBreakerLayer::new(breaker.clone()).classifier(GrpcClassifier).layer(grpc);
+/// let res = svc.ready().await.unwrap().call(()).await.unwrap();
+/// // The head counts nothing: the body carries the call's ticket.
+/// let body: &ClassifiedBody<_, GrpcEos, StreamTicket<CountDependencyFailures>> = res.body();
+/// assert!(body.is_watching());
+/// assert_eq!(breaker.state(), State::Closed);
+/// // Read to its end, the stream's failure is counted.
+/// res.into_body().collect().await.unwrap();
+/// assert_eq!(breaker.state(), State::Open);
+/// # }
+/// ```
 pub struct StreamTicket<P> {
     ticket: Ticket,
     policy: P,
@@ -178,7 +215,26 @@ impl<F, C, P> ResponseFuture<F, C, P> {
 }
 
 /// The response a [`CircuitBreaker`](super::CircuitBreaker) hands on: the inner response, or
-/// (for a classifier that decides at the end of a stream) the same response watched until then.
+/// (for a classifier that decides at the end of a stream) the same response watched until then
+/// (see [`StreamTicket`] for that case).
+///
+/// ```
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::breaker::future::Watched;
+/// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, CountDependencyFailures};
+/// use stormguard::classify::DefaultClassifier;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let breaker = Breaker::new("search", BreakerConfig::default());
+/// let inner = service_fn(|q: &'static str| async move { Ok::<_, std::io::Error>(q.len()) });
+/// let mut svc = CircuitBreakerLayer::new(breaker).layer(inner);
+/// // A classifier that decides at the head: the watched response is the inner one, as it is.
+/// let res: Watched<DefaultClassifier, usize, std::io::Error, CountDependencyFailures> =
+///     svc.ready().await.unwrap().call("storm").await.unwrap();
+/// assert_eq!(res, 5);
+/// # }
+/// ```
 pub type Watched<C, Res, E, P> =
     <<C as Classify<Res, E>>::ClassifyEos as WatchStream<Res>>::Watched<StreamTicket<P>>;
 
@@ -263,9 +319,24 @@ pub(super) fn retry_after_hint(breaker: &Breaker, after: Duration) -> String {
 }
 
 pin_project! {
-    /// The future of [`KeyedBreaker`](super::KeyedBreaker): the key's breaker admits (or rejects) once the inner
-    /// service is ready, then the call is counted as
+    /// The future of [`KeyedBreaker`](super::KeyedBreaker): the key's breaker admits (or
+    /// rejects) once the inner service is ready, then the call is counted as
     /// [`CircuitBreaker`](super::CircuitBreaker) counts it.
+    ///
+    /// ```
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::breaker::{BreakerConfig, BreakerRegistry, KeyedBreakerFuture, KeyedBreakerLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let registry = BreakerRegistry::new(BreakerConfig::default());
+    /// let api = service_fn(|model: &'static str| async move { Ok::<_, std::io::Error>(model.len()) });
+    /// let mut svc = KeyedBreakerLayer::new(registry.clone(), |model: &&'static str| *model).layer(api);
+    /// let future: KeyedBreakerFuture<_, _, _, &'static str> = svc.ready().await.unwrap().call("model-a");
+    /// assert_eq!(future.await.unwrap(), 7);
+    /// assert_eq!(registry.names(), vec!["model-a".to_string()]);
+    /// # }
+    /// ```
     pub struct KeyedBreakerFuture<S: Service<Req>, C, P, Req> {
         #[pin]
         state: KeyedState<S, C, P, Req>,

@@ -112,7 +112,25 @@ impl<S, F: Clone, C: Clone, P: Clone> Layer<S> for KeyedBreakerLayer<F, C, P> {
     }
 }
 
-/// The service [`KeyedBreakerLayer`] makes.
+/// The service [`KeyedBreakerLayer`] makes: always ready, it picks each request's breaker in
+/// `call` (made on first use of its name) and returns a
+/// [`KeyedBreakerFuture`](super::KeyedBreakerFuture).
+///
+/// ```
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::breaker::{BreakerConfig, BreakerRegistry, KeyedBreaker, KeyedBreakerLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let registry = BreakerRegistry::new(BreakerConfig::default());
+/// let api = service_fn(|host: String| async move { Ok::<_, std::io::Error>(host.len()) });
+/// let layer = KeyedBreakerLayer::new(registry.clone(), |host: &String| host.clone());
+/// let mut svc: KeyedBreaker<_, _> = layer.layer(api);
+/// assert_eq!(registry.names(), Vec::<String>::new());
+/// assert_eq!(svc.ready().await.unwrap().call("db-1".to_string()).await.unwrap(), 4);
+/// assert_eq!(registry.names(), vec!["db-1".to_string()]);
+/// # }
+/// ```
 pub struct KeyedBreaker<S, F, C = DefaultClassifier, P = CountDependencyFailures> {
     inner: S,
     layer: KeyedBreakerLayer<F, C, P>,

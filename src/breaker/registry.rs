@@ -5,7 +5,11 @@ use std::sync::{Arc, Mutex};
 
 /// Hands out one [`Breaker`] per name (per host, per tool), made on first use with one config.
 ///
-/// The lookup takes a lock; do it when you build a stack, not per call.
+/// Each lookup takes one short lock (a map lookup). For a fixed dependency, look its breaker up
+/// once, when you build the stack, and hand it to a
+/// [`CircuitBreakerLayer`](super::CircuitBreakerLayer). Where the breaker depends on the request
+/// (a model, a host), a [`KeyedBreakerLayer`](super::KeyedBreakerLayer) looks it up per call, by
+/// design: one short lock per call is fine there.
 ///
 /// ```
 /// use stormguard::breaker::{BreakerConfig, BreakerRegistry};

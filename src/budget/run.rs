@@ -45,6 +45,19 @@ impl RunLimits {
 
 /// Builds [`RunLimits`]; [`build`](Self::build) rejects what cannot work. A limit not set is no
 /// limit.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::{RunLimits, RunLimitsBuilder};
+///
+/// let builder: RunLimitsBuilder = RunLimits::builder().max_retries(0);
+/// let limits = builder.build()?;
+/// assert_eq!(limits.retries(), Some(0)); // this run may not retry at all
+/// assert_eq!(limits.retry_time(), None); // not set: no limit
+/// let err = RunLimits::builder().max_retry_time(Duration::ZERO).build().unwrap_err();
+/// assert_eq!(err.field(), "max_retry_time");
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct RunLimitsBuilder {

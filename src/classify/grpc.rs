@@ -20,10 +20,12 @@ use crate::error::ErrorCode;
 /// | 12 `UNIMPLEMENTED`, 15 `DATA_LOSS` | `Failure(Permanent)` | `internal` |
 /// | any other number | `Failure(Ambiguous)` | `internal` |
 ///
-/// This is the table for a code the *server* sent. `UNAVAILABLE` from the server means it did not
-/// process the call (gRPC: "most likely a transient condition"; AIP-194 retries it), as HTTP 503
-/// does; a server that says so after applying a write breaks that contract. A status the client
-/// made up is classified with more care (see the `tonic` feature's `tonic::Status` rules in
+/// This is the table for a code the *server* sent. `UNAVAILABLE` from the server is taken at its
+/// word, as a call it did not process: `Transient` (gRPC: "most likely a transient condition";
+/// AIP-194 retries it), so even an unkeyed write is retried after it; a server that says so after
+/// applying a write breaks that contract. HTTP 503 is not read that way: it is `Ambiguous` (see
+/// `HttpClassifier`; a proxy answers 503 after forwarding, too), and proves nothing about a write
+/// unless the provider is declared with `NotProcessed`. A status the client made up is classified with more care (see the `tonic` feature's `tonic::Status` rules in
 /// [`classify_error`](super::classify_error)). `DEADLINE_EXCEEDED` is `Ambiguous`: the client's
 /// deadline passed, the server may have finished.
 ///

@@ -3,6 +3,15 @@
 //! A malformed `Retry-After` is ignored (`None`), never guessed at. A malformed
 //! `grpc-retry-pushback-ms` means "do not retry", as gRFC A6 says. Huge values are clamped to
 //! [`MAX_HINT`] here, and again by each retry policy's own maximum.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use stormguard::classify::hint::{parse_pushback_ms, parse_retry_after, ServerHint};
+//!
+//! assert_eq!(parse_retry_after("30", SystemTime::now()), Some(Duration::from_secs(30)));
+//! assert_eq!(parse_retry_after("in a bit", SystemTime::now()), None); // ignored, not guessed
+//! assert_eq!(parse_pushback_ms("oops"), ServerHint::DoNotRetry); // gRFC A6: do not retry
+//! ```
 
 use std::time::{Duration, SystemTime};
 

@@ -127,6 +127,18 @@ impl PeekErrorBodyLayer {
 }
 
 /// Builds a [`PeekErrorBodyLayer`]; [`build`](Self::build) rejects what cannot work.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::{PeekErrorBodyLayer, PeekErrorBodyLayerBuilder};
+///
+/// let builder: PeekErrorBodyLayerBuilder = PeekErrorBodyLayer::builder().limit(4 * 1024);
+/// let peek = builder.timeout(Duration::from_millis(500)).build()?;
+/// assert_eq!((peek.limit(), peek.timeout()), (4 * 1024, Duration::from_millis(500)));
+/// // More than 1 MiB is refused.
+/// assert_eq!(PeekErrorBodyLayer::builder().limit(2 << 20).build().unwrap_err().field(), "limit");
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct PeekErrorBodyLayerBuilder {
@@ -180,7 +192,29 @@ impl<S> Layer<S> for PeekErrorBodyLayer {
     }
 }
 
-/// The service [`PeekErrorBodyLayer`] makes.
+/// The service [`PeekErrorBodyLayer`] makes: an error response comes with its [`ErrorBody`] in
+/// its extensions, and its whole body still to read.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::classify::{ErrorBody, PeekErrorBody, PeekErrorBodyLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// const QUOTA: &str = r#"{"error":{"type":"insufficient_quota","message":"You exceeded your quota"}}"#;
+/// let api = service_fn(|_: ()| async {
+///     let body = Full::new(Bytes::from_static(QUOTA.as_bytes()));
+///     Ok::<_, std::io::Error>(http::Response::builder().status(429).body(body).unwrap())
+/// });
+/// let mut svc: PeekErrorBody<_> = PeekErrorBodyLayer::builder().build()?.layer(api);
+/// let res = svc.ready().await?.call(()).await?;
+/// assert!(res.extensions().get::<ErrorBody>().unwrap().is("insufficient_quota"));
+/// assert_eq!(res.into_body().collect().await?.to_bytes(), QUOTA.as_bytes());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct PeekErrorBody<S> {
     inner: S,
@@ -245,7 +279,28 @@ where
 }
 
 pin_project! {
-    /// The future of [`PeekErrorBody`].
+    /// The future of [`PeekErrorBody`]: the inner call, then (for a 4xx or 5xx answer) the
+    /// read of its error body, bounded by the layer's limit and timeout.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::classify::{ErrorBody, PeekErrorBodyLayer, PeekFuture};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let api = service_fn(|_: ()| async {
+    ///     Ok::<_, std::io::Error>(http::Response::new(Full::new(Bytes::from_static(b"{}"))))
+    /// });
+    /// let mut svc = PeekErrorBodyLayer::builder().build()?.layer(api);
+    /// let future: PeekFuture<_, Full<Bytes>> = svc.ready().await?.call(());
+    /// let res = future.await?;
+    /// // A 2xx answer is handed on unread.
+    /// assert!(res.extensions().get::<ErrorBody>().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub struct PeekFuture<F, B: Body> {
         #[pin]
         state: PeekState<F, B>,
@@ -373,6 +428,28 @@ pin_project! {
     /// A response body after [`PeekErrorBody`]: the original one, or the frames read for the
     /// peek followed by the rest of the original (nothing is lost or reordered; an error the
     /// original body returned during the peek is returned in its place).
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::classify::{ErrorBody, PeekErrorBodyLayer, PeekedBody};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let api = service_fn(|_: ()| async {
+    ///     let body = Full::new(Bytes::from_static(b"upstream overloaded"));
+    ///     Ok::<_, std::io::Error>(http::Response::builder().status(503).body(body).unwrap())
+    /// });
+    /// // Peek at 8 bytes only: the body as read so far, then the rest.
+    /// let mut svc = PeekErrorBodyLayer::builder().limit(8).build()?.layer(api);
+    /// let res = svc.ready().await?.call(()).await?;
+    /// assert_eq!(res.extensions().get::<ErrorBody>().unwrap().kind, None); // not JSON
+    /// let body: PeekedBody<Full<Bytes>> = res.into_body();
+    /// assert_eq!(body.collect().await?.to_bytes(), "upstream overloaded");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub struct PeekedBody<B: Body> {
         frames: VecDeque<Result<Frame<Bytes>, B::Error>>,
         rest: Option<B>,

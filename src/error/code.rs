@@ -53,7 +53,9 @@ pub enum ErrorCode {
     IdempotencyKeyReused,
     /// The same action (same key) is being executed by another caller right now.
     InProgress,
-    /// The receipt records for this key are older than the store's retention.
+    /// This key's intent has no receipt and is older than the
+    /// [`retention`](crate::receipt::ReceiptConfigBuilder::retention) set in the receipt layer's
+    /// [`ReceiptConfig`](crate::receipt::ReceiptConfig): its outcome was never recorded.
     ReceiptExpired,
     /// The receipt store could not record the intent, so nothing was executed.
     StoreUnavailable,

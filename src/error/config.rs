@@ -1,7 +1,8 @@
 use std::fmt;
 
-/// An invalid setting, rejected when a builder's `build` runs (never a panic, never a silent
-/// default).
+/// A setting, or a setup step, that cannot work: rejected when a builder's `build` runs, or when
+/// the setup step is taken (never a panic, never a silent default). [`field`](Self::field) names
+/// the setting or the step.
 ///
 /// ```
 /// use std::time::Duration;

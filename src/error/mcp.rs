@@ -5,6 +5,14 @@ use super::ToolError;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 
 /// The `_meta` key under which the error's JSON travels.
+///
+/// ```
+/// use stormguard::error::{ErrorCode, ToolError, MCP_META_KEY};
+///
+/// assert_eq!(MCP_META_KEY, "io.stormguard/error");
+/// let result = ToolError::new(ErrorCode::Timeout).to_call_tool_result();
+/// assert_eq!(result.meta.unwrap().0[MCP_META_KEY]["code"], "timeout");
+/// ```
 pub const MCP_META_KEY: &str = "io.stormguard/error";
 
 impl ToolError {

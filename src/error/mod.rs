@@ -214,6 +214,10 @@ impl ToolError {
     /// An MCP `CallToolResult` with `isError: true`: the JSON shape both as text content (for
     /// clients that only read text) and as `structuredContent`.
     ///
+    /// A strict MCP client rejects that `structuredContent` for a tool with an output schema (it
+    /// validates it against the schema even on errors); for such a tool use
+    /// `to_call_tool_result` (feature `rmcp`), which puts the JSON in `_meta` instead.
+    ///
     /// ```
     /// use stormguard::error::{ErrorCode, ToolError};
     /// let result = ToolError::new(ErrorCode::InvalidArgument).to_mcp_result();

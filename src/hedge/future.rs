@@ -1,4 +1,7 @@
 //! [`ResponseFuture`]: one call with, after the delay, a second attempt racing the first.
+//!
+//! Its own example names the future; the [module docs of `hedge`](super) show a hedge winning
+//! the race on a paused clock.
 
 use super::decide::{decide, Decision, Op};
 use super::Shared;
@@ -205,13 +208,13 @@ where
     shared.count(decision.label());
     if decision != Decision::Go {
         tracing::debug!(
-            layer = shared.name,
+            layer = &*shared.name,
             decision = decision.label(),
             "hedge not sent"
         );
         return None;
     }
-    tracing::debug!(layer = shared.name, previous, "hedge sent");
+    tracing::debug!(layer = &*shared.name, previous, "hedge sent");
     shared.replay.mark_retry(&mut spare.request, previous);
     Some(spare.service.call(spare.request))
 }

@@ -33,7 +33,7 @@
 //!
 //! # The delay
 //!
-//! [`HedgeBuilder::fixed`] waits a set time; [`HedgeBuilder::percentile`] waits the `q` quantile
+//! [`HedgeLayerBuilder::fixed`] waits a set time; [`HedgeLayerBuilder::percentile`] waits the `q` quantile
 //! of the last 512 answers' latencies (nearest rank, recomputed every 32 answers, after at
 //! least `min_samples`; no hedge before). Recording an answer is two atomic operations and the
 //! recompute copies the ring to the stack: no lock and no allocation on any call. The request is
@@ -99,6 +99,7 @@ use crate::operation::ledger::with_current;
 use crate::retry::{CloneReplay, Replay};
 use future::Spare;
 use latency::Latencies;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -117,13 +118,13 @@ pub(crate) struct Shared<C, R> {
     latencies: Latencies,
     classifier: C,
     replay: R,
-    name: &'static str,
+    name: Cow<'static, str>,
 }
 
 impl<C, R> Shared<C, R> {
     #[cold]
     fn count(&self, event: &'static str) {
-        metrics::counter!("stormguard_hedge_total", "layer" => self.name, "event" => event)
+        metrics::counter!("stormguard_hedge_total", "layer" => self.name.clone(), "event" => event)
             .increment(1);
     }
 }
@@ -135,20 +136,26 @@ impl<C, R> Shared<C, R> {
 /// use std::time::Duration;
 /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
 ///
-/// let layer = HedgeLayer::builder(RetryBudget::default()).percentile(0.95, 100).name("search").build()?;
-/// # let _ = layer;
+/// let region = "eu";
+/// // The name (a `&'static str`, or a `String` made at run time) labels its metrics.
+/// let layer = HedgeLayer::builder(RetryBudget::default())
+///     .percentile(0.95, 100)
+///     .name(format!("search-{region}"))
+///     .build()?;
+/// assert!(format!("{layer:?}").contains("search-eu"));
+/// assert_eq!(layer.delay(), None); // no hedge before 100 answers were seen
 /// // No delay chosen, a quantile outside (0, 1): refused.
 /// assert_eq!(HedgeLayer::builder(RetryBudget::default()).build().unwrap_err().field(), "delay");
 /// assert!(HedgeLayer::builder(RetryBudget::default()).percentile(1.0, 10).build().is_err());
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[must_use]
-pub struct HedgeBuilder<C = DefaultClassifier, R = CloneReplay> {
+pub struct HedgeLayerBuilder<C = DefaultClassifier, R = CloneReplay> {
     budget: RetryBudget,
     delay: Option<DelaySpec>,
     classifier: C,
     replay: R,
-    name: &'static str,
+    name: Cow<'static, str>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -157,16 +164,16 @@ enum DelaySpec {
     Percentile { q: f64, min_samples: u32 },
 }
 
-impl<C, R> fmt::Debug for HedgeBuilder<C, R> {
+impl<C, R> fmt::Debug for HedgeLayerBuilder<C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HedgeBuilder")
+        f.debug_struct("HedgeLayerBuilder")
             .field("delay", &self.delay)
             .field("name", &self.name)
             .finish_non_exhaustive()
     }
 }
 
-impl<C, R> HedgeBuilder<C, R> {
+impl<C, R> HedgeLayerBuilder<C, R> {
     /// Hedge a call still unanswered after `delay` (1 µs to 1 h).
     pub fn fixed(mut self, delay: Duration) -> Self {
         self.delay = Some(DelaySpec::Fixed(delay));
@@ -180,15 +187,15 @@ impl<C, R> HedgeBuilder<C, R> {
         self
     }
 
-    /// The layer's name in metrics and traces (default `hedge`).
-    pub fn name(mut self, name: &'static str) -> Self {
-        self.name = name;
+    /// The layer's name in metrics (`layer` label) and traces (default `hedge`).
+    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.name = name.into();
         self
     }
 
     /// Replaces the classifier (what a failure is: a failure waits for the other attempt).
-    pub fn classifier<C2>(self, classifier: C2) -> HedgeBuilder<C2, R> {
-        HedgeBuilder {
+    pub fn classifier<C2>(self, classifier: C2) -> HedgeLayerBuilder<C2, R> {
+        HedgeLayerBuilder {
             budget: self.budget,
             delay: self.delay,
             classifier,
@@ -199,8 +206,8 @@ impl<C, R> HedgeBuilder<C, R> {
 
     /// Replaces how a request is copied for the hedge (default: `Clone`; `HttpReplay`,
     /// `GrpcReplay` for those requests).
-    pub fn replay<R2>(self, replay: R2) -> HedgeBuilder<C, R2> {
-        HedgeBuilder {
+    pub fn replay<R2>(self, replay: R2) -> HedgeLayerBuilder<C, R2> {
+        HedgeLayerBuilder {
             budget: self.budget,
             delay: self.delay,
             classifier: self.classifier,
@@ -269,13 +276,13 @@ pub struct HedgeLayer<C = DefaultClassifier, R = CloneReplay> {
 
 impl HedgeLayer {
     /// A builder drawing hedges from `budget` (the budget the `Retry` layers share).
-    pub fn builder(budget: RetryBudget) -> HedgeBuilder {
-        HedgeBuilder {
+    pub fn builder(budget: RetryBudget) -> HedgeLayerBuilder {
+        HedgeLayerBuilder {
             budget,
             delay: None,
             classifier: DefaultClassifier,
             replay: CloneReplay,
-            name: "hedge",
+            name: Cow::Borrowed("hedge"),
         }
     }
 }
@@ -315,7 +322,37 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
     }
 }
 
-/// Hedges reads: see the [module docs](self).
+/// Hedges reads: see the [module docs](self) (whose example hedges a slow read). Anything but a
+/// read goes once, however slow:
+///
+/// ```
+/// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// use std::time::Duration;
+/// use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+/// use stormguard::{budget::RetryBudget, class::ToolClass, hedge::{Hedge, HedgeLayer}, retry::RetryLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let counter = calls.clone();
+/// let slow = service_fn(move |n: u32| {
+///     counter.fetch_add(1, Ordering::SeqCst);
+///     async move {
+///         tokio::time::sleep(Duration::from_millis(500)).await;
+///         Ok::<_, std::io::Error>(n)
+///     }
+/// });
+/// let budget = RetryBudget::default();
+/// let hedge = HedgeLayer::builder(budget.clone()).fixed(Duration::from_millis(50)).build().unwrap();
+/// let mut write = ServiceBuilder::new()
+///     .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget))
+///     .layer(hedge)
+///     .service(slow);
+/// let _: &Hedge<_> = write.get_ref();
+/// assert_eq!(write.ready().await.unwrap().call(1).await.unwrap(), 1);
+/// assert_eq!(calls.load(Ordering::SeqCst), 1); // a write is never sent twice
+/// # }
+/// ```
 pub struct Hedge<S, C = DefaultClassifier, R = CloneReplay> {
     inner: S,
     shared: Arc<Shared<C, R>>,

@@ -1,10 +1,8 @@
+use super::future::SetIdempotencyKeyFuture;
 use super::{Action, IdempotencyKey, KeyError};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::operation::ledger::with_current;
-use pin_project_lite::pin_project;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -171,9 +169,9 @@ impl<T> KeyStamp for tonic::Request<T> {
 /// Stamps every request with the idempotency key of its logical action, the same on every
 /// attempt.
 ///
-/// `make` maps a request to its [`Action`](super::Action) (a [`MakeIdempotencyKey`]: any
-/// `Fn(&Req) -> Result<Action, KeyError>`), whose key it stamps. Give a
-/// [`ReceiptLayer`](crate::receipt::ReceiptLayer) the same maker: it stamps the key itself, so
+/// [`new`](Self::new)'s `derive` maps a request to its [`Action`](super::Action) (a
+/// [`MakeIdempotencyKey`]: any `Fn(&Req) -> Result<Action, KeyError>`), whose key it stamps. Give
+/// a [`ReceiptLayer`](crate::receipt::ReceiptLayer) the same maker: it stamps the key itself, so
 /// a stack with receipts needs no `SetIdempotencyKeyLayer`, and one maker, cloned, can never
 /// derive two keys for one request. Placed below a [`Retry`](crate::retry::Retry), the layer sees
 /// every attempt; it records the key's fingerprint in the operation's ledger on the first attempt
@@ -365,74 +363,5 @@ where
         }
         req.stamp_key(&key);
         SetIdempotencyKeyFuture::called(self.inner.call(req))
-    }
-}
-
-pin_project! {
-    /// The future [`SetIdempotencyKey`] returns: the inner call's, or a refusal that is ready at once.
-    ///
-    /// ```
-    /// use tower::{Layer, Service, ServiceExt, service_fn};
-    /// use stormguard::key::{Action, SetIdempotencyKeyLayer, SetIdempotencyKeyFuture};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let inner = service_fn(|_: http::Request<()>| async { Ok::<_, std::io::Error>("sent") });
-    /// let derive = |_: &http::Request<()>| Action::new("run-1", "step-2", "t", &());
-    /// let mut svc = SetIdempotencyKeyLayer::new(derive).layer(inner);
-    /// let future: SetIdempotencyKeyFuture<_> = svc.ready().await.unwrap().call(http::Request::new(()));
-    /// assert_eq!(future.await.unwrap(), "sent");
-    /// # }
-    /// ```
-    pub struct SetIdempotencyKeyFuture<F> {
-        #[pin]
-        state: KeyState<F>,
-    }
-}
-
-pin_project! {
-    #[project = KeyStateProj]
-    enum KeyState<F> {
-        Called { #[pin] future: F },
-        Refused { error: Option<ToolError> },
-    }
-}
-
-impl<F> SetIdempotencyKeyFuture<F> {
-    fn called(future: F) -> Self {
-        SetIdempotencyKeyFuture {
-            state: KeyState::Called { future },
-        }
-    }
-
-    fn refused(error: ToolError) -> Self {
-        SetIdempotencyKeyFuture {
-            state: KeyState::Refused { error: Some(error) },
-        }
-    }
-}
-
-impl<F, T, E> Future for SetIdempotencyKeyFuture<F>
-where
-    F: Future<Output = Result<T, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<T, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            KeyStateProj::Called { future } => future.poll(cx).map_err(Into::into),
-            KeyStateProj::Refused { error } => Poll::Ready(Err(match error.take() {
-                Some(e) => Box::new(e),
-                None => "idempotency key future polled after completion".into(),
-            })),
-        }
-    }
-}
-
-impl<F> fmt::Debug for SetIdempotencyKeyFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SetIdempotencyKeyFuture")
-            .finish_non_exhaustive()
     }
 }

@@ -39,16 +39,15 @@
 
 mod action;
 mod canonical;
+pub mod future;
 mod layer;
 
 pub use action::Action;
 use canonical::to_value;
 pub use canonical::{canonical_json, es_number, MAX_DEPTH};
+pub use future::SetIdempotencyKeyFuture;
 pub(crate) use layer::check_stamped;
-pub use layer::{
-    KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyFuture,
-    SetIdempotencyKeyLayer,
-};
+pub use layer::{KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyLayer};
 
 use serde::Serialize;
 use serde_json::Value;

@@ -1,6 +1,7 @@
 //! The quota's futures. [`Quota`](super::Quota) returns its inner service's future as it is:
 //! it waits in `poll_ready`, as tower's `RateLimit` does. [`KeyedQuotaFuture`] is the future of
-//! [`KeyedQuota`](super::KeyedQuota), which waits in the call (the key is in the request).
+//! [`KeyedQuota`](super::KeyedQuota), which waits in the call (the key is in the request); its
+//! example shows the wait on a paused clock.
 
 use crate::error::{BoxError, ToolError};
 use pin_project_lite::pin_project;
@@ -13,7 +14,29 @@ use tower_service::Service;
 
 pin_project! {
     /// The future of [`KeyedQuota`](super::KeyedQuota): the wait for the key's room, the inner
-    /// service's readiness, then the call.
+    /// service's readiness, then the call. A call that costs more than the burst fails at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::error::{ErrorCode, ToolError};
+    /// use stormguard::quota::{KeyedQuotaFuture, KeyedQuotaLayer, Rate};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// // 10 tokens a second per tenant, 10 at once.
+    /// let rate = Rate::builder().per_second(10).burst(10).build().unwrap();
+    /// let model = service_fn(|(_, tokens): (&'static str, u32)| async move { Ok::<_, std::io::Error>(tokens) });
+    /// let mut svc = KeyedQuotaLayer::new(rate, |&(tenant, tokens): &(&'static str, u32)| (tenant, tokens)).layer(model);
+    /// let start = tokio::time::Instant::now();
+    /// svc.ready().await.unwrap().call(("a", 10)).await.unwrap();
+    /// let future: KeyedQuotaFuture<_, (&'static str, u32)> = svc.ready().await.unwrap().call(("a", 5));
+    /// assert_eq!(future.await.unwrap(), 5);
+    /// assert_eq!(start.elapsed(), Duration::from_millis(500)); // waited for 5 tokens of refill
+    /// let err = svc.ready().await.unwrap().call(("a", 11)).await.unwrap_err();
+    /// assert_eq!(err.downcast_ref::<ToolError>().unwrap().code(), ErrorCode::InvalidArgument);
+    /// # }
+    /// ```
     pub struct KeyedQuotaFuture<S: Service<Req>, Req> {
         #[pin]
         state: KeyedState<S, Req>,

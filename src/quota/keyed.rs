@@ -200,6 +200,19 @@ impl<K, F> KeyedQuotaLayer<K, F> {
 const DEFAULT_CAPACITY: usize = 100_000;
 
 /// Builds a [`KeyedQuotaLayer`]; made by [`KeyedQuotaLayer::builder`].
+///
+/// ```
+/// use stormguard::quota::{KeyedQuotaLayer, KeyedQuotaLayerBuilder, Rate};
+///
+/// let rate = Rate::builder().per_minute(60).build()?;
+/// let builder: KeyedQuotaLayerBuilder<String, _> = KeyedQuotaLayer::builder(rate, |t: &String| (t.clone(), 1));
+/// let region = "eu";
+/// let layer = builder.name(format!("tenants-{region}")).capacity(1_000).build()?;
+/// assert_eq!(layer.rate(), rate);
+/// assert!(format!("{layer:?}").contains("tenants-eu"));
+/// assert_eq!(layer.keys(), 0); // a key's quota is made on its first call
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[must_use]
 pub struct KeyedQuotaLayerBuilder<K, F> {
     rate: Rate,
@@ -280,7 +293,27 @@ impl<S, K, F: Clone> Layer<S> for KeyedQuotaLayer<K, F> {
     }
 }
 
-/// The service [`KeyedQuotaLayer`] makes.
+/// The service [`KeyedQuotaLayer`] makes: always ready; each call waits, in its future
+/// ([`KeyedQuotaFuture`]), for its own key's room.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::quota::{KeyedQuota, KeyedQuotaLayer, Rate};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let rate = Rate::builder().per_second(2).burst(1).build().unwrap();
+/// let echo = service_fn(|tenant: &'static str| async move { Ok::<_, std::io::Error>(tenant) });
+/// let mut svc: KeyedQuota<_, _, _> = KeyedQuotaLayer::new(rate, |t: &&'static str| (*t, 1)).layer(echo);
+/// let start = tokio::time::Instant::now();
+/// svc.ready().await.unwrap().call("a").await.unwrap();
+/// svc.ready().await.unwrap().call("b").await.unwrap(); // another key: no wait
+/// assert_eq!(start.elapsed(), Duration::ZERO);
+/// svc.ready().await.unwrap().call("a").await.unwrap(); // a's next slot is 500 ms on
+/// assert_eq!(start.elapsed(), Duration::from_millis(500));
+/// # }
+/// ```
 pub struct KeyedQuota<S, K, F> {
     inner: S,
     layer: KeyedQuotaLayer<K, F>,

@@ -78,6 +78,20 @@ impl ReceiptConfig {
 }
 
 /// Builds a [`ReceiptConfig`]; [`build`](Self::build) rejects what cannot work.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::{ReceiptConfig, ReceiptConfigBuilder};
+///
+/// // A provider that remembers idempotency keys for 48 h.
+/// let builder: ReceiptConfigBuilder = ReceiptConfig::builder().key_window(Duration::from_secs(48 * 3600));
+/// let config = builder.build()?;
+/// assert_eq!(config.key_window(), Duration::from_secs(48 * 3600));
+/// assert_eq!(config.lease(), Duration::from_secs(30)); // the others keep their defaults
+/// let err = ReceiptConfig::builder().wait(Duration::from_secs(7200)).build().unwrap_err();
+/// assert_eq!(err.field(), "wait");
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct ReceiptConfigBuilder {

@@ -148,6 +148,21 @@ pub struct PendingIntent {
 }
 
 /// What [`ReceiptStore::resolve`] found.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::{InMemoryStore, ReceiptStore, Resolution, Resolved};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = InMemoryStore::new();
+/// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::NoRecord);
+/// store.begin("k", "fp", "crashed", Duration::from_secs(30)).await.unwrap();
+/// // The operator checked: the effect happened. Its receipt is recorded.
+/// assert_eq!(store.resolve("k", Resolution::Done(b"sent".to_vec())).await.unwrap(), Resolved::Settled);
+/// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::AlreadyDone);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolved {
     /// A pending intent was settled as asked.
@@ -181,9 +196,11 @@ pub enum Durability {
     /// killer restarts them all), not only on power loss.
     Process,
     /// Every commit is flushed to disk before it returns and survives power loss; slower.
-    /// SQLite: `synchronous = FULL`. PostgreSQL: the connection keeps the server's
-    /// `synchronous_commit` (`on` by default, or a stronger `remote_write` / `remote_apply`),
-    /// and is raised to `on` only if it is configured `off`.
+    /// SQLite: `synchronous = FULL`. PostgreSQL: the connection's `synchronous_commit` is set
+    /// to `on` if it is configured `off`, and kept otherwise (`on` by default; `remote_apply`
+    /// waits for more from a synchronous standby, `local` and `remote_write` for less:
+    /// `remote_write` waits for the standby's OS write, not its flush). Every value but `off`
+    /// flushes the commit on the primary before it returns.
     PowerLoss,
 }
 

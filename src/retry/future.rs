@@ -1,5 +1,29 @@
 //! [`ResponseFuture`]: the retry loop of one request, as a state machine that gathers the inputs
 //! of the retry decision (a pure function) and carries out what it returns.
+//!
+//! ```
+//! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+//! use tower::{Layer, Service, ServiceExt, service_fn};
+//! use stormguard::{budget::RetryBudget, class::ToolClass};
+//! use stormguard::retry::{future::ResponseFuture, RetryLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! // The first attempt is refused (a transient failure), the retry answers.
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let counter = calls.clone();
+//! let flaky = service_fn(move |n: u32| {
+//!     let first = counter.fetch_add(1, Ordering::SeqCst) == 0;
+//!     async move {
+//!         if first { Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) } else { Ok(n) }
+//!     }
+//! });
+//! let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(flaky);
+//! let future: ResponseFuture<_, _, _, u32> = svc.ready().await.unwrap().call(7);
+//! assert_eq!(future.await.unwrap(), 7);
+//! assert_eq!(calls.load(Ordering::SeqCst), 2);
+//! # }
+//! ```
 
 use super::decide::{decide, settle, Next, OperationView};
 use super::ending::{deadline_passed, give_up, hand_back, pass_up, Ending};

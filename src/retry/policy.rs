@@ -62,7 +62,10 @@ impl ClassPolicy {
         self.class
     }
 
-    /// Attempts per logical operation, the first one included.
+    /// The most attempts, the first one included. On the outermost layer (the one that opens
+    /// the operation) it caps the whole logical operation; on a nested layer it caps the
+    /// attempts that layer makes in a row, after which it hands the failure up to the layer
+    /// above (see the [`retry`](crate::retry) module docs).
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
@@ -115,7 +118,10 @@ pub struct ClassPolicyBuilder {
 pub const MAX_ATTEMPTS_LIMIT: u32 = 100;
 
 impl ClassPolicyBuilder {
-    /// Attempts per logical operation, the first included: 1 to [`MAX_ATTEMPTS_LIMIT`].
+    /// The most attempts, the first included: 1 to [`MAX_ATTEMPTS_LIMIT`]. On the outermost
+    /// layer it caps the whole logical operation; on a nested layer, the attempts that layer
+    /// makes in a row before it hands the failure up (see the [`retry`](crate::retry) module
+    /// docs).
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.policy.max_attempts = n;
         self

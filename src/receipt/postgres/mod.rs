@@ -95,7 +95,25 @@ fn bounded(field: &'static str, d: Duration) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Builds [`PostgresOptions`]; [`build`](Self::build) rejects what cannot work.
+/// Builds [`PostgresOptions`]; [`build`](Self::build) rejects what cannot work. Building
+/// checks the settings only: nothing connects until [`PostgresOptions::connect`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::{Durability, PostgresOptions, PostgresOptionsBuilder};
+///
+/// let url = "host=127.0.0.1 user=postgres password=hunter2 dbname=test";
+/// let builder: PostgresOptionsBuilder = PostgresOptions::builder(url).durability(Durability::Process);
+/// let options = builder.connections(4).statement_timeout(Duration::from_secs(2)).build()?;
+/// let shown = format!("{options:?}");
+/// assert!(shown.contains("Process") && shown.contains("connections: 4"));
+/// assert!(!shown.contains("hunter2")); // the connection string is never printed
+/// let err = PostgresOptions::builder(url).connections(65).build().unwrap_err();
+/// assert_eq!(err.field(), "connections");
+/// let err = PostgresOptions::builder(url).statement_timeout(Duration::from_secs(7200)).build().unwrap_err();
+/// assert_eq!(err.field(), "statement_timeout");
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct PostgresOptionsBuilder {
@@ -365,9 +383,12 @@ impl PostgresStore {
     /// immediate restart of the PostgreSQL server loses the commits of the last
     /// `3 × wal_writer_delay` (600 ms by default), and a lost intent is a repeated side effect.
     /// Use it where the database is as likely to outlive the run as the run's own disk is.
-    /// [`Durability::PowerLoss`] keeps the server's setting (`on` by default, or a stronger
-    /// `remote_write` / `remote_apply` from the role, database or connection string) and raises
-    /// it to `on` only if it is `off`.
+    /// [`Durability::PowerLoss`] reads the connection's `synchronous_commit` (the server's, or
+    /// what the role, database or connection string set) and sets it to `on` only if it is
+    /// `off`; any other value is kept: `on` (the default) and `remote_apply` as they are, and
+    /// also `local` and `remote_write`, which wait for less than `on` from a synchronous standby
+    /// (`remote_write`: the standby's OS write, not its flush). Every value but `off` flushes
+    /// the commit's WAL on this server before the commit returns.
     pub async fn connect_with(config: &str, durability: Durability) -> Result<Self, StoreError> {
         let mut options = PostgresOptions::builder(config).options;
         options.durability = durability;
