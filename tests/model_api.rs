@@ -237,6 +237,32 @@ async fn a_slow_error_body_is_handed_on_after_the_timeout_with_what_was_read() {
 }
 
 #[tokio::test]
+async fn a_single_frame_longer_than_the_limit_is_truncated_though_the_body_ends_with_it() {
+    const BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
+    let upstream = tower::service_fn(|_: ()| async {
+        Ok::<_, std::io::Error>(
+            http::Response::builder()
+                .status(429)
+                .body(http_body_util::Full::new(Bytes::from_static(BODY)))
+                .unwrap(),
+        )
+    });
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(BODY.len() - 1)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+        .layer(upstream);
+    let resp = peek.oneshot(()).await.unwrap();
+    assert!(resp.extensions().get::<ErrorBody>().unwrap().truncated);
+    // The caller still reads the whole body.
+    assert_eq!(
+        &resp.into_body().collect().await.unwrap().to_bytes()[..],
+        BODY
+    );
+}
+
+#[tokio::test]
 async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
     const BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
     let upstream = tower::service_fn(|_: ()| async {

@@ -364,6 +364,8 @@ where
                                 if let Some(data) = frame.data_ref() {
                                     let room = *this.limit - read.len();
                                     read.extend_from_slice(&data[..data.len().min(room)]);
+                                    // A frame cut at the limit: the body is longer than it.
+                                    truncated |= data.len() > room;
                                 }
                                 frames.push_back(Ok(frame));
                             }
