@@ -101,3 +101,40 @@ fn carrying_the_operation_in_an_http_request_allocates() {
     assert!(per_call >= 2.0, "{per_call} allocations per call");
     let _: fn(&mut http::Request<()>, Operation) = Carrier::attach;
 }
+
+/// The same stack on a fleet budget with its breaker shared through Redis (feature `redis`):
+/// a success is one more atomic add for the batch of deposits and one for the breaker's counts,
+/// and no allocation. (The fleet's Redis need not answer: the hot path never asks it.)
+#[cfg(feature = "redis")]
+#[test]
+fn a_first_try_success_on_a_fleet_budget_and_a_shared_breaker_allocates_nothing() {
+    use stormguard::fleet::Fleet;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _entered = rt.enter();
+    let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
+    let budget = RetryBudget::builder().fleet(&fleet, "hot").build().unwrap();
+    let breaker = Breaker::new("leaf", BreakerConfig::default());
+    let _shared = fleet.share_breaker(&breaker).unwrap();
+    let leaf = service_fn(|n: u64| std::future::ready(Ok::<_, std::io::Error>(n + 1)));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(CircuitBreakerLayer::new(breaker))
+        .service(leaf);
+    let mut run = |n: u64| {
+        poll_now(std::future::poll_fn(|cx| stack.poll_ready(cx))).unwrap();
+        poll_now(stack.call(n)).unwrap()
+    };
+    for n in 0..100 {
+        run(n);
+    }
+    let before = allocations();
+    for n in 0..10_000 {
+        assert_eq!(run(n), n + 1);
+    }
+    let allocations = allocations() - before;
+    assert_eq!(allocations, 0, "{allocations} allocations in 10,000 calls");
+}
