@@ -5,7 +5,8 @@
 //! `cargo run --release --features redis --example fleet -- --json` prints one JSON line per
 //! mode and scenario. It starts a `redis-server` of its own on a free port of 127.0.0.1 (so the
 //! `redis-down` scenario can stop it), and the workers as child processes of this binary.
-//! `--workers N`, `--scenario NAME` (outage, quota, breaker, redis-down).
+//! `--workers N`, `--scenario NAME` (outage, quota, breaker, redis-down). It exits with 1 when a
+//! fleet line misses its goal (`met` false or not judged), so CI fails on it.
 
 mod redis;
 mod worker;
@@ -48,14 +49,17 @@ fn main() {
         for mut line in [local.clone(), fleet.clone()] {
             if line["mode"] == "fleet" {
                 let met = judge(scenario, &local, &line, workers);
-                failed |= met == Some(false);
+                // A line that cannot be judged (a worker without a report) fails too.
+                failed |= met != Some(true);
                 line["met"] = json!(met);
             }
             print_line(&line, json);
         }
     }
     if failed {
+        // CI runs the demo: a goal missed fails it.
         eprintln!("fleet demo: a goal was not met (see the `met` fields)");
+        std::process::exit(1);
     }
 }
 
