@@ -138,6 +138,7 @@
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
 
 mod config;
+mod decide;
 #[cfg(feature = "redis")]
 pub(crate) mod fleet;
 pub mod future;

@@ -1,0 +1,190 @@
+//! [`RetryBudgetBuilder`]: the budget's settings, checked when it is built (and, with the
+//! feature `redis`, the fleet it shares its balance with).
+
+use super::ratio::Ratio;
+use super::run::{Run, RunLimits};
+use super::{random_seed, RetryBudget};
+use crate::error::ConfigError;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builds a [`RetryBudget`]; [`build`](Self::build) rejects invalid settings.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::budget::RetryBudget;
+///
+/// let budget = RetryBudget::builder()
+///     .retry_ratio(0.1)
+///     .max_balance(50)
+///     .floor(5, Duration::from_secs(60))
+///     .seed(7)
+///     .build()?;
+/// assert!(RetryBudget::builder().retry_ratio(-1.0).build().is_err());
+/// # Ok::<(), stormguard::error::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryBudgetBuilder {
+    retry_ratio: f64,
+    max_balance: u32,
+    run_share: u32,
+    floor: u32,
+    floor_window: Duration,
+    seed: Option<u64>,
+    run: Option<RunLimits>,
+    #[cfg(feature = "redis")]
+    fleet: Option<(crate::fleet::Fleet, String)>,
+    #[cfg(feature = "redis")]
+    fleet_lease: Option<u32>,
+}
+
+impl Default for RetryBudgetBuilder {
+    fn default() -> Self {
+        RetryBudgetBuilder {
+            retry_ratio: 0.2,
+            max_balance: 100,
+            run_share: 10,
+            floor: 10,
+            floor_window: Duration::from_secs(60),
+            seed: None,
+            run: None,
+            #[cfg(feature = "redis")]
+            fleet: None,
+            #[cfg(feature = "redis")]
+            fleet_lease: None,
+        }
+    }
+}
+
+impl RetryBudgetBuilder {
+    /// Retries earned per successful logical operation: 0 to 10 (0 leaves only the floor).
+    pub fn retry_ratio(mut self, ratio: f64) -> Self {
+        self.retry_ratio = ratio;
+        self
+    }
+
+    /// The most retries the balance can hold: at least 1.
+    pub fn max_balance(mut self, retries: u32) -> Self {
+        self.max_balance = retries;
+        self
+    }
+
+    /// How many retries one run ([`RetryBudget::for_run`]) may draw on the shared balance
+    /// beyond what its own successes deposited: 10 by default; 0 lets each run spend only its own
+    /// deposits (and the floor). See [fair shares](super#fair-shares-between-runs).
+    pub fn run_share(mut self, retries: u32) -> Self {
+        self.run_share = retries;
+        self
+    }
+
+    /// Retries allowed per `window` whatever the balance (cold start, low traffic). The window is
+    /// 1 s to 1 h; `retries` may be 0.
+    pub fn floor(mut self, retries: u32, window: Duration) -> Self {
+        self.floor = retries;
+        self.floor_window = window;
+        self
+    }
+
+    /// Seeds the backoff RNGs, for reproducible tests and simulations. By default each budget
+    /// takes a random seed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Gives the budget a run budget of its own.
+    pub fn run_limits(mut self, limits: RunLimits) -> Self {
+        self.run = Some(limits);
+        self
+    }
+
+    /// Shares the ratio balance and the floor with every worker of `fleet` that builds a budget
+    /// of the same `name` (feature `redis`): the fleet as a whole earns `retry_ratio` per
+    /// success, holds at most `max_balance`, and gets `floor` retries per window, as one process
+    /// would. Each worker keeps a lease of up to 2 retries (see [`fleet_lease`](Self::fleet_lease))
+    /// and batches its deposits, so no decision waits on Redis; while the fleet is down, the
+    /// budget decides from its local balance and floor. Every worker must build the budget with
+    /// the same settings: the script applies the caller's. Run budgets and fair shares stay per
+    /// process, and [`RetryBudget::balance`] is this worker's local balance (the one it falls
+    /// back to), not the fleet's. Leases sit with the workers that took them: keep
+    /// `workers × fleet_lease` well below `max_balance`. See [`fleet`](crate::fleet).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::RetryBudget;
+    /// use stormguard::fleet::Fleet;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A fleet whose Redis does not answer: the budget decides locally.
+    /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
+    /// let budget = RetryBudget::builder().floor(1, Duration::from_secs(60)).fleet(&fleet, "search").build().unwrap();
+    /// assert!(budget.try_withdraw(Duration::ZERO).is_ok()); // the local floor
+    /// assert!(budget.try_withdraw(Duration::ZERO).is_err());
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn fleet(mut self, fleet: &crate::fleet::Fleet, name: impl Into<String>) -> Self {
+        self.fleet = Some((fleet.clone(), name.into()));
+        self
+    }
+
+    /// The retries a worker keeps leased from the fleet's balance (2 by default; 0 to 100). 0
+    /// leases nothing from the balance: a worker then retries only on the floor (one use leased
+    /// at a time) or from the balance through [`RetryBudget::fleet_withdraw`]. Set without
+    /// [`fleet`](Self::fleet), `build` refuses it (`fleet_lease`). A budget dropped gives its
+    /// lease back.
+    #[cfg(feature = "redis")]
+    pub fn fleet_lease(mut self, retries: u32) -> Self {
+        self.fleet_lease = Some(retries);
+        self
+    }
+
+    /// Checks the settings.
+    pub fn build(self) -> Result<RetryBudget, ConfigError> {
+        if !(0.0..=10.0).contains(&self.retry_ratio) {
+            return Err(ConfigError::new(
+                "retry_ratio",
+                "must be a number from 0 to 10",
+            ));
+        }
+        if self.max_balance == 0 {
+            return Err(ConfigError::new("max_balance", "must be at least 1"));
+        }
+        if self.floor_window < Duration::from_secs(1)
+            || self.floor_window > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::new("floor_window", "must be from 1 s to 1 h"));
+        }
+        let seed = self.seed.unwrap_or_else(random_seed);
+        #[allow(unused_mut)]
+        let mut ratio = Ratio::new(
+            self.retry_ratio,
+            self.max_balance,
+            self.run_share,
+            self.floor,
+            self.floor_window,
+            seed,
+        );
+        #[cfg(feature = "redis")]
+        match (self.fleet, self.fleet_lease) {
+            (Some((fleet, name)), lease) => {
+                let lease = lease.unwrap_or(2);
+                if lease > 100 {
+                    return Err(ConfigError::new("fleet_lease", "must be 0 to 100 retries"));
+                }
+                ratio.fleet = Some(ratio.lease_on(&fleet, &name, lease)?);
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "fleet_lease",
+                    "needs a fleet: call `fleet` too",
+                ));
+            }
+            (None, None) => {}
+        }
+        Ok(RetryBudget {
+            ratio: Arc::new(ratio),
+            run: self.run.map(|limits| Arc::new(Run::new(limits))),
+        })
+    }
+}
