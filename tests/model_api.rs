@@ -236,50 +236,44 @@ async fn a_slow_error_body_is_handed_on_after_the_timeout_with_what_was_read() {
     );
 }
 
-#[tokio::test]
-async fn a_single_frame_longer_than_the_limit_is_truncated_though_the_body_ends_with_it() {
-    const BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
+/// A 429 answering `QUOTA_BODY` in one frame, peeked at with `limit`.
+async fn peek_one_frame(
+    limit: usize,
+) -> http::Response<impl http_body::Body<Data = Bytes, Error: std::fmt::Debug>> {
     let upstream = tower::service_fn(|_: ()| async {
         Ok::<_, std::io::Error>(
             http::Response::builder()
                 .status(429)
-                .body(http_body_util::Full::new(Bytes::from_static(BODY)))
+                .body(http_body_util::Full::new(Bytes::from_static(QUOTA_BODY)))
                 .unwrap(),
         )
     });
     let peek = PeekErrorBodyLayer::builder()
-        .limit(BODY.len() - 1)
+        .limit(limit)
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap()
         .layer(upstream);
-    let resp = peek.oneshot(()).await.unwrap();
+    peek.oneshot(()).await.unwrap()
+}
+
+const QUOTA_BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
+
+#[tokio::test]
+async fn a_single_frame_longer_than_the_limit_is_truncated_though_the_body_ends_with_it() {
+    let resp = peek_one_frame(QUOTA_BODY.len() - 1).await;
     assert!(resp.extensions().get::<ErrorBody>().unwrap().truncated);
     // The caller still reads the whole body.
     assert_eq!(
         &resp.into_body().collect().await.unwrap().to_bytes()[..],
-        BODY
+        QUOTA_BODY
     );
 }
 
 #[tokio::test]
 async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
-    const BODY: &[u8] = br#"{"error":{"type":"insufficient_quota"}}"#;
-    let upstream = tower::service_fn(|_: ()| async {
-        Ok::<_, std::io::Error>(
-            http::Response::builder()
-                .status(429)
-                .body(http_body_util::Full::new(Bytes::from_static(BODY)))
-                .unwrap(),
-        )
-    });
-    let peek = PeekErrorBodyLayer::builder()
-        .limit(BODY.len())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap()
-        .layer(upstream);
-    let resp = peek.oneshot(()).await.unwrap();
+    const BODY: &[u8] = QUOTA_BODY;
+    let resp = peek_one_frame(BODY.len()).await;
     let seen = resp.extensions().get::<ErrorBody>().cloned().unwrap();
     assert!(!seen.truncated);
     assert!(seen.is("insufficient_quota"));
