@@ -386,6 +386,21 @@ async fn quick_fleet(redis: &own_redis::OwnRedis, test: &str) -> Fleet {
     fleet
 }
 
+/// Makes 20 calls through `svc`, one after another, and says how long the slowest took.
+async fn slowest_of_20<S>(svc: &S) -> Duration
+where
+    S: Service<u32> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let t = Instant::now();
+        svc.clone().oneshot(1).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+    }
+    slowest
+}
+
 /// Redis is back: the fleet answers through it again within a second.
 async fn rejoins_within_a_second(fleet: &Fleet) {
     let back = Instant::now();
@@ -428,12 +443,7 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
     redis.stop();
     // Every call keeps being served: none waits longer than the timeout plus its quota slot.
     let down_at = Instant::now();
-    let mut slowest = Duration::ZERO;
-    for _ in 0..20 {
-        let t = Instant::now();
-        svc.clone().oneshot(1).await.unwrap();
-        slowest = slowest.max(t.elapsed());
-    }
+    let slowest = slowest_of_20(&svc).await;
     assert!(!fleet.is_up());
     assert!(
         slowest < Duration::from_millis(100),
@@ -795,12 +805,7 @@ async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_r
 
     // The server stops answering: connections stay open, nothing comes back.
     redis.freeze();
-    let mut slowest = Duration::ZERO;
-    for _ in 0..20 {
-        let t = Instant::now();
-        svc.clone().oneshot(1).await.unwrap();
-        slowest = slowest.max(t.elapsed());
-    }
+    let slowest = slowest_of_20(&svc).await;
     assert!(!fleet.is_up());
     assert!(
         slowest < Duration::from_millis(150),
