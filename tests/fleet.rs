@@ -34,6 +34,21 @@ fn prefix(test: &str) -> String {
     format!("stormguard-test:{test}:{}:{nanos}", std::process::id())
 }
 
+/// The fleet's floor windows are aligned on Redis's clock (`TIME`), so a test that counts one
+/// window's floor exactly must not straddle a turn: wait, if need be, until the current window
+/// has at least `needed` left on Redis's clock.
+async fn clear_of_a_window_turn(url: &str, window: Duration, needed: Duration) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = secs * 1_000 + micros / 1_000;
+    let width = window.as_millis() as u64;
+    let left = Duration::from_millis(width - now_ms % width);
+    if left < needed {
+        tokio::time::sleep(left + Duration::from_millis(50)).await;
+    }
+}
+
 /// `n` workers: each its own `Fleet` (its own connection and name), as separate processes have.
 async fn workers(url: &str, prefix: &str, n: usize) -> Vec<Fleet> {
     let mut fleets = Vec::new();
@@ -58,6 +73,7 @@ async fn workers(url: &str, prefix: &str, n: usize) -> Vec<Fleet> {
 async fn eight_workers_share_one_floor_exactly() {
     let Some(url) = redis_url() else { return };
     let prefix = prefix("floor");
+    clear_of_a_window_turn(&url, Duration::from_secs(60), Duration::from_secs(10)).await;
     let fleets = workers(&url, &prefix, 8).await;
     let granted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -125,6 +141,7 @@ async fn deposits_from_one_worker_pay_for_retries_in_another_and_no_more() {
 async fn the_exact_path_asks_redis_for_each_retry() {
     let Some(url) = redis_url() else { return };
     let prefix = prefix("exact");
+    clear_of_a_window_turn(&url, Duration::from_secs(60), Duration::from_secs(5)).await;
     let fleets = workers(&url, &prefix, 1).await;
     let budget = RetryBudget::builder()
         .retry_ratio(1.0)
@@ -750,6 +767,7 @@ async fn two_quotas_whose_name_and_key_join_alike_share_no_bucket() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_fleet_budget_grants_nothing_on_a_guess_and_is_ready_after_one_sync() {
     let Some(url) = redis_url() else { return };
+    clear_of_a_window_turn(&url, Duration::from_secs(60), Duration::from_secs(10)).await;
     let fleets = workers(&url, &prefix("new"), 8).await;
     let budgets: Vec<_> = fleets
         .iter()
