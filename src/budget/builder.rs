@@ -78,7 +78,10 @@ impl RetryBudgetBuilder {
     }
 
     /// Retries allowed per `window` whatever the balance (cold start, low traffic). The window is
-    /// 1 s to 1 h; `retries` may be 0.
+    /// 1 s to 1 h; `retries` may be 0. Windows are fixed, not sliding: across a window's turn up
+    /// to `2 × retries` can go back to back. A local budget's windows start when it is built; a
+    /// fleet budget's (feature `redis`) are aligned on Redis's clock (`TIME`), the same for every
+    /// worker.
     pub fn floor(mut self, retries: u32, window: Duration) -> Self {
         self.floor = retries;
         self.floor_window = window;
