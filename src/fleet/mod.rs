@@ -55,6 +55,8 @@ pub mod future;
 mod link;
 mod quota;
 mod scripts;
+#[cfg(test)]
+mod scripts_props;
 
 pub use breaker::SharedBreaker;
 pub use future::FleetQuotaFuture;

@@ -1,0 +1,197 @@
+//! The budget script against a ledger kept outside it: random syncs from three workers (each
+//! spending part of its lease locally, giving part back, depositing and asking), run on the real
+//! Redis at `STORMGUARD_REDIS_URL` (skipped, and said so, when it is unset).
+//!
+//! The ledger does not copy the script's arithmetic; it checks what the fleet promises:
+//! - nothing is created: the balance, every lease and everything spent never exceed what was
+//!   deposited;
+//! - the cap holds fleet-wide: the balance plus every lease stays at most `max_balance`;
+//! - a refusal means the balance could not pay (never a retry kept back while it could);
+//! - an exact ask gets all it asked for or nothing;
+//! - the floor gives at most its uses per window, and refuses only when they are gone.
+
+use super::scripts;
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const WORKERS: usize = 3;
+/// One hour (the longest window): a turn inside a case is rare, and seen when it happens.
+const WINDOW_MS: u64 = 3_600_000;
+/// Long enough that no worker is taken for dead inside a case.
+const TTL_MS: u64 = 3_600_000;
+
+#[derive(Clone, Debug)]
+struct Sync {
+    worker: usize,
+    /// Percent of its lease the worker spent since its last sync.
+    spend_pct: i64,
+    /// Percent of what is left that it gives back.
+    give_back_pct: i64,
+    deposit: i64,
+    want: i64,
+    want_floor: u32,
+    exact: bool,
+}
+
+fn sync() -> impl Strategy<Value = Sync> {
+    (
+        0..WORKERS,
+        0i64..=100,
+        prop_oneof![3 => Just(0i64), 1 => 0i64..=100],
+        0i64..=3_000,
+        0i64..=3_000,
+        0u32..=2,
+        prop::bool::weighted(0.25),
+    )
+        .prop_map(
+            |(worker, spend_pct, give_back_pct, deposit, want, want_floor, exact)| Sync {
+                worker,
+                spend_pct,
+                give_back_pct,
+                deposit,
+                want,
+                want_floor,
+                exact,
+            },
+        )
+}
+
+fn keys() -> [String; 3] {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    let case = CASE.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let base = format!(
+        "stormguard-test:script-props:{}:{nanos}:{case}",
+        std::process::id()
+    );
+    [
+        format!("{base}:budget"),
+        format!("{base}:leases"),
+        format!("{base}:seen"),
+    ]
+}
+
+fn connection() -> Option<redis::Connection> {
+    let Ok(url) = std::env::var("STORMGUARD_REDIS_URL") else {
+        eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
+        return None;
+    };
+    let client = redis::Client::open(url.as_str()).expect("a valid STORMGUARD_REDIS_URL");
+    Some(client.get_connection().expect("Redis answers"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_budget_script_keeps_the_fleets_ledger(
+        cap in 1_000i64..=10_000,
+        floor in 0u32..=5,
+        syncs in prop::collection::vec(sync(), 1..40),
+    ) {
+        let Some(mut conn) = connection() else { return Ok(()) };
+        let keys = keys();
+        let mut held = [0i64; WORKERS];
+        let (mut deposited, mut spent) = (0i64, 0i64);
+        let (mut floor_used, mut last_left) = (0u32, u64::MAX);
+        for s in &syncs {
+            // The worker spends part of its lease on its own, then gives part of the rest back.
+            let spend = held[s.worker] * s.spend_pct / 100;
+            held[s.worker] -= spend;
+            spent += spend;
+            let give_back = held[s.worker] * s.give_back_pct / 100;
+            held[s.worker] -= give_back;
+            let (grant, floor_grant, balance, left): (i64, u32, i64, u64) = scripts::BUDGET
+                .key(&keys[0])
+                .key(&keys[1])
+                .key(&keys[2])
+                .arg(s.deposit)
+                .arg(give_back)
+                .arg(s.want)
+                .arg(s.want_floor)
+                .arg(cap)
+                .arg(floor)
+                .arg(WINDOW_MS)
+                .arg(u8::from(s.exact))
+                .arg(format!("w{}", s.worker))
+                .arg(held[s.worker])
+                .arg(TTL_MS)
+                .invoke(&mut conn)
+                .expect("the script runs");
+            deposited += s.deposit;
+            prop_assert!((0..=s.want).contains(&grant), "{grant} of {}", s.want);
+            if s.exact {
+                prop_assert!(grant == 0 || grant == s.want, "exact: {grant} of {}", s.want);
+                if s.want > 0 && grant == 0 {
+                    prop_assert!(balance < s.want, "exact refused with {balance} for {}", s.want);
+                }
+                spent += grant;
+            } else {
+                if grant < s.want {
+                    prop_assert_eq!(balance, 0, "refused {} of {} with money left", s.want - grant, s.want);
+                }
+                held[s.worker] += grant;
+            }
+            let leases: i64 = held.iter().sum();
+            prop_assert!(balance >= 0);
+            prop_assert!(balance + leases <= cap, "{balance} + leases {leases} > cap {cap}");
+            prop_assert!(
+                balance + leases + spent <= deposited,
+                "created: {balance} + {leases} + spent {spent} > deposited {deposited}"
+            );
+            // The floor, per window (a turn shows as more time left than the last sync saw).
+            if left > last_left {
+                floor_used = 0;
+            }
+            last_left = left;
+            floor_used += floor_grant;
+            prop_assert!(floor_used <= floor, "{floor_used} floor uses of {floor}");
+            if s.exact && grant > 0 {
+                prop_assert_eq!(floor_grant, 0, "the floor taken though the balance paid");
+            } else if floor_grant < s.want_floor {
+                prop_assert_eq!(floor_used, floor, "the floor refused with uses left");
+            }
+        }
+        let _: () = redis::cmd("DEL").arg(&keys).query(&mut conn).expect("clean up");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// GCRA in Redis, weighted: reservations made back to back on a fresh key. With `C` the
+    /// units reserved so far (this one included), `b` the burst and `I` the interval, the wait
+    /// is at most `(C - b) × I` (no unit waits longer than the rate asks) and at least that less
+    /// the time the calls took (no unit goes sooner than the rate allows), clipped at 0.
+    #[test]
+    fn the_quota_script_waits_as_the_rate_says(
+        interval_us in 1_000u64..=100_000,
+        burst in 1u64..=20,
+        costs in prop::collection::vec(1u64..=10, 1..30),
+    ) {
+        let Some(mut conn) = connection() else { return Ok(()) };
+        let key = format!("{}:quota", keys()[0]);
+        let start = std::time::Instant::now();
+        let mut units = 0u64;
+        for cost in costs {
+            let wait: u64 = scripts::QUOTA
+                .key(&key)
+                .arg(interval_us)
+                .arg(interval_us * (burst - 1))
+                .arg(cost)
+                .invoke(&mut conn)
+                .expect("the script runs");
+            units += cost;
+            let took = start.elapsed().as_micros() as u64;
+            let most = units.saturating_sub(burst) * interval_us;
+            prop_assert!(wait <= most, "waits {wait} µs for {units} units; the rate asks {most}");
+            prop_assert!(
+                wait >= most.saturating_sub(took),
+                "waits {wait} µs for {units} units after {took} µs; the rate asks {most}"
+            );
+        }
+        let _: () = redis::cmd("DEL").arg(&key).query(&mut conn).expect("clean up");
+    }
+}
