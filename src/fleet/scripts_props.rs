@@ -195,3 +195,110 @@ proptest! {
         let _: () = redis::cmd("DEL").arg(&key).query(&mut conn).expect("clean up");
     }
 }
+
+#[derive(Clone, Debug)]
+struct BreakerSync {
+    worker: usize,
+    successes: u32,
+    failures: u32,
+    /// Failures in a row at the batch's end (at most `failures` when the batch had a success).
+    tail: u32,
+    tripped: bool,
+    trial_ok: bool,
+    demand: bool,
+    half_open: bool,
+}
+
+fn breaker_sync() -> impl Strategy<Value = BreakerSync> {
+    (
+        0..WORKERS,
+        0u32..=2,
+        0u32..=3,
+        0u32..=3,
+        prop::bool::weighted(0.1),
+        prop::bool::weighted(0.3),
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(
+            |(worker, successes, failures, tail, tripped, trial_ok, demand, half_open)| {
+                BreakerSync {
+                    worker,
+                    successes,
+                    failures,
+                    tail: tail.min(failures),
+                    tripped,
+                    trial_ok,
+                    demand,
+                    half_open,
+                }
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The breaker's sync against its rules, read from the docs: closed, the fleet counts one
+    /// run of failures in a row (a batch with a success restarts it at the batch's tail) and
+    /// opens when it reaches the threshold or a worker tripped by itself; open, only the trial
+    /// lease's holder's success closes it; the lease goes only to a worker with calls to probe
+    /// with (or one whose trial is under way), one at a time, and never outlives the open state.
+    /// The open time is 0, so a trial may go as soon as the breaker is open.
+    #[test]
+    fn the_breaker_script_follows_the_breakers_rules(
+        threshold in 1u32..=6,
+        syncs in prop::collection::vec(breaker_sync(), 1..40),
+    ) {
+        let Some(mut conn) = connection() else { return Ok(()) };
+        let [state, trial, _] = keys();
+        let (mut open, mut run) = (false, 0u32);
+        let mut holder: Option<String> = None;
+        for s in &syncs {
+            let me = format!("w{}", s.worker);
+            let (is_open, _until, mine, _gen): (u8, u64, u8, u64) = scripts::BREAKER
+                .key(&state)
+                .key(&trial)
+                .arg(s.successes)
+                .arg(s.failures)
+                .arg(s.tail)
+                .arg(u8::from(s.tripped))
+                .arg(u8::from(s.trial_ok))
+                .arg(threshold)
+                .arg(0u64)
+                .arg(60_000u64)
+                .arg(&me)
+                .arg(u8::from(s.demand))
+                .arg(u8::from(s.half_open))
+                .invoke(&mut conn)
+                .expect("the script runs");
+            // The reference: what the breaker's docs say this sync does.
+            if !open {
+                run = if s.successes > 0 { s.tail } else { run + s.failures };
+                if run >= threshold || s.tripped {
+                    open = true;
+                    run = 0;
+                }
+            } else if s.trial_ok && holder.as_deref() == Some(me.as_str()) {
+                // `trial_ok` is the worker's breaker closed now after its trial: it wins over a
+                // trip earlier in the same batch.
+                open = false;
+                run = 0;
+            }
+            prop_assert_eq!(is_open == 1, open, "open");
+            let now_held: Option<String> = redis::cmd("GET").arg(&trial).query(&mut conn).expect("GET");
+            if mine == 1 {
+                prop_assert!(open, "a trial lease on a closed breaker");
+                prop_assert!(s.demand || s.half_open, "the lease went to a worker with nothing to probe");
+                prop_assert_eq!(now_held.as_deref(), Some(me.as_str()));
+            } else {
+                prop_assert_ne!(now_held.as_deref(), Some(me.as_str()), "kept a lease it was told it lacks");
+            }
+            if !open {
+                prop_assert_eq!(now_held.as_deref(), None, "a lease outlived the open state");
+            }
+            holder = now_held;
+        }
+        let _: () = redis::cmd("DEL").arg(&state).arg(&trial).query(&mut conn).expect("clean up");
+    }
+}
