@@ -32,8 +32,8 @@ pub trait Replay<Req> {
     }
 
     /// Marks the copy about to be sent as a retry after `previous_attempts` attempts of the
-    /// operation (every layer's). Nothing unless overridden; `GrpcReplay` (feature `tonic`) sets gRFC A6's
-    /// `grpc-previous-rpc-attempts` metadata.
+    /// operation (every layer's). Nothing unless overridden; `GrpcReplay` (feature `tonic`) sets
+    /// gRFC A6's `grpc-previous-rpc-attempts` metadata.
     fn mark_retry(&self, req: &mut Req, previous_attempts: u32) {
         let _ = (req, previous_attempts);
     }
