@@ -282,3 +282,63 @@ async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
         BODY
     );
 }
+
+/// An agent loop's layer (which sees only the status) over the model client's layer (which
+/// reads the provider's error body): the client's layer ends the operation on a used-up quota,
+/// and the loop hands its answer back instead of sending it twice more.
+#[tokio::test(start_paused = true)]
+async fn a_used_up_quota_ended_below_is_not_retried_by_a_layer_above_that_sees_only_the_status() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use stormguard::budget::RetryBudget;
+    use stormguard::class::ToolClass;
+    use stormguard::classify::{HttpClassifier, ModelApiClassifier};
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use tower::{Service, ServiceBuilder};
+
+    const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let provider = tower::service_fn(move |_: http::Request<String>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, std::io::Error>(
+                http::Response::builder()
+                    .status(429)
+                    .body(http_body_util::Full::new(Bytes::from_static(
+                        QUOTA.as_bytes(),
+                    )))
+                    .unwrap(),
+            )
+        }
+    });
+    let budget = RetryBudget::default();
+    let mut stack = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget.clone())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay)
+                .name("agent-loop"),
+        )
+        .layer(
+            RetryLayer::new(ToolClass::Read, budget.clone())
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay)
+                .name("model"),
+        )
+        .layer(PeekErrorBodyLayer::builder().build().unwrap())
+        .service(provider);
+    let answer = stack
+        .ready()
+        .await
+        .unwrap()
+        .call(
+            http::Request::post("http://api.test/v1/chat/completions")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .expect("the provider's answer, handed back");
+    assert_eq!(answer.status(), 429);
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}

@@ -237,3 +237,26 @@ async fn a_layer_for_another_operation_does_not_spend_the_callers_attempts() {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_a_stricter_layer_below_hands_back_is_not_retried_above() {
+    // The tool wrapper knows the tool is multi-step (a transient failure is not retried: the
+    // steps done would run again); the agent loop above only knows it as a read.
+    let dep = outage();
+    let budget = RetryBudget::default();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+        .layer(RetryLayer::new(ToolClass::MultiStep, budget.clone()).name("tool-wrapper"))
+        .service(dep.clone());
+    let err = call(
+        &mut stack,
+        ToolCall {
+            tool: "book_trip",
+            arg: 1,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(dep.calls(), 1, "the loop re-ran a multi-step tool");
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+}

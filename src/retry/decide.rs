@@ -8,7 +8,8 @@
 //! 2. an operation a layer below has ended is handed back untouched;
 //! 3. the class × failure table: an ambiguous failure of a write that may not repeat ends as
 //!    `outcome_unknown` / `missing_idempotency_key` *whatever else came with it* (a server hint,
-//!    a non-retryable error); a failure retrying cannot help is handed back;
+//!    a non-retryable error); a failure retrying cannot help is handed back (and the future
+//!    closes the operation: a layer above hands it back by rule 2);
 //! 4. the server (or a layer below) asked not to retry;
 //! 5. the request cannot be copied;
 //! 6. the operation's attempts are spent (the cap of the layer that opened it);

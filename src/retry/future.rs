@@ -389,9 +389,17 @@ where
     let code = classification.code().unwrap_or(ErrorCode::Internal);
     match next {
         // `decide` answers a failure with one of the others; hand it back if it ever does not.
-        Next::Success | Next::HandBack => Step::Done(
-            result.map_err(|e| hand_back(e, &classification, Some(failure), view.attempts)),
-        ),
+        Next::Success | Next::HandBack => {
+            if !view.closed {
+                // Retrying cannot help, by this layer's class and classifier: the operation ends
+                // here, and a layer above (whose classifier may not see what this one saw, as a
+                // provider's error body) hands it back too.
+                track.op(kit, |op| op.close(code));
+            }
+            Step::Done(
+                result.map_err(|e| hand_back(e, &classification, Some(failure), view.attempts)),
+            )
+        }
         Next::PassUp => Step::Done(Err(pass_up(
             kit,
             result,

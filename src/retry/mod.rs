@@ -12,8 +12,10 @@
 //! 3. the class table: **an ambiguous failure of an unkeyed write, or of a keyed write without
 //!    its key, ends as `outcome_unknown` / `missing_idempotency_key` whatever came with it** (a
 //!    server hint, a non-retryable error from below, a spent budget); a failure retrying cannot
-//!    help (a bad argument, a bad credential) is handed back: an `Ok` response stays `Ok`, an
-//!    `Err` becomes a non-retryable `ToolError`;
+//!    help (a bad argument, a bad credential, a used-up quota) is handed back: an `Ok` response
+//!    stays `Ok`, an `Err` becomes a non-retryable `ToolError`; either way the operation ends
+//!    there, so a layer above whose classifier sees less (the status, not the provider's error
+//!    body) hands it back too (rule 2);
 //! 4. the server asked not to retry (a negative or malformed `grpc-retry-pushback-ms`, gRFC A6),
 //!    or a `ToolError` from below forbids it (an open circuit: it passes through as it is);
 //! 5. the request could not be copied (a streaming body);
