@@ -92,3 +92,62 @@ async fn a_refused_connection_is_not_sent_without_redirects() {
         Some(FailureClass::Ambiguous)
     );
 }
+
+#[tokio::test]
+async fn the_model_api_classifier_reads_a_reqwest_response_by_its_headers() -> Result<(), BoxError>
+{
+    use stormguard::classify::ModelApiClassifier;
+    let (addr, calls) =
+        server::serve(|_| server::status(503, &[("x-should-retry", "false")])).await;
+    let mut model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .service(client());
+    let url = format!("http://{addr}/v1/chat/completions").parse()?;
+    let err = model
+        .ready()
+        .await?
+        .call(reqwest013::Request::new(reqwest013::Method::POST, url))
+        .await
+        .unwrap_err();
+    // The provider said not to retry: one request (HttpClassifier would have sent three).
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(!err.retryable());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_used_up_quota_behind_reqwest_is_one_request_with_the_peek() -> Result<(), BoxError> {
+    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let (addr, calls) = server::serve(|_| {
+        http::Response::builder()
+            .status(429)
+            .header("content-type", "application/json")
+            .body(server::Body::from(QUOTA))
+            .unwrap()
+    })
+    .await;
+    // The README's stack for a reqwest client: the peek works on `http::Response`.
+    let mut model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(PeekErrorBodyLayer::builder().build()?)
+        .map_response(http::Response::from)
+        .service(client());
+    let url = format!("http://{addr}/v1/chat/completions").parse()?;
+    let answer = model
+        .ready()
+        .await?
+        .call(reqwest013::Request::new(reqwest013::Method::POST, url))
+        .await?;
+    assert_eq!(answer.status(), 429, "the provider's answer, handed back");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    Ok(())
+}

@@ -34,6 +34,13 @@ use std::time::Duration;
 /// classifying layers (bounded in size and time, the body still handed on whole); without one,
 /// a 429 is `rate_limited` whatever its body says.
 ///
+/// On a reqwest client (features `reqwest`, `reqwest-0_13`) it classifies `reqwest::Response`
+/// too, by its status and headers (`x-should-retry`, `retry-after-ms`, 529, 409) and its errors
+/// as [`ReqwestClassifier`](super::ReqwestClassifier) does. The peek works on `http::Response`:
+/// for the error body's signals put `.map_response(http::Response::from)` between the client
+/// and the [`PeekErrorBodyLayer`](super::PeekErrorBodyLayer), and the stack answers
+/// `http::Response` (the README's "Guarding a model API" has the stack).
+///
 /// ```
 /// use stormguard::classify::{Classify, ClassifiedResponse, ErrorBody, ModelApiClassifier, FailureClass, ServerHint};
 /// use stormguard::error::ErrorCode;
@@ -77,25 +84,31 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
     }
 
     fn dependency_error(&self, resp: &Response<B>) -> Option<ToolError> {
-        let c = classify_model_response(
+        model_dependency_error(
             resp.status(),
             resp.headers(),
             resp.extensions().get::<ErrorBody>(),
-        );
-        let (class, code) = (c.failure_class()?, c.code()?);
-        let body = resp.extensions().get::<ErrorBody>();
-        let what = match body.and_then(|b| b.kind.clone().or_else(|| b.code.clone())) {
-            Some(kind) => format!("HTTP {} {kind}", resp.status().as_u16()),
-            None => {
-                return status_error(resp.status(), resp.headers()).map(|e| e.with_class(class))
-            }
-        };
-        let hint = match body.and_then(|b| b.message.as_deref()) {
-            Some(message) => format!("the model API answered {what}: {message}"),
-            None => format!("the model API answered {what}"),
-        };
-        Some(ToolError::new(code).with_class(class).with_hint(hint))
+        )
     }
+}
+
+/// The error an operation that ends on this answer gives up with: the provider's own words.
+pub(super) fn model_dependency_error(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: Option<&ErrorBody>,
+) -> Option<ToolError> {
+    let c = classify_model_response(status, headers, body);
+    let (class, code) = (c.failure_class()?, c.code()?);
+    let what = match body.and_then(|b| b.kind.clone().or_else(|| b.code.clone())) {
+        Some(kind) => format!("HTTP {} {kind}", status.as_u16()),
+        None => return status_error(status, headers).map(|e| e.with_class(class)),
+    };
+    let hint = match body.and_then(|b| b.message.as_deref()) {
+        Some(message) => format!("the model API answered {what}: {message}"),
+        None => format!("the model API answered {what}"),
+    };
+    Some(ToolError::new(code).with_class(class).with_hint(hint))
 }
 
 /// The table of [`ModelApiClassifier`].

@@ -1,8 +1,10 @@
 //! reqwest: its responses by status, its errors by what they say about the request's fate.
 
+use super::model_api::{classify_model_response, model_dependency_error};
+use super::peek::ErrorBody;
 use super::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
-    HttpClassifier, NeverClassifyEos,
+    HttpClassifier, ModelApiClassifier, NeverClassifyEos,
 };
 use crate::error::ErrorCode;
 
@@ -61,6 +63,32 @@ macro_rules! reqwest_classifiers {
 
             fn dependency_error(&self, resp: &$r::Response) -> Option<crate::error::ToolError> {
                 super::http::status_error(resp.status(), resp.headers())
+            }
+        }
+
+        impl<E: AsDynError> Classify<$r::Response, E> for ModelApiClassifier {
+            type ClassifyEos = NeverClassifyEos;
+
+            fn classify(
+                &self,
+                result: &Result<$r::Response, E>,
+            ) -> ClassifiedResponse<NeverClassifyEos> {
+                match result {
+                    Ok(resp) => ClassifiedResponse::Ready(classify_model_response(
+                        resp.status(),
+                        resp.headers(),
+                        resp.extensions().get::<ErrorBody>(),
+                    )),
+                    Err(_) => ReqwestClassifier::following_redirects().classify(result),
+                }
+            }
+
+            fn dependency_error(&self, resp: &$r::Response) -> Option<crate::error::ToolError> {
+                model_dependency_error(
+                    resp.status(),
+                    resp.headers(),
+                    resp.extensions().get::<ErrorBody>(),
+                )
             }
         }
 
