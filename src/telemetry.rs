@@ -19,8 +19,11 @@ pub(crate) const BREAKER_OUTCOMES: &str = "stormguard_breaker_outcomes_total";
 pub(crate) const RECEIPT_OUTCOMES: &str = "stormguard_receipt_outcomes_total";
 pub(crate) const KEY_REFUSALS: &str = "stormguard_key_refusals_total";
 pub(crate) const QUOTA_WAITS: &str = "stormguard_quota_waits_total";
+#[cfg(feature = "redis")]
 pub(crate) const FLEET_UP: &str = "stormguard_fleet_up";
+#[cfg(feature = "redis")]
 pub(crate) const FLEET_TRANSITIONS: &str = "stormguard_fleet_transitions_total";
+#[cfg(feature = "redis")]
 pub(crate) const FLEET_LOCAL: &str = "stormguard_fleet_local_decisions_total";
 
 static METADATA: Metadata<'static> =
