@@ -342,3 +342,63 @@ async fn a_used_up_quota_ended_below_is_not_retried_by_a_layer_above_that_sees_o
     assert_eq!(answer.status(), 429);
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
+
+/// A quota error whose `type` comes before a message longer than the peek's limit: the peek
+/// reads the first 16 KiB, and the type in them is enough.
+#[tokio::test(start_paused = true)]
+async fn a_used_up_quota_with_a_body_past_the_limit_is_still_one_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use stormguard::budget::RetryBudget;
+    use stormguard::class::ToolClass;
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use tower::{Service, ServiceBuilder};
+
+    let body = format!(
+        r#"{{"error":{{"type":"insufficient_quota","code":"insufficient_quota","message":"{}"}}}}"#,
+        "x".repeat(20_000)
+    );
+    let whole = body.len();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let provider = tower::service_fn(move |_: http::Request<String>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let body = body.clone();
+        async move {
+            Ok::<_, std::io::Error>(
+                http::Response::builder()
+                    .status(429)
+                    .body(http_body_util::Full::new(Bytes::from(body)))
+                    .unwrap(),
+            )
+        }
+    });
+    let mut model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(PeekErrorBodyLayer::builder().build().unwrap())
+        .service(provider);
+    let answer = model
+        .ready()
+        .await
+        .unwrap()
+        .call(
+            http::Request::post("http://api.test/v1/chat/completions")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let peeked = answer.extensions().get::<ErrorBody>().unwrap();
+    assert!(peeked.truncated && peeked.is("insufficient_quota"));
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+    // The caller still gets the whole body.
+    assert_eq!(
+        answer.into_body().collect().await.unwrap().to_bytes().len(),
+        whole
+    );
+}

@@ -36,6 +36,8 @@
 #[cfg(feature = "http")]
 mod body;
 mod error;
+#[cfg(feature = "http")]
+mod error_body;
 mod grpc;
 pub mod hint;
 #[cfg(feature = "http")]

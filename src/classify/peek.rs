@@ -14,69 +14,10 @@ use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
+pub use super::error_body::ErrorBody;
+
 /// The most a peek may read (1 MiB).
 const MAX_LIMIT: usize = 1 << 20;
-
-/// What an error response's body said, as far as a model API's error shape tells (OpenAI:
-/// `{"error": {"type", "code", "message"}}`; Anthropic: `{"type": "error", "error": {"type",
-/// "message"}}`). Put in the response's extensions by [`PeekErrorBody`]; read by
-/// [`ModelApiClassifier`](super::ModelApiClassifier).
-///
-/// ```
-/// use stormguard::classify::ErrorBody;
-///
-/// let openai = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
-/// let e = ErrorBody::parse(openai);
-/// assert_eq!(e.kind.as_deref(), Some("insufficient_quota"));
-/// assert_eq!(e.code.as_deref(), Some("insufficient_quota"));
-///
-/// let anthropic = br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
-/// assert_eq!(ErrorBody::parse(anthropic).kind.as_deref(), Some("overloaded_error"));
-/// assert_eq!(ErrorBody::parse(b"<html>502</html>"), ErrorBody::default());
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ErrorBody {
-    /// `error.type`.
-    pub kind: Option<String>,
-    /// `error.code` (a string, or a number written as text).
-    pub code: Option<String>,
-    /// `error.message`, cut to 300 characters.
-    pub message: Option<String>,
-    /// The body was longer than the peek's limit, did not arrive within its timeout, or broke
-    /// (the caller gets its error where it came): what was read is all that was parsed.
-    pub truncated: bool,
-}
-
-impl ErrorBody {
-    /// Reads the error shape from a body; fields it does not find are `None`.
-    pub fn parse(bytes: &[u8]) -> ErrorBody {
-        let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) else {
-            return ErrorBody::default();
-        };
-        let Some(error) = value.get("error") else {
-            return ErrorBody::default();
-        };
-        let text = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Number(n) => Some(n.to_string()),
-            _ => None,
-        };
-        ErrorBody {
-            kind: error.get("type").and_then(text),
-            code: error.get("code").and_then(text),
-            message: error
-                .get("message")
-                .and_then(text)
-                .map(|m| m.chars().take(300).collect()),
-            truncated: false,
-        }
-    }
-
-    /// Whether `error.type` or `error.code` is `what`.
-    pub fn is(&self, what: &str) -> bool {
-        self.kind.as_deref() == Some(what) || self.code.as_deref() == Some(what)
-    }
-}
 
 /// Reads up to `limit` bytes of a non-2xx response's body (for at most `timeout`), parses it as
 /// an [`ErrorBody`] into the response's extensions, and hands the response on with the same body:
