@@ -881,3 +881,50 @@ async fn a_keyed_breaker_opens_per_key_and_a_retry_above_does_not_retry_its_reje
     assert_eq!(registry.get("claude").state(), State::Closed);
     assert_eq!(registry.names().len(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_per_tenant_keeps_its_registry_bounded_and_its_open_breakers() {
+    use stormguard::breaker::{BreakerRegistry, KeyedBreakerLayer, State};
+    use tower::{Service, ServiceExt};
+    let config = BreakerConfig::builder()
+        .consecutive_failures(2)
+        .no_failure_rate()
+        .build()
+        .unwrap();
+    let registry = BreakerRegistry::with_capacity(config, 100).unwrap();
+    let api = tower::service_fn(|tenant: String| async move {
+        if tenant == "down" {
+            Err::<String, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+        } else {
+            Ok(tenant)
+        }
+    });
+    let mut svc = KeyedBreakerLayer::new(registry.clone(), |t: &String| t.clone()).layer(api);
+    for _ in 0..2 {
+        let _ = svc.ready().await.unwrap().call("down".to_string()).await;
+    }
+    assert_eq!(registry.get("down").state(), State::Open);
+    // Ten thousand one-off tenants: the registry holds about its capacity, not ten thousand.
+    for i in 0..10_000 {
+        svc.ready()
+            .await
+            .unwrap()
+            .call(format!("tenant-{i}"))
+            .await
+            .unwrap();
+    }
+    assert!(registry.names().len() <= 100, "{}", registry.names().len());
+    // The open breaker was kept: the tenant whose dependency is down still fails fast.
+    assert_eq!(registry.get("down").state(), State::Open);
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call("down".to_string())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<ToolError>().unwrap().code(),
+        ErrorCode::CircuitOpen
+    );
+}

@@ -84,8 +84,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// Unlike [`QuotaLayer`](super::QuotaLayer), the wait happens in the call's future (the key is in
 /// the request), and the inner service is driven ready after the wait, on a clone: the service is
 /// always ready. A key's state lives while it has reservations ahead of now; once its quota is
-/// full again it is dropped (when its shard passes `capacity / 16` keys), so idle tenants cost
-/// nothing. Each call takes one short shard lock to find its key.
+/// full again it may be dropped: a shard (of 16) that reaches `capacity / 16` keys drops its idle
+/// ones before it takes a new key. So `capacity` is when idle keys go, not a bound: busy keys are
+/// never dropped (a shard with more busy keys than its share grows, with a `WARN`), and idle
+/// keys stay until a new key comes to their shard (after a burst of many tenants, the memory of
+/// that burst, at most, until traffic returns). Each call takes one short shard lock to find its
+/// key.
 ///
 /// [`new`](Self::new) makes a layer with the defaults (name `keyed-quota`, capacity 100,000 keys);
 /// [`builder`](Self::builder) sets them.
@@ -230,7 +234,8 @@ impl<K, F> KeyedQuotaLayerBuilder<K, F> {
     }
 
     /// How many keys' quotas may be kept before idle ones are dropped (100,000 by default; at
-    /// least 16, at most 100,000,000).
+    /// least 16, at most 100,000,000): each of the 16 shards drops its idle keys when it reaches
+    /// its share and a new key comes to it. Not a bound on busy keys, which are never dropped.
     pub fn capacity(mut self, keys: usize) -> Self {
         self.capacity = keys;
         self
