@@ -46,3 +46,44 @@ async fn every_case_does_what_the_readme_says() {
         (2, 1, false)
     );
 }
+
+/// An error from a tool server that says `unavailable` and nothing of its class (not from a
+/// stormguard `Retry`): the tool may have acted, so a client's unkeyed write escalates after one
+/// call, while a read is retried.
+#[tokio::test(start_paused = true)]
+async fn a_classless_unavailable_from_a_server_is_not_repeated_for_an_unkeyed_write() {
+    use rmcp::model::{CallToolResult, ContentBlock};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use stormguard::budget::RetryBudget;
+    use stormguard::class::ToolClass;
+    use stormguard::classify::McpClassifier;
+    use stormguard::error::ErrorCode;
+    use stormguard::retry::RetryLayer;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+
+    for (class, calls_wanted) in [(ToolClass::UnkeyedWrite, 1), (ToolClass::Read, 3)] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let seen = calls.clone();
+        let tool = tower::service_fn(move |_: u32| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok::<_, std::io::Error>(CallToolResult::error(vec![ContentBlock::text(
+                    r#"{"code":"unavailable","retryable":true,"hint":"the database is down"}"#,
+                )]))
+            }
+        });
+        let mut client = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(class, RetryBudget::default())
+                    .classifier(McpClassifier)
+                    .replay(stormguard::retry::CloneReplay),
+            )
+            .service(tool);
+        let result = client.ready().await.unwrap().call(7).await;
+        assert_eq!(calls.load(Ordering::SeqCst), calls_wanted, "{class:?}");
+        if class == ToolClass::UnkeyedWrite {
+            assert_eq!(result.unwrap_err().code(), ErrorCode::OutcomeUnknown);
+        }
+    }
+}

@@ -15,7 +15,7 @@ use rmcp::model::CallToolResult;
 /// |---|---|
 /// | `isError` absent or false | `Success` |
 /// | a stormguard error (read by [`ToolError::from_call_tool_result`]) with `retryable: false` | a failure that is not retried (the server gave up, or the call cannot help): handed back |
-/// | a stormguard error with `retryable: true` | its class (`Transient` by default), its `retry_after` as the hint |
+/// | a stormguard error with `retryable: true` | its class, its `retry_after` as the hint; with no class, `Ambiguous` for `unavailable`, `timeout` and `internal` (the tool may have acted before it failed: a write is retried only if its class allows it), else `Transient` |
 /// | another `isError` result | `Failure(ModelRecoverable)`: the tool's message is for the model |
 /// | a transport or protocol error | by [`classify_error`] |
 ///
@@ -34,6 +34,9 @@ use rmcp::model::CallToolResult;
 /// // Rate limited, come back later: retried.
 /// let later = ToolError::new(ErrorCode::RateLimited).to_call_tool_result();
 /// assert_eq!(classify(later).failure_class(), Some(FailureClass::Transient));
+/// // Unavailable, with no class: the tool may have acted; only a class that allows it retries.
+/// let down = ToolError::new(ErrorCode::Unavailable).to_call_tool_result();
+/// assert_eq!(classify(down).failure_class(), Some(FailureClass::Ambiguous));
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct McpClassifier;
@@ -61,7 +64,13 @@ impl<E: AsDynError> Classify<CallToolResult, E> for McpClassifier {
 }
 
 fn classify_tool_error(err: &ToolError) -> Classification {
-    let class = err.class().unwrap_or(FailureClass::Transient);
+    let class = err.class().unwrap_or(match err.code() {
+        // A failure after the tool began: it may have acted.
+        ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::Internal => {
+            FailureClass::Ambiguous
+        }
+        _ => FailureClass::Transient,
+    });
     if !err.retryable() {
         // Whatever its class, the server said no: a Retry hands it back.
         let class = match class {
