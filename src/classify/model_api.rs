@@ -20,7 +20,7 @@ use std::time::Duration;
 /// | 429 whose error body's `type` or `code` is `insufficient_quota` (OpenAI) | `Failure(Permanent)`: no wait fixes it | `quota_exhausted` |
 /// | other 429 | `Failure(Transient)` | `rate_limited` |
 /// | 529 (Anthropic "overloaded"), or an error body of type `overloaded_error` | `Failure(Transient)`: not processed | `unavailable` |
-/// | 409 (a lock timeout; the SDKs retry it) | `Failure(Transient)` | `conflict` |
+/// | 409 (a lock timeout; the SDKs retry it) | `Failure(Transient)` | `conflict` (a model API's 409 only: elsewhere a 409 may mean a write was applied, and [`HttpClassifier`](super::HttpClassifier) keeps it `Permanent`; classify other APIs with that) |
 /// | `x-should-retry: false` on a failure | its class, with the hint "do not retry" | - |
 /// | `x-should-retry: true` on a failure the table would not retry (`Permanent`, `ModelRecoverable`) | `Failure(Transient)` | its code |
 /// | anything else | as [`HttpClassifier`](super::HttpClassifier) | |
