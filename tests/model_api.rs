@@ -402,3 +402,46 @@ async fn a_used_up_quota_with_a_body_past_the_limit_is_still_one_request() {
         whole
     );
 }
+
+/// `x-should-retry: false` beside a `Retry-After`: one request, and the model still learns when
+/// to come back.
+#[tokio::test(start_paused = true)]
+async fn do_not_retry_keeps_the_servers_delay_for_the_model() {
+    use stormguard::budget::RetryBudget;
+    use stormguard::class::ToolClass;
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use tower::{Service, ServiceBuilder};
+
+    let provider = tower::service_fn(|_: http::Request<String>| async {
+        Ok::<_, std::io::Error>(
+            http::Response::builder()
+                .status(503)
+                .header("x-should-retry", "false")
+                .header("retry-after", "7")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap(),
+        )
+    });
+    let mut model = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .classifier(ModelApiClassifier)
+                .replay(HttpReplay),
+        )
+        .service(provider);
+    let err = model
+        .ready()
+        .await
+        .unwrap()
+        .call(
+            http::Request::post("http://api.test/v1/chat/completions")
+                .body(String::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(!err.retryable());
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(7)));
+}

@@ -100,15 +100,25 @@ pub(super) fn model_dependency_error(
 ) -> Option<ToolError> {
     let c = classify_model_response(status, headers, body);
     let (class, code) = (c.failure_class()?, c.code()?);
-    let what = match body.and_then(|b| b.kind.clone().or_else(|| b.code.clone())) {
-        Some(kind) => format!("HTTP {} {kind}", status.as_u16()),
-        None => return status_error(status, headers).map(|e| e.with_class(class)),
+    let err = match body.and_then(|b| b.kind.clone().or_else(|| b.code.clone())) {
+        Some(kind) => {
+            let what = format!("HTTP {} {kind}", status.as_u16());
+            let hint = match body.and_then(|b| b.message.as_deref()) {
+                Some(message) => format!("the model API answered {what}: {message}"),
+                None => format!("the model API answered {what}"),
+            };
+            ToolError::new(code).with_class(class).with_hint(hint)
+        }
+        None => status_error(status, headers)?.with_class(class),
     };
-    let hint = match body.and_then(|b| b.message.as_deref()) {
-        Some(message) => format!("the model API answered {what}: {message}"),
-        None => format!("the model API answered {what}"),
-    };
-    Some(ToolError::new(code).with_class(class).with_hint(hint))
+    // The server's delay, even beside "do not retry": the model may come back after it (but no
+    // wait fixes a used-up quota or a bad request).
+    Some(match delay(headers) {
+        Some(after) if matches!(class, FailureClass::Transient | FailureClass::Ambiguous) => {
+            err.with_retry_after(after)
+        }
+        _ => err,
+    })
 }
 
 /// The table of [`ModelApiClassifier`].
@@ -154,19 +164,27 @@ fn hint(headers: &HeaderMap) -> ServerHint {
     if should_retry(headers) == Some(false) {
         return ServerHint::DoNotRetry;
     }
+    delay(headers).map_or(ServerHint::None, ServerHint::RetryAfter)
+}
+
+/// The server's delay: `retry-after-ms`, else `Retry-After`, clamped to [`MAX_HINT`].
+fn delay(headers: &HeaderMap) -> Option<Duration> {
     let ms = headers
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms >= 0.0);
     if let Some(ms) = ms {
-        return ServerHint::RetryAfter(
+        return Some(
             Duration::try_from_secs_f64(ms / 1000.0)
                 .unwrap_or(MAX_HINT)
                 .min(MAX_HINT),
         );
     }
-    super::http::server_hint(headers)
+    match super::http::server_hint(headers) {
+        ServerHint::RetryAfter(after) => Some(after),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -100,7 +100,12 @@ where
     };
     let retry_after = match classification.hint() {
         ServerHint::RetryAfter(after) => Some(after),
-        _ => None,
+        // "Do not retry" with a delay beside it (`x-should-retry: false` and `Retry-After`): the
+        // delay still tells the model when to come back.
+        _ => source
+            .as_deref()
+            .and_then(|e| e.downcast_ref::<ToolError>())
+            .and_then(ToolError::retry_after),
     };
     let hint: std::borrow::Cow<'static, str> = match why {
         GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, failure).into(),
