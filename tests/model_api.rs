@@ -15,10 +15,17 @@ mod openai;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use signals::{run_case, Provider, RETRY_AFTER_MS};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+use stormguard::budget::RetryBudget;
+use stormguard::class::ToolClass;
 use stormguard::classify::{ErrorBody, PeekErrorBodyLayer};
+use stormguard::classify::{HttpClassifier, ModelApiClassifier};
+use stormguard::retry::{HttpReplay, RetryLayer};
 use support::server::{self, Body};
 use tower::{Layer, ServiceExt};
+use tower::{Service, ServiceBuilder};
 
 #[tokio::test]
 async fn openai_insufficient_quota_is_one_request_and_not_retryable() {
@@ -283,35 +290,51 @@ async fn a_body_of_exactly_the_limit_is_whole_not_truncated() {
     );
 }
 
+/// A provider that answers every request with `status`, `headers` and `body`; and its count of
+/// requests.
+fn provider(
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    body: Bytes,
+) -> (
+    impl tower::Service<
+            http::Request<String>,
+            Response = http::Response<http_body_util::Full<Bytes>>,
+            Error = std::io::Error,
+            Future = impl Send,
+        > + Clone,
+    Arc<AtomicUsize>,
+) {
+    let requests = Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    let svc = tower::service_fn(move |_: http::Request<String>| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let mut answer = http::Response::builder().status(status);
+        for (k, v) in headers {
+            answer = answer.header(*k, *v);
+        }
+        let answer = answer
+            .body(http_body_util::Full::new(body.clone()))
+            .unwrap();
+        async move { Ok::<_, std::io::Error>(answer) }
+    });
+    (svc, requests)
+}
+
+fn ask() -> http::Request<String> {
+    http::Request::post("http://api.test/v1/chat/completions")
+        .body(String::new())
+        .unwrap()
+}
+
+const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+
 /// An agent loop's layer (which sees only the status) over the model client's layer (which
 /// reads the provider's error body): the client's layer ends the operation on a used-up quota,
 /// and the loop hands its answer back instead of sending it twice more.
 #[tokio::test(start_paused = true)]
 async fn a_used_up_quota_ended_below_is_not_retried_by_a_layer_above_that_sees_only_the_status() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use stormguard::budget::RetryBudget;
-    use stormguard::class::ToolClass;
-    use stormguard::classify::{HttpClassifier, ModelApiClassifier};
-    use stormguard::retry::{HttpReplay, RetryLayer};
-    use tower::{Service, ServiceBuilder};
-
-    const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
-    let requests = Arc::new(AtomicUsize::new(0));
-    let seen = requests.clone();
-    let provider = tower::service_fn(move |_: http::Request<String>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        async move {
-            Ok::<_, std::io::Error>(
-                http::Response::builder()
-                    .status(429)
-                    .body(http_body_util::Full::new(Bytes::from_static(
-                        QUOTA.as_bytes(),
-                    )))
-                    .unwrap(),
-            )
-        }
-    });
+    let (provider, requests) = provider(429, &[], Bytes::from_static(QUOTA.as_bytes()));
     let budget = RetryBudget::default();
     let mut stack = ServiceBuilder::new()
         .layer(
@@ -328,17 +351,8 @@ async fn a_used_up_quota_ended_below_is_not_retried_by_a_layer_above_that_sees_o
         )
         .layer(PeekErrorBodyLayer::builder().build().unwrap())
         .service(provider);
-    let answer = stack
-        .ready()
-        .await
-        .unwrap()
-        .call(
-            http::Request::post("http://api.test/v1/chat/completions")
-                .body(String::new())
-                .unwrap(),
-        )
-        .await
-        .expect("the provider's answer, handed back");
+    let answer = stack.ready().await.unwrap().call(ask()).await;
+    let answer = answer.expect("the provider's answer, handed back");
     assert_eq!(answer.status(), 429);
     assert_eq!(requests.load(Ordering::SeqCst), 1);
 }
@@ -347,33 +361,12 @@ async fn a_used_up_quota_ended_below_is_not_retried_by_a_layer_above_that_sees_o
 /// reads the first 16 KiB, and the type in them is enough.
 #[tokio::test(start_paused = true)]
 async fn a_used_up_quota_with_a_body_past_the_limit_is_still_one_request() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use stormguard::budget::RetryBudget;
-    use stormguard::class::ToolClass;
-    use stormguard::classify::ModelApiClassifier;
-    use stormguard::retry::{HttpReplay, RetryLayer};
-    use tower::{Service, ServiceBuilder};
-
     let body = format!(
         r#"{{"error":{{"type":"insufficient_quota","code":"insufficient_quota","message":"{}"}}}}"#,
         "x".repeat(20_000)
     );
     let whole = body.len();
-    let requests = Arc::new(AtomicUsize::new(0));
-    let seen = requests.clone();
-    let provider = tower::service_fn(move |_: http::Request<String>| {
-        seen.fetch_add(1, Ordering::SeqCst);
-        let body = body.clone();
-        async move {
-            Ok::<_, std::io::Error>(
-                http::Response::builder()
-                    .status(429)
-                    .body(http_body_util::Full::new(Bytes::from(body)))
-                    .unwrap(),
-            )
-        }
-    });
+    let (provider, requests) = provider(429, &[], Bytes::from(body));
     let mut model = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::Read, RetryBudget::default())
@@ -382,47 +375,21 @@ async fn a_used_up_quota_with_a_body_past_the_limit_is_still_one_request() {
         )
         .layer(PeekErrorBodyLayer::builder().build().unwrap())
         .service(provider);
-    let answer = model
-        .ready()
-        .await
-        .unwrap()
-        .call(
-            http::Request::post("http://api.test/v1/chat/completions")
-                .body(String::new())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let answer = model.ready().await.unwrap().call(ask()).await.unwrap();
     let peeked = answer.extensions().get::<ErrorBody>().unwrap();
     assert!(peeked.truncated && peeked.is("insufficient_quota"));
     assert_eq!(requests.load(Ordering::SeqCst), 1);
     // The caller still gets the whole body.
-    assert_eq!(
-        answer.into_body().collect().await.unwrap().to_bytes().len(),
-        whole
-    );
+    let got = answer.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got.len(), whole);
 }
 
 /// `x-should-retry: false` beside a `Retry-After`: one request, and the model still learns when
 /// to come back.
 #[tokio::test(start_paused = true)]
 async fn do_not_retry_keeps_the_servers_delay_for_the_model() {
-    use stormguard::budget::RetryBudget;
-    use stormguard::class::ToolClass;
-    use stormguard::classify::ModelApiClassifier;
-    use stormguard::retry::{HttpReplay, RetryLayer};
-    use tower::{Service, ServiceBuilder};
-
-    let provider = tower::service_fn(|_: http::Request<String>| async {
-        Ok::<_, std::io::Error>(
-            http::Response::builder()
-                .status(503)
-                .header("x-should-retry", "false")
-                .header("retry-after", "7")
-                .body(http_body_util::Full::new(Bytes::new()))
-                .unwrap(),
-        )
-    });
+    let headers = &[("x-should-retry", "false"), ("retry-after", "7")];
+    let (provider, requests) = provider(503, headers, Bytes::new());
     let mut model = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::Read, RetryBudget::default())
@@ -430,18 +397,8 @@ async fn do_not_retry_keeps_the_servers_delay_for_the_model() {
                 .replay(HttpReplay),
         )
         .service(provider);
-    let err = model
-        .ready()
-        .await
-        .unwrap()
-        .call(
-            http::Request::post("http://api.test/v1/chat/completions")
-                .body(String::new())
-                .unwrap(),
-        )
-        .await
-        .unwrap_err();
+    let err = model.ready().await.unwrap().call(ask()).await.unwrap_err();
     assert!(!err.retryable());
-    assert_eq!(err.attempts(), 1);
+    assert_eq!((err.attempts(), requests.load(Ordering::SeqCst)), (1, 1));
     assert_eq!(err.retry_after(), Some(Duration::from_secs(7)));
 }
