@@ -11,7 +11,7 @@ use std::time::Duration;
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, State};
 use stormguard::budget::RetryBudget;
 use stormguard::error::{ErrorCode, ToolError};
-use stormguard::fleet::{Fleet, FleetQuotaLayer};
+use stormguard::fleet::{Fleet, FleetQuotaLayer, SharedBreaker};
 use stormguard::quota::Rate;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -47,6 +47,24 @@ async fn clear_of_a_window_turn(url: &str, window: Duration, needed: Duration) {
     if left < needed {
         tokio::time::sleep(left + Duration::from_millis(50)).await;
     }
+}
+
+/// One breaker named `name` per worker, each shared through its worker's fleet.
+fn shared_breakers(
+    fleets: &[Fleet],
+    name: &'static str,
+    config: impl Fn() -> BreakerConfig,
+) -> (Vec<Breaker>, Vec<SharedBreaker>) {
+    let breakers: Vec<Breaker> = fleets
+        .iter()
+        .map(|_| Breaker::new(name, config()))
+        .collect();
+    let shared = fleets
+        .iter()
+        .zip(&breakers)
+        .map(|(f, b)| f.share_breaker(b).unwrap())
+        .collect();
+    (breakers, shared)
 }
 
 /// `n` workers: each its own `Fleet` (its own connection and name), as separate processes have.
@@ -278,12 +296,7 @@ async fn one_workers_failures_open_every_workers_breaker() {
             .build()
             .unwrap()
     };
-    let breakers: Vec<Breaker> = (0..4).map(|_| Breaker::new("payments", config())).collect();
-    let shared: Vec<_> = fleets
-        .iter()
-        .zip(&breakers)
-        .map(|(f, b)| f.share_breaker(b).unwrap())
-        .collect();
+    let (breakers, shared) = shared_breakers(&fleets, "payments", config);
     // Workers 0 and 1 each see 5 failures: neither breaker trips alone (10 in a row), the fleet's does.
     for b in &breakers[..2] {
         let mut svc = CircuitBreakerLayer::new(b.clone()).layer(failing());
@@ -356,12 +369,7 @@ async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
     let Some(url) = redis_url() else { return };
     let prefix = prefix("half");
     let fleets = workers(&url, &prefix, 4).await;
-    let breakers: Vec<Breaker> = (0..4)
-        .map(|_| Breaker::new("search", BreakerConfig::default()))
-        .collect();
-    for (f, b) in fleets.iter().zip(&breakers) {
-        f.share_breaker(b).unwrap();
-    }
+    let (breakers, _shared) = shared_breakers(&fleets, "search", BreakerConfig::default);
     let n = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for b in &breakers {
@@ -707,12 +715,7 @@ async fn a_quiet_worker_does_not_keep_the_trial_from_the_others() {
             .build()
             .unwrap()
     };
-    let breakers: Vec<Breaker> = (0..2).map(|_| Breaker::new("dep", config())).collect();
-    let shared: Vec<_> = fleets
-        .iter()
-        .zip(&breakers)
-        .map(|(f, b)| f.share_breaker(b).unwrap())
-        .collect();
+    let (breakers, shared) = shared_breakers(&fleets, "dep", config);
     let mut failing = CircuitBreakerLayer::new(breakers[0].clone()).layer(failing());
     for _ in 0..3 {
         let _ = failing.ready().await.unwrap().call(()).await;
