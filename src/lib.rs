@@ -41,7 +41,7 @@
 //! The quota goes last, right above the client: every attempt the layers above decide to make
 //! waits for room in it, and a call the breaker rejects takes none.
 //!
-//! The breaker sits below the receipt layer (DESIGN.md draws it above): a receipt answered from
+//! The breaker sits below the receipt layer: a receipt answered from
 //! the store is not evidence about the dependency, and must not close a half-open breaker; and a
 //! receipt layer's own refusals (`in_progress`, `store_unavailable`) must not count as failures
 //! of the dependency. An open circuit's rejection reaches the receipt layer as a failure that did

@@ -269,6 +269,11 @@ impl ClassifyEos for NeverClassifyEos {
 /// };
 /// assert!(matches!(classifier.classify(&Ok(None)), ClassifiedResponse::Ready(c) if c == Classification::empty()));
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot classify a `Result<{Res}, {E}>`",
+    label = "this classifier does not know `{Res}` answers or `{E}` errors",
+    note = "use `HttpClassifier` for `http::Response` (and `reqwest::Response`, feature `reqwest`), `GrpcClassifier` for tonic, `ModelApiClassifier` for a model API, `McpClassifier` for rmcp results, or a closure `|r: &Result<{Res}, {E}>| -> Classification`"
+)]
 pub trait Classify<Res, E> {
     /// The end-of-stream classifier for responses that need one, and how it watches a
     /// response until then ([`WatchStream`]). [`NeverClassifyEos`] for a classifier that always

@@ -34,6 +34,11 @@ use tower_service::Service;
 /// metadata travels (`idempotency-key`) when the layer sits on a tonic `Channel`, and for
 /// `tonic::Request<T>` (feature `tonic`) as `idempotency-key` metadata, and for
 /// `reqwest::Request` (feature `reqwest`) as the header.
+#[diagnostic::on_unimplemented(
+    message = "an idempotency key cannot be stamped on a `{Self}`",
+    label = "`{Self}` has no place for an idempotency key",
+    note = "implement `KeyStamp` for `{Self}` (a field or a header holding the key), or stamp the key below the conversion to `http::Request`, `reqwest::Request` or `tonic::Request`"
+)]
 pub trait KeyStamp {
     /// The key the request carries already, if any.
     fn stamped_key(&self) -> Option<&str>;
@@ -69,6 +74,10 @@ pub trait KeyStamp {
 /// assert_eq!(maker.make_key(&4471)?, closure.make_key(&4471)?);
 /// # Ok::<(), KeyError>(())
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not make an idempotency key from a `{Req}`",
+    note = "a key maker is a `Fn(&{Req}) -> Result<Action, KeyError> + Clone` closure, or a type that implements `MakeIdempotencyKey<{Req}>`"
+)]
 pub trait MakeIdempotencyKey<Req>: Clone {
     /// The action `req` stands for.
     fn make_key(&self, req: &Req) -> Result<Action, KeyError>;

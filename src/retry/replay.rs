@@ -20,6 +20,11 @@
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot copy a `{Req}` for a retry",
+    label = "this replay strategy does not know `{Req}`",
+    note = "give the layer `.replay(HttpReplay)` for `http::Request` and `reqwest::Request`, `.replay(GrpcReplay)` for `tonic::Request`, `.replay(CloneReplay)` (the default) for a `Clone` request type, or implement `Replay<{Req}>` for a request that is not `Clone`"
+)]
 pub trait Replay<Req> {
     /// A copy of `req` for the next attempt, or `None` if it cannot be sent again.
     fn replay(&self, req: &Req) -> Option<Req>;
