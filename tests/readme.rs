@@ -1,6 +1,7 @@
-//! Every ```rust snippet of README.md, run against real servers on 127.0.0.1, with asserts for
-//! what the text around it claims. The first test checks that each snippet's lines stand here
-//! verbatim (as consecutive lines), so the README cannot drift from the code that is tested.
+//! Every ```rust snippet of README.md and of the guides in docs/, run against real servers on
+//! 127.0.0.1, with asserts for what the text around it claims. The first test checks that each
+//! snippet's lines stand here verbatim (as consecutive lines), so the pages cannot drift from the
+//! code that is tested.
 mod support;
 
 use std::sync::atomic::Ordering;
@@ -8,35 +9,68 @@ use std::time::Duration;
 use stormguard::error::{BoxError, ErrorCode};
 use support::server::{self, Body};
 
+/// The pages whose ```rust snippets are run here: the README and every guide in `docs/`.
+const PAGES: &[(&str, &str)] = &[
+    ("README.md", include_str!("../README.md")),
+    ("docs/receipts.md", include_str!("../docs/receipts.md")),
+    ("docs/decisions.md", include_str!("../docs/decisions.md")),
+    ("docs/breaker.md", include_str!("../docs/breaker.md")),
+    ("docs/mcp.md", include_str!("../docs/mcp.md")),
+    ("docs/model-apis.md", include_str!("../docs/model-apis.md")),
+    ("docs/fleet.md", include_str!("../docs/fleet.md")),
+    ("docs/hedging.md", include_str!("../docs/hedging.md")),
+    ("docs/reqwest.md", include_str!("../docs/reqwest.md")),
+    ("docs/grpc.md", include_str!("../docs/grpc.md")),
+    ("docs/observability.md", include_str!("../docs/observability.md")),
+    ("docs/results.md", include_str!("../docs/results.md")),
+];
+
 #[test]
-fn every_readme_snippet_is_the_code_tested_here() {
-    let readme = include_str!("../README.md");
+fn every_snippet_of_the_readme_and_the_guides_is_the_code_tested_here() {
     let this: Vec<&str> = include_str!("readme.rs")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
     let mut snippets = 0;
-    let mut lines = readme.lines();
-    while let Some(line) = lines.next() {
-        if !line.starts_with("```rust") {
-            continue;
+    for (page, text) in PAGES {
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if !line.starts_with("```rust") {
+                continue;
+            }
+            let block: Vec<&str> = lines
+                .by_ref()
+                .take_while(|l| !l.starts_with("```"))
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            snippets += 1;
+            let found = this.windows(block.len()).any(|w| w == block.as_slice());
+            assert!(
+                found,
+                "a snippet of {page} is not in tests/readme.rs verbatim:\n{}",
+                block.join("\n")
+            );
         }
-        let block: Vec<&str> = lines
-            .by_ref()
-            .take_while(|l| !l.starts_with("```"))
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        snippets += 1;
-        let found = this.windows(block.len()).any(|w| w == block.as_slice());
-        assert!(
-            found,
-            "README snippet {snippets} is not in tests/readme.rs verbatim:\n{}",
-            block.join("\n")
-        );
     }
-    assert!(snippets >= 5, "found only {snippets} snippets");
+    assert!(snippets >= 10, "found only {snippets} snippets");
+}
+
+#[test]
+fn every_guide_in_docs_is_checked_here_and_linked_from_the_readme() {
+    let readme = PAGES[0].1;
+    let listed: Vec<&str> = PAGES.iter().map(|(page, _)| *page).collect();
+    for entry in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if let Some(stem) = name.strip_suffix(".md") {
+            let page = format!("docs/{stem}.md");
+            assert!(listed.contains(&page.as_str()), "{page} is not in PAGES");
+            assert!(readme.contains(&format!("({page})")), "the README does not link {page}");
+        }
+    }
+    let lines = readme.lines().count();
+    assert!(lines <= 250, "the README has {lines} lines: guides go to docs/");
 }
 
 /// The hyper client as the snippets' `http_client`: takes `http::Request<String>`, and sends
@@ -594,8 +628,7 @@ async fn fleet_worker(
 async fn the_fleet_example_opens_both_workers_breakers_on_the_fleets_count() -> Result<(), BoxError>
 {
     use tower::{Service, ServiceExt};
-    let Ok(redis_url) = std::env::var("STORMGUARD_REDIS_URL") else {
-        eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
+    let Some(redis_url) = support::service_url("STORMGUARD_REDIS_URL") else {
         return Ok(());
     };
     // The snippet's keys are fixed: start from a clean slate.

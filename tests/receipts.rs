@@ -614,8 +614,7 @@ async fn a_second_postgres_connection_sees_the_first_ones_receipt() {
 
 #[tokio::test]
 async fn postgres_durability_sets_synchronous_commit_and_never_weakens_a_stronger_one() {
-    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
-        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set");
+    let Some(url) = support::service_url("STORMGUARD_POSTGRES_URL") else {
         return;
     };
     let with = |setting: &str| format!("{url} options='-c synchronous_commit={setting}'");

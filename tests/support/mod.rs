@@ -15,6 +15,22 @@ use stormguard::classify::FailureClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use tower::Service;
 
+/// The address of a service a test needs (`STORMGUARD_POSTGRES_URL`, `STORMGUARD_REDIS_URL`):
+/// `None` with a "skipped" note when it is not set, and a failure under `CI=true`, where
+/// `.ci/run` sets it: a CI run must never pass by skipping.
+pub fn service_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!("{var} is not set under CI=true: .ci/run sets it (and starts the service)")
+        }
+        Err(_) => {
+            eprintln!("skipped: {var} is not set (.ci/run sets it and starts the service)");
+            None
+        }
+    }
+}
+
 /// What one call to the dependency does.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Outcome {

@@ -23,10 +23,7 @@ static PG_SCHEMAS: AtomicU32 = AtomicU32::new(0);
 /// A connection string whose `search_path` is a new, empty schema (so tests run in parallel), or
 /// `None` with a note when `STORMGUARD_POSTGRES_URL` is not set.
 pub async fn fresh_schema() -> Option<String> {
-    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
-        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set (CI sets it; e.g. host=127.0.0.1 user=postgres dbname=test)");
-        return None;
-    };
+    let url = super::service_url("STORMGUARD_POSTGRES_URL")?;
     let schema = format!(
         "sg_test_{}_{}",
         std::process::id(),
