@@ -354,7 +354,7 @@ impl Stack {
         S: Service<Req, Response = Res> + Clone + Send + 'static,
         S::Error: Into<tower::BoxError> + Send + Sync + 'static,
         S::Future: Send + 'static,
-        Req: Clone + Send + 'static,
+        Req: stormguard::retry::Request + Clone + Send + 'static,
         Res: Failed + Send + 'static,
         // Decided at the head (no stream to watch): the breaker hands `Res` on as it is.
         C: Classify<Res, S::Error, ClassifyEos = NeverClassifyEos>
@@ -413,7 +413,7 @@ where
     S: Service<Req, Response = Res> + Clone + Send + 'static,
     S::Error: Into<tower::BoxError> + Send + Sync + 'static,
     S::Future: Send + 'static,
-    Req: Clone + Send + 'static,
+    Req: stormguard::retry::Request + Clone + Send + 'static,
     Res: Send + 'static,
     C: Classify<Res, S::Error> + Classify<Res, ToolError> + Clone + Send + Sync + 'static,
 {

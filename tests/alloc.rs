@@ -1,5 +1,6 @@
-//! The hot path allocates nothing: a first-try success through three nested retry layers and a
-//! closed circuit breaker, counted by a global allocator.
+//! What the hot path allocates, counted by a global allocator: nothing for a first-try success
+//! through three nested retry layers and a closed circuit breaker on a request that carries no
+//! operation; a fixed few per operation on an `http::Request`, which carries it.
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::pin::pin;
@@ -71,18 +72,21 @@ fn a_first_try_success_allocates_nothing() {
     assert_eq!(allocations, 0, "{allocations} allocations in 10,000 calls");
 }
 
-/// Why `Retry` does not carry the operation in the request by itself: attaching it to an
-/// `http::Request` (what `AttachLayer` does) costs allocations on every call, where the
-/// thread-local ledger costs none (the test above). Measured, not assumed.
+/// What the operation travelling with the request costs: on an `http::Request` the outermost
+/// `Retry` moves the ledger to the heap (one `Arc`) and puts it in the request's extensions (the
+/// map and its entry), so layers behind a `Buffer` or a spawned task join it. Measured, not
+/// assumed, through three nested layers: the nested ones find it and add nothing.
 #[test]
-fn carrying_the_operation_in_an_http_request_allocates() {
-    use stormguard::operation::{AttachLayer, Carrier, Operation};
+fn an_http_request_carries_the_operation_for_a_few_allocations_per_operation() {
+    use stormguard::retry::Request;
+    let budget = RetryBudget::default();
     let leaf = service_fn(|req: http::Request<()>| {
         std::future::ready(Ok::<_, std::io::Error>(req.operation().is_some()))
     });
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-        .layer(AttachLayer::new())
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::IdempotentWrite, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget))
         .service(leaf);
     let mut run = || {
         poll_now(std::future::poll_fn(|cx| stack.poll_ready(cx))).unwrap();
@@ -95,11 +99,13 @@ fn carrying_the_operation_in_an_http_request_allocates() {
     for _ in 0..1_000 {
         run();
     }
-    let per_call = (allocations() - before) as f64 / 1_000.0;
-    eprintln!("AttachLayer on an http::Request: {per_call} allocations per call");
-    // The ledger moves to the heap (an Arc), and the extensions map is allocated.
-    assert!(per_call >= 2.0, "{per_call} allocations per call");
-    let _: fn(&mut http::Request<()>, Operation) = Carrier::attach;
+    let per_operation = (allocations() - before) as f64 / 1_000.0;
+    eprintln!("three Retry layers on an http::Request: {per_operation} allocations per operation");
+    // The Arc, the extensions map (its box and its table) and the entry's box.
+    assert!(
+        (1.0..=4.0).contains(&per_operation),
+        "{per_operation} allocations per operation"
+    );
 }
 
 /// The same stack on a fleet budget with its breaker shared through Redis (feature `redis`):

@@ -82,40 +82,17 @@ async fn tower_retry_nested_three_deep_makes_twenty_seven() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_buffer_between_layers_needs_attach_and_adopt() {
-    // An unkeyed write whose HTTP client layer, behind a buffer, is configured for reads.
-    // Only if the operation travels does the client layer learn that it must not repeat an
-    // ambiguous failure of the write.
+async fn an_unkeyed_write_across_a_buffer_over_a_read_client_layer_is_sent_once() {
+    // An unkeyed write whose HTTP client layer, behind a buffer, is configured for reads. The
+    // operation travels in the request's extensions, so the client layer learns that it must
+    // not repeat an ambiguous failure of the write: no helper layer needed.
     let budget = RetryBudget::default();
-
-    let lost = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
         .buffer(8)
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .service(lost.clone());
-    let _ = call(
-        &mut stack,
-        to_http(ToolCall {
-            tool: "send",
-            arg: 1,
-        }),
-    )
-    .await;
-    assert_eq!(
-        lost.calls(),
-        3,
-        "without the operation the write is sent three times"
-    );
-
-    let carried = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
-    let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
-        .layer(AttachLayer::new())
-        .buffer(8)
-        .layer(AdoptLayer::new())
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .service(carried.clone());
+        .service(dep.clone());
     let err = call(
         &mut stack,
         to_http(ToolCall {
@@ -125,9 +102,116 @@ async fn a_buffer_between_layers_needs_attach_and_adopt() {
     )
     .await
     .unwrap_err();
-    assert_eq!(carried.calls(), 1);
+    assert_eq!(dep.calls(), 1, "the write was sent more than once");
     assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
     assert!(!err.retryable());
+
+    // The same through a tool body that spawns its inner call (no `carry`).
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(dep.clone());
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .buffer(8)
+        .service(spawning_http_tool(client));
+    let err = call(
+        &mut stack,
+        to_http(ToolCall {
+            tool: "send",
+            arg: 2,
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(dep.calls(), 1, "the write was sent more than once");
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+}
+
+/// A tool body that runs its inner HTTP call on a spawned task, without `carry`.
+fn spawning_http_tool<S>(
+    inner: S,
+) -> impl Service<http::Request<String>, Response = u32, Error = BoxError, Future: Send> + Clone
+where
+    S: Service<http::Request<String>, Response = u32, Error = stormguard::ToolError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    service_fn(move |req: http::Request<String>| {
+        let mut inner = inner.clone();
+        async move { Ok(tokio::spawn(async move { call(&mut inner, req).await }).await??) }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_layers_with_a_buffer_between_each_and_a_spawning_tool_body_make_three_calls() {
+    let budget = RetryBudget::default();
+    let dep = outage();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("client"))
+        .service(dep.clone());
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
+        .buffer(8)
+        .service(spawning_http_tool(client));
+    for i in 1..=3 {
+        let err = call(&mut stack, to_http(ToolCall { tool: "t", arg: i }))
+            .await
+            .unwrap_err();
+        assert_eq!(dep.calls(), 3 * i, "operation {i}: more than 3 calls");
+        assert_eq!(err.attempts(), 3);
+        assert!(!err.retryable());
+    }
+}
+
+#[cfg(feature = "tonic")]
+#[tokio::test(start_paused = true)]
+async fn a_tonic_request_carries_the_operation_across_buffers_and_spawns() {
+    let budget = RetryBudget::default();
+    let dep = outage();
+    let client = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("client"))
+        .service(dep.clone());
+    let body = service_fn(move |req: tonic::Request<u32>| {
+        let mut client = client.clone();
+        async move {
+            let attempts = req.metadata().get("grpc-previous-rpc-attempts").cloned();
+            let answer = tokio::spawn(async move { call(&mut client, req).await }).await??;
+            Ok::<_, BoxError>((answer, attempts))
+        }
+    });
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
+        .buffer(8)
+        .service(body);
+    let err = call(&mut stack, tonic::Request::new(7u32))
+        .await
+        .unwrap_err();
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(err.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_type_that_cannot_carry_loses_the_operation_at_a_buffer() {
+    // The limit, said plainly: a plain value (here a `u32`) carries nothing, so behind a buffer
+    // the client layer opens an operation of its own and, configured for reads, repeats an
+    // ambiguous failure of the unkeyed write. A request type that implements `Request::attach`
+    // (or `operation::Carrier` with `AttachLayer` / `AdoptLayer`) carries it.
+    let budget = RetryBudget::default();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(dep.clone());
+    let _ = call(&mut stack, 1u32).await;
+    assert_eq!(dep.calls(), 3, "a u32 cannot carry the operation");
 }
 
 #[tokio::test(start_paused = true)]

@@ -21,7 +21,10 @@ const PAGES: &[(&str, &str)] = &[
     ("docs/hedging.md", include_str!("../docs/hedging.md")),
     ("docs/reqwest.md", include_str!("../docs/reqwest.md")),
     ("docs/grpc.md", include_str!("../docs/grpc.md")),
-    ("docs/observability.md", include_str!("../docs/observability.md")),
+    (
+        "docs/observability.md",
+        include_str!("../docs/observability.md"),
+    ),
     ("docs/results.md", include_str!("../docs/results.md")),
 ];
 
@@ -66,11 +69,17 @@ fn every_guide_in_docs_is_checked_here_and_linked_from_the_readme() {
         if let Some(stem) = name.strip_suffix(".md") {
             let page = format!("docs/{stem}.md");
             assert!(listed.contains(&page.as_str()), "{page} is not in PAGES");
-            assert!(readme.contains(&format!("({page})")), "the README does not link {page}");
+            assert!(
+                readme.contains(&format!("({page})")),
+                "the README does not link {page}"
+            );
         }
     }
     let lines = readme.lines().count();
-    assert!(lines <= 250, "the README has {lines} lines: guides go to docs/");
+    assert!(
+        lines <= 250,
+        "the README has {lines} lines: guides go to docs/"
+    );
 }
 
 /// The hyper client as the snippets' `http_client`: takes `http::Request<String>`, and sends
@@ -105,18 +114,18 @@ async fn send_invoice_example(
 ) -> Result<serde_json::Value, BoxError> {
     use tower::{Service, ServiceBuilder, ServiceExt};
     use stormguard::{budget::RetryBudget, class::ToolClass};
-    use stormguard::classify::HttpClassifier;
-    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::retry::RetryLayer;
 
     // One budget for every layer that guards this dependency (clones share it).
     let budget = RetryBudget::default();
 
     let mut send_invoice = ServiceBuilder::new()
         // the tool wrapper: a keyed write, retried after an ambiguous failure (a 502) only when its
-        // request carries an Idempotency-Key (HttpReplay copies the request and looks for the key)
-        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).replay(HttpReplay).name("send_invoice"))
-        // the HTTP client's own layer joins the same operation: 3 attempts in all, not 9
-        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier).name("billing-api"))
+        // request carries an Idempotency-Key (the default reads an http::Response by its status)
+        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).name("send_invoice"))
+        // the HTTP client's own layer joins the same operation (it travels in the request, across a
+        // Buffer or a spawned task too): 3 attempts in all, not 9
+        .layer(RetryLayer::new(ToolClass::Read, budget).name("billing-api"))
         .service(http_client);
 
     let request = http::Request::post("http://billing.test/invoices/4471/send")
@@ -220,6 +229,14 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
         email: serde_json::Value,
         key: Option<String>,
     }
+    impl stormguard::retry::Request for SendInvoice {
+        fn replay(&self) -> Option<Self> {
+            Some(self.clone())
+        }
+        fn carries_key(&self) -> bool {
+            self.key.is_some()
+        }
+    }
     impl KeyStamp for SendInvoice {
         fn stamped_key(&self) -> Option<&str> {
             self.key.as_deref()
@@ -232,6 +249,7 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
     struct Sent {
         message_id: String,
     }
+    impl stormguard::classify::Answer for Sent {}
 
     let dir = std::env::temp_dir().join(format!("stormguard-readme-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -371,12 +389,17 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
 
     #[derive(Clone)]
     struct Invoice(u64, Option<String>);
+    impl stormguard::retry::Request for Invoice {
+        fn replay(&self) -> Option<Self> { Some(self.clone()) }
+        fn carries_key(&self) -> bool { self.1.is_some() }
+    }
     impl KeyStamp for Invoice {
         fn stamped_key(&self) -> Option<&str> { self.1.as_deref() }
         fn stamp_key(&mut self, key: &IdempotencyKey) { self.1 = Some(key.to_string()) }
     }
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Sent { message_id: String }
+    impl stormguard::classify::Answer for Sent {}
     /// The provider's sent log: invoice 1 went out before the crash, invoice 2 did not.
     struct ProviderLog(std::collections::HashMap<String, String>);
     impl ProviderLog {

@@ -26,6 +26,13 @@ struct SendEmail {
     key: Option<String>,
 }
 
+/// Sent again as a clone: it carries no operation of its own.
+impl stormguard::retry::Request for SendEmail {
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
 impl KeyStamp for SendEmail {
     fn stamped_key(&self) -> Option<&str> {
         self.key.as_deref()
@@ -39,6 +46,7 @@ impl KeyStamp for SendEmail {
 struct Sent {
     message_id: String,
 }
+impl stormguard::classify::Answer for Sent {}
 
 /// An email provider that honours idempotency keys and counts deliveries.
 #[derive(Clone, Default)]

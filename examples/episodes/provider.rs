@@ -40,6 +40,13 @@ pub struct Call {
     pub key: Option<String>,
 }
 
+/// Sent again as a clone: it carries no operation of its own.
+impl stormguard::retry::Request for Call {
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
 impl KeyStamp for Call {
     fn stamped_key(&self) -> Option<&str> {
         self.key.as_deref()

@@ -78,6 +78,9 @@ pub struct Accepted {
     pub message_id: String,
 }
 
+/// Every accepted send is a success (the client maps a failure status to an error).
+impl stormguard::classify::Answer for Accepted {}
+
 #[derive(Clone, Debug)]
 pub struct ProviderEvent {
     pub at: Duration,
@@ -224,6 +227,13 @@ fn json_response(status: u16, body: &impl Serialize) -> http::Response<Full<Byte
 pub struct SendInvoice {
     pub email: Email,
     pub key: Option<String>,
+}
+
+/// Sent again as a clone: it carries no operation of its own.
+impl stormguard::retry::Request for SendInvoice {
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
 }
 
 impl KeyStamp for SendInvoice {

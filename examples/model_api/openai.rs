@@ -23,7 +23,7 @@ use std::time::Duration;
 use stormguard::backoff::Backoff;
 use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
-use stormguard::classify::HttpClassifier;
+use stormguard::classify::{HttpClassifier, OkIsSuccess};
 use stormguard::retry::{CloneReplay, RetryLayer};
 use stormguard::ToolError;
 use tower::{ServiceBuilder, ServiceExt};
@@ -161,6 +161,8 @@ pub async fn sdk_retry_kept() -> SdkCase {
         .layer(
             RetryLayer::new(ToolClass::Read, RetryBudget::default())
                 .policy(fast(ToolClass::Read))
+                // the SDK's typed answer: its failures all arrive as errors
+                .classifier(OkIsSuccess)
                 .replay(CloneReplay),
         )
         .service(model);

@@ -46,20 +46,24 @@ impl<E: AsDynError> Classify<CallToolResult, E> for McpClassifier {
 
     fn classify(&self, result: &Result<CallToolResult, E>) -> ClassifiedResponse<NeverClassifyEos> {
         ClassifiedResponse::Ready(match result {
-            Ok(r) if r.is_error != Some(true) => Classification::success(),
-            Ok(r) => match ToolError::from_call_tool_result(r) {
-                Some(err) => classify_tool_error(&err),
-                None => Classification::failure(
-                    FailureClass::ModelRecoverable,
-                    ErrorCode::InvalidArgument,
-                ),
-            },
+            Ok(r) => classify_call_tool_result(r),
             Err(e) => classify_error(e.as_dyn_error()),
         })
     }
 
     fn dependency_error(&self, response: &CallToolResult) -> Option<ToolError> {
         ToolError::from_call_tool_result(response)
+    }
+}
+
+/// An MCP tool result: a success unless `isError`, then the tool's structured error.
+pub(super) fn classify_call_tool_result(r: &CallToolResult) -> Classification {
+    if r.is_error != Some(true) {
+        return Classification::success();
+    }
+    match ToolError::from_call_tool_result(r) {
+        Some(err) => classify_tool_error(&err),
+        None => Classification::failure(FailureClass::ModelRecoverable, ErrorCode::InvalidArgument),
     }
 }
 

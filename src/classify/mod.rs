@@ -33,6 +33,7 @@
 //! assert_eq!(c.verdict(), Verdict::Failure(FailureClass::Ambiguous));
 //! ```
 
+mod answer;
 #[cfg(feature = "http")]
 mod body;
 mod error;
@@ -53,6 +54,7 @@ mod reqwest;
 mod retry_info;
 mod stream;
 
+pub use answer::{Answer, OkIsSuccess};
 #[cfg(feature = "http")]
 pub use body::{ClassifiedBody, GrpcClassifier, GrpcEos};
 pub use error::{classify_error, AsDynError};
@@ -314,10 +316,15 @@ where
     }
 }
 
-/// Every `Ok` is a success; every `Err` is classified by [`classify_error`].
+/// The classifier every layer has unless given another: an `Ok` answer by what its type says
+/// ([`Answer`]: an `http::Response` or `reqwest::Response` by status, as [`HttpClassifier`]
+/// does; an MCP `CallToolResult` by `isError`; a plain value is a success), every `Err` by
+/// [`classify_error`].
 ///
-/// The right choice for tool-call services whose response type carries no failure, and for
-/// clients whose failures are all errors (reqwest with `error_for_status`, tonic's typed clients).
+/// So a `Retry`, a `ReceiptLayer` or a breaker left on its default over an HTTP client reads a
+/// 503 as the failure it is: a retry decides on it, a breaker counts it, and a receipt layer
+/// never stores it as the receipt. An answer type that does not implement [`Answer`] does not
+/// compile with it: implement `Answer`, or give the layer [`OkIsSuccess`] or a closure.
 ///
 /// ```
 /// use stormguard::classify::{ClassifiedResponse, Classify, DefaultClassifier, FailureClass};
@@ -327,17 +334,25 @@ where
 /// let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&r) else { unreachable!() };
 /// assert_eq!(c.failure_class(), Some(FailureClass::Ambiguous));
 /// assert_eq!(c.code(), Some(ErrorCode::Timeout));
+///
+/// let unavailable = http::Response::builder().status(503).body(()).unwrap();
+/// let ClassifiedResponse::Ready(c) = DefaultClassifier.classify(&Ok::<_, std::io::Error>(unavailable)) else { unreachable!() };
+/// assert_eq!(c.failure_class(), Some(FailureClass::Ambiguous)); // never a receipt
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultClassifier;
 
-impl<Res, E: AsDynError> Classify<Res, E> for DefaultClassifier {
+impl<Res: Answer, E: AsDynError> Classify<Res, E> for DefaultClassifier {
     type ClassifyEos = NeverClassifyEos;
 
     fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<NeverClassifyEos> {
         ClassifiedResponse::Ready(match result {
-            Ok(_) => Classification::success(),
+            Ok(answer) => answer.classify_answer(),
             Err(e) => classify_error(e.as_dyn_error()),
         })
+    }
+
+    fn dependency_error(&self, response: &Res) -> Option<ToolError> {
+        response.answer_error()
     }
 }

@@ -96,7 +96,7 @@ use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::ConfigError;
 use crate::operation::ledger::with_current;
-use crate::retry::{CloneReplay, Replay};
+use crate::retry::{DefaultReplay, Replay};
 use future::Spare;
 use latency::Latencies;
 use std::borrow::Cow;
@@ -150,7 +150,7 @@ impl<C, R> Shared<C, R> {
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[must_use]
-pub struct HedgeLayerBuilder<C = DefaultClassifier, R = CloneReplay> {
+pub struct HedgeLayerBuilder<C = DefaultClassifier, R = DefaultReplay> {
     budget: RetryBudget,
     delay: Option<DelaySpec>,
     classifier: C,
@@ -270,7 +270,7 @@ impl<C, R> HedgeLayerBuilder<C, R> {
 /// # let _ = layer;
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
-pub struct HedgeLayer<C = DefaultClassifier, R = CloneReplay> {
+pub struct HedgeLayer<C = DefaultClassifier, R = DefaultReplay> {
     shared: Arc<Shared<C, R>>,
 }
 
@@ -281,7 +281,7 @@ impl HedgeLayer {
             budget,
             delay: None,
             classifier: DefaultClassifier,
-            replay: CloneReplay,
+            replay: DefaultReplay,
             name: Cow::Borrowed("hedge"),
         }
     }
@@ -353,7 +353,7 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
 /// assert_eq!(calls.load(Ordering::SeqCst), 1); // a write is never sent twice
 /// # }
 /// ```
-pub struct Hedge<S, C = DefaultClassifier, R = CloneReplay> {
+pub struct Hedge<S, C = DefaultClassifier, R = DefaultReplay> {
     inner: S,
     shared: Arc<Shared<C, R>>,
 }

@@ -6,19 +6,26 @@
 //! exceed the operation's `max_attempts`. A layer that gives up closes the operation: no layer
 //! above it retries it again.
 //!
-//! This needs no allocation and no lock: the ledger lives in the outermost layer's future and is
-//! lent to the layers below through a thread-local slot while they run. Two things break that
-//! chain, and each has a remedy:
+//! **The operation travels with the request.** On a request type that can carry it (an
+//! `http::Request` or a `tonic::Request`, in its extensions; your own type through
+//! [`retry::Request::attach`](crate::retry::Request::attach)) the outermost layer puts it on the
+//! request, so a layer behind a `tower::buffer::Buffer` or in a spawned task joins it with no
+//! help: one allocation for the ledger and three for the extensions, per operation, whatever the
+//! depth. On one task, any request type works: the layer lends the ledger to the layers below
+//! it through a thread-local slot while it calls or polls them (no allocation), and a nested
+//! layer whose request can carry it puts it on that request for the layers further down.
+//!
+//! Where the request cannot carry it (a plain value, a `reqwest::Request`, whose extensions
+//! reqwest keeps private) and a boundary lies between two layers, carry it by hand:
 //!
 //! - **A spawned task.** Wrap the future you spawn with [`carry`]: it takes the current operation
 //!   along and lends it to the spawned future's polls.
-//! - **A `tower::buffer::Buffer`** (or any layer that hands requests to a worker task). Put an
-//!   [`AttachLayer`] above it and an [`AdoptLayer`] below it: the operation travels in the
-//!   request (for `http::Request`, in its extensions; implement [`Carrier`] for your own types).
+//! - **A `Buffer`** (or any layer that hands requests to a worker task): put an [`AttachLayer`]
+//!   above it and an [`AdoptLayer`] below it, for a request type that implements [`Carrier`].
 //!
-//! Without them a layer behind the boundary opens an operation of its own, and a stack of three
-//! such layers can make `3 × 3` calls instead of 3.
-//!
+//! Without them a layer behind the boundary opens an operation of its own: an unkeyed write
+//! behind a client layer configured for reads is then sent up to 3 times.
+
 //! A retrying layer made for a *different* logical operation inside one (an auth-token refresh
 //! while a tool call runs) declares itself with
 //! [`RetryLayer::own_operation`](crate::retry::RetryLayer::own_operation), so its retries do not
@@ -83,6 +90,33 @@ pub struct Operation {
 }
 
 impl Operation {
+    /// A new operation in `state`, on the heap so it can travel with a request.
+    pub(crate) fn open(state: OpState) -> Operation {
+        Operation {
+            shared: Arc::new(Mutex::new(state)),
+        }
+    }
+
+    /// The operation a future's ledger holds, if it is on the heap.
+    pub(crate) fn of(ledger: &Ledger) -> Option<Operation> {
+        match ledger {
+            Ledger::Shared(shared) => Some(Operation {
+                shared: shared.clone(),
+            }),
+            Ledger::Inline(_) => None,
+        }
+    }
+
+    /// Its ledger, for a future that holds it.
+    pub(crate) fn ledger(&self) -> Ledger {
+        Ledger::Shared(self.shared.clone())
+    }
+
+    /// Runs `f` on its state.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut OpState) -> R) -> R {
+        f(&mut lock(&self.shared))
+    }
+
     /// The operation installed on this thread, if a stormguard `Retry` is running here.
     ///
     /// The first call moves the ledger to the heap (one allocation) so it can be shared; the

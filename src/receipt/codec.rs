@@ -19,6 +19,11 @@ use serde::Serialize;
 /// assert_eq!(MessageId.decode(&bytes).unwrap(), "msg-4471");
 /// assert!(MessageId.decode(&[0xff]).is_err());
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot store a `{Res}` as a receipt",
+    label = "this codec does not know `{Res}`",
+    note = "the default `JsonCodec` stores a `serde` type; for an `http::Response` with a body in memory give the layer `.codec(HttpCodec)`; for anything else implement `Codec<{Res}>`"
+)]
 pub trait Codec<Res>: Clone + Send + Sync + 'static {
     /// The bytes to store.
     fn encode(&self, res: &Res) -> Result<Vec<u8>, BoxError>;
@@ -43,5 +48,95 @@ impl<Res: Serialize + DeserializeOwned> Codec<Res> for JsonCodec {
 
     fn decode(&self, bytes: &[u8]) -> Result<Res, BoxError> {
         Ok(serde_json::from_slice(bytes)?)
+    }
+}
+
+/// Stores an `http::Response` whose body is held in memory (`String`, `Vec<u8>`, `Bytes`):
+/// status, headers and body (feature `http`). A streamed body is not stored: read it into one of
+/// these first (for reqwest, `http::Response::from` then collect the body, or keep what the tool
+/// returns, not the raw response).
+///
+/// ```
+/// use stormguard::receipt::{Codec, HttpCodec};
+///
+/// let resp = http::Response::builder().status(201).header("x-message-id", "msg-4471").body("sent".to_string()).unwrap();
+/// let bytes = HttpCodec.encode(&resp).unwrap();
+/// let back: http::Response<String> = HttpCodec.decode(&bytes).unwrap();
+/// assert_eq!((back.status().as_u16(), back.body().as_str()), (201, "sent"));
+/// assert_eq!(back.headers()["x-message-id"], "msg-4471");
+/// ```
+#[cfg(feature = "http")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpCodec;
+
+/// A response body [`HttpCodec`] can store: held in memory as bytes.
+#[cfg(feature = "http")]
+pub trait StoredBody: Sized {
+    /// The body's bytes.
+    fn to_bytes(&self) -> Vec<u8>;
+    /// The body from its bytes.
+    fn from_bytes(bytes: Vec<u8>) -> Result<Self, BoxError>;
+}
+
+#[cfg(feature = "http")]
+impl StoredBody for String {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.as_bytes().to_vec()
+    }
+    fn from_bytes(bytes: Vec<u8>) -> Result<Self, BoxError> {
+        Ok(String::from_utf8(bytes)?)
+    }
+}
+
+#[cfg(feature = "http")]
+impl StoredBody for Vec<u8> {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.clone()
+    }
+    fn from_bytes(bytes: Vec<u8>) -> Result<Self, BoxError> {
+        Ok(bytes)
+    }
+}
+
+#[cfg(feature = "http")]
+impl StoredBody for bytes::Bytes {
+    fn to_bytes(&self) -> Vec<u8> {
+        self.to_vec()
+    }
+    fn from_bytes(bytes: Vec<u8>) -> Result<Self, BoxError> {
+        Ok(bytes.into())
+    }
+}
+
+#[cfg(feature = "http")]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StoredResponse {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+}
+
+#[cfg(feature = "http")]
+impl<B: StoredBody> Codec<http::Response<B>> for HttpCodec {
+    fn encode(&self, res: &http::Response<B>) -> Result<Vec<u8>, BoxError> {
+        let stored = StoredResponse {
+            status: res.status().as_u16(),
+            headers: res
+                .headers()
+                .iter()
+                .map(|(name, value)| (name.as_str().to_string(), value.as_bytes().to_vec()))
+                .collect(),
+            body: res.body().to_bytes(),
+        };
+        Ok(serde_json::to_vec(&stored)?)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<http::Response<B>, BoxError> {
+        let stored: StoredResponse = serde_json::from_slice(bytes)?;
+        let mut builder = http::Response::builder().status(stored.status);
+        for (name, value) in stored.headers {
+            builder = builder.header(name, value);
+        }
+        Ok(builder.body(B::from_bytes(stored.body)?)?)
     }
 }

@@ -95,6 +95,8 @@
 //! }
 //! #[derive(Serialize, Deserialize, Debug, PartialEq)]
 //! struct Sent { message_id: String }
+//! // Every `Ok` is a sent message (what the default classifier asks of an answer type).
+//! impl stormguard::classify::Answer for Sent {}
 //!
 //! /// The provider's sent log, consistent: what it does not hold was not sent.
 //! #[derive(Clone)]
@@ -162,6 +164,8 @@ mod store;
 pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec};
+#[cfg(feature = "http")]
+pub use codec::{HttpCodec, StoredBody};
 pub use config::{ReceiptConfig, ReceiptConfigBuilder};
 pub use layer::{Receipt, ReceiptLayer};
 pub use memory::InMemoryStore;

@@ -32,6 +32,7 @@ use crate::backoff::BackoffState;
 use crate::classify::{Classification, ClassifiedResponse, Classify, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
+use crate::operation::Operation;
 use crate::telemetry;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -131,6 +132,18 @@ where
         span: Span,
     ) -> Self {
         Self::new(future, kit, request, ledger, true, span)
+    }
+
+    /// A nested layer that joined the operation its request carried: it holds the ledger and
+    /// lends it to the layers below it on this task.
+    pub(super) fn carried(
+        future: S::Future,
+        kit: Arc<Kit<S, C, R>>,
+        request: Option<Req>,
+        ledger: Option<Ledger>,
+        credits: bool,
+    ) -> Self {
+        Self::new(future, kit, request, ledger, credits, Span::none())
     }
 
     pub(super) fn nested(
@@ -233,6 +246,12 @@ where
                     // The ledger counts the granted retry already: the ones before it are one fewer.
                     let previous = this.track.op(kit, |op| op.attempts().saturating_sub(1));
                     kit.replay.mark_retry(&mut request, previous);
+                    if kit.replay.can_carry() && kit.replay.operation(&request).is_none() {
+                        // A copy leaves the operation out: the retry takes it along again.
+                        if let Some(op) = this.track.operation() {
+                            kit.replay.attach(&mut request, &op);
+                        }
+                    }
                     // The layers below compare their budgets with this one's again.
                     let budget = kit.budget.id();
                     this.track.op(kit, |op| op.set_caller(budget));
@@ -263,6 +282,15 @@ impl Track {
             },
             f,
         )
+    }
+
+    /// The operation as a handle that can travel with a request: the ledger this future holds
+    /// if it is on the heap, else the one installed on the thread.
+    fn operation(&self) -> Option<Operation> {
+        match &self.ledger {
+            Some(ledger) => Operation::of(ledger),
+            None => Operation::current(),
+        }
     }
 
     fn retrying(&mut self) -> &mut Retrying {

@@ -1,4 +1,4 @@
-use super::{CloneReplay, Kit, Retry};
+use super::{DefaultReplay, Kit, Retry};
 use crate::budget::RetryBudget;
 use crate::class::{ClassPolicy, ToolClass};
 use crate::classify::DefaultClassifier;
@@ -20,7 +20,7 @@ use tower_layer::Layer;
 /// # let _ = layer;
 /// ```
 #[derive(Clone, Debug)]
-pub struct RetryLayer<C = DefaultClassifier, R = CloneReplay> {
+pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     policy: ClassPolicy,
     budget: RetryBudget,
     classifier: C,
@@ -36,7 +36,7 @@ impl RetryLayer {
             policy: class.policy(),
             budget,
             classifier: DefaultClassifier,
-            replay: CloneReplay,
+            replay: DefaultReplay,
             name: Cow::Borrowed(class.as_str()),
             own_operation: false,
         }

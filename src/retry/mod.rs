@@ -129,13 +129,14 @@ pub use policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
 pub use replay::GrpcReplay;
 #[cfg(feature = "http")]
 pub use replay::HttpReplay;
-pub use replay::{CloneReplay, Replay};
+pub use replay::{CloneReplay, DefaultReplay, Replay, Request};
 
 use crate::budget::RetryBudget;
 use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::operation::ledger::{join_current, Installed, Joined, Ledger, OpState};
+use crate::operation::Operation;
 use crate::telemetry;
 use std::borrow::Cow;
 use std::fmt;
@@ -184,7 +185,7 @@ use tower_service::Service;
 /// assert!(!err.retryable());
 /// # }
 /// ```
-pub struct Retry<S, C = DefaultClassifier, R = CloneReplay> {
+pub struct Retry<S, C = DefaultClassifier, R = DefaultReplay> {
     inner: S,
     kit: Arc<Kit<S, C, R>>,
     /// `get_mut` lent the inner service out: the retry template is refreshed at the next call.
@@ -337,12 +338,11 @@ where
         }
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> Self::Future {
         if self.stale {
             self.refresh_template();
         }
         let kit = &*self.kit;
-        let copy = kit.replay.replay(&req);
         let keyed = kit.replay.carries_key(&req);
         let class = kit.policy.class();
         let since = self.waiting_since.take();
@@ -350,28 +350,52 @@ where
             .policy
             .deadline()
             .map(|d| since.unwrap_or_else(Instant::now) + d);
+        let budget = kit.budget.id();
 
         if !kit.own_operation {
-            match join_current(class, keyed, deadline, kit.budget.id()) {
+            // The operation the request carries: it crossed a `Buffer` or a spawned task with it.
+            if let Some(op) = kit.replay.operation(&req) {
+                let (joined, credits) = op.with(|op| op.join(class, keyed, deadline, budget));
+                note_join(kit, joined);
+                let copy = kit.replay.replay(&req);
+                let mut ledger = Some(op.ledger());
+                let future = {
+                    let _installed = Installed::new(&mut ledger);
+                    self.inner.call(req)
+                };
+                return ResponseFuture::carried(future, self.kit.clone(), copy, ledger, credits);
+            }
+            // The operation of a layer above on this task.
+            match join_current(class, keyed, deadline, budget) {
                 (Joined::No, _) => {}
                 (joined, credits) => {
-                    if let Joined::Tightened { was } = joined {
-                        if !was.decides_like(class) {
-                            class_tightened(&kit.name, was, class);
+                    note_join(kit, joined);
+                    if kit.replay.can_carry() {
+                        // From here it travels with the request, to layers behind a boundary.
+                        if let Some(op) = Operation::current() {
+                            kit.replay.attach(&mut req, &op);
                         }
                     }
-                    // Nested: the operation's owner has installed its ledger on this thread.
+                    let copy = kit.replay.replay(&req);
                     let future = self.inner.call(req);
                     return ResponseFuture::nested(future, self.kit.clone(), copy, credits);
                 }
             }
         }
 
-        // Outermost (or its own operation): open the ledger and lend it to the inner call.
+        // Outermost (or its own operation): open the ledger and lend it to the inner call; a
+        // request that can carry it takes it along (one allocation per operation).
         telemetry::operation_opened(class);
         let max_attempts = kit.policy.max_attempts();
-        let state = OpState::new(max_attempts, class, keyed, deadline).with_caller(kit.budget.id());
-        let mut ledger = Some(Ledger::inline(state));
+        let state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
+        let copy = kit.replay.replay(&req);
+        let mut ledger = Some(if kit.replay.can_carry() {
+            let op = Operation::open(state);
+            kit.replay.attach(&mut req, &op);
+            op.ledger()
+        } else {
+            Ledger::inline(state)
+        });
         let span = tracing::debug_span!(
             "stormguard.operation",
             layer = %kit.name,
@@ -383,6 +407,17 @@ where
             self.inner.call(req)
         };
         ResponseFuture::owner(future, self.kit.clone(), copy, ledger, span)
+    }
+}
+
+/// Traces a join that made the operation stricter.
+#[inline]
+fn note_join<S, C, R>(kit: &Kit<S, C, R>, joined: Joined) {
+    if let Joined::Tightened { was } = joined {
+        let class = kit.policy.class();
+        if !was.decides_like(class) {
+            class_tightened(&kit.name, was, class);
+        }
     }
 }
 

@@ -122,6 +122,13 @@ pub struct ToolCall {
     pub arg: u32,
 }
 
+/// Sent again as a clone: it carries no operation of its own.
+impl stormguard::retry::Request for ToolCall {
+    fn replay(&self) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
 /// Waits for `svc` to be ready for `Req` and calls it.
 pub async fn call<S: Service<Req>, Req>(svc: &mut S, req: Req) -> Result<S::Response, S::Error> {
     use tower::ServiceExt;
