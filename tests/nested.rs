@@ -344,3 +344,44 @@ async fn a_failure_a_stricter_layer_below_hands_back_is_not_retried_above() {
     assert_eq!(dep.calls(), 1, "the loop re-ran a multi-step tool");
     assert_eq!(err.code(), ErrorCode::Unavailable);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_key_stamped_behind_a_buffer_tells_the_operation_the_request_carries() {
+    // The key layer sits behind a buffer: the write's Retry above it saw a request without a
+    // key. The key layer notes its key in the operation the request carries, so the ambiguous
+    // 502 is retried with that same key instead of ending `missing_idempotency_key`.
+    use std::sync::{Arc, Mutex};
+    use stormguard::key::{Action, SetIdempotencyKeyLayer};
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = keys.clone();
+    let provider = service_fn(move |req: http::Request<String>| {
+        let key = req.headers().get("idempotency-key").cloned();
+        seen.lock().unwrap().push(key);
+        async move { Ok::<_, BoxError>(http::Response::builder().status(502).body(()).unwrap()) }
+    });
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            ToolClass::KeyedWrite,
+            RetryBudget::default(),
+        ))
+        .buffer(8)
+        .layer(SetIdempotencyKeyLayer::new(
+            |req: &http::Request<String>| {
+                Action::new("run-1", "step-2", "charge", &req.uri().path())
+            },
+        ))
+        .service(provider);
+    let err = call(
+        &mut stack,
+        to_http(ToolCall {
+            tool: "charge",
+            arg: 9,
+        }),
+    )
+    .await
+    .unwrap_err();
+    let keys = keys.lock().unwrap();
+    assert_eq!(keys.len(), 3, "{err}");
+    assert!(keys.iter().all(|k| k.is_some() && *k == keys[0]));
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+}

@@ -7,6 +7,7 @@ use super::decide::{decide, Decision, Op};
 use super::Shared;
 use crate::classify::{ClassifiedResponse, Classify, Verdict};
 use crate::operation::ledger::with_current;
+use crate::operation::Operation;
 use crate::retry::Replay;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -22,6 +23,9 @@ use tower_service::Service;
 pub(super) struct Spare<S, Req> {
     pub(super) service: S,
     pub(super) request: Req,
+    /// The operation the request carried, if it travels with requests of its type: the hedge
+    /// decides on it and takes it along.
+    pub(super) operation: Option<Operation>,
 }
 
 pin_project! {
@@ -188,7 +192,7 @@ where
     // request was copied while it was, the future is polled where it is not), nothing is sent:
     // the class is unknown.
     let mut previous = 1;
-    let decision = with_current(|op| {
+    let decide_on = |op: &mut crate::operation::ledger::OpState| {
         previous = op.attempts();
         let d = decide(
             Op {
@@ -203,7 +207,11 @@ where
             op.grant_retry();
         }
         d
-    })
+    };
+    let decision = match &spare.operation {
+        Some(op) => Some(op.with(decide_on)),
+        None => with_current(decide_on),
+    }
     .unwrap_or(Decision::NoOperation);
     shared.count(decision.label());
     if decision != Decision::Go {
@@ -216,6 +224,9 @@ where
     }
     tracing::debug!(layer = &*shared.name, previous, "hedge sent");
     shared.replay.mark_retry(&mut spare.request, previous);
+    if let Some(op) = &spare.operation {
+        shared.replay.attach(&mut spare.request, op);
+    }
     Some(spare.service.call(spare.request))
 }
 

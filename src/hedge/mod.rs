@@ -428,7 +428,12 @@ where
         let shared = &self.shared;
         // Copy the request only if a hedge may go: a delay is known, and the operation is in
         // sight and a read (without one, the class is unknown: never hedged).
-        let read = with_current(|op| op.class() == ToolClass::Read).unwrap_or(false);
+        let operation = shared.replay.operation(&req);
+        let is_read = |op: &mut crate::operation::ledger::OpState| op.class() == ToolClass::Read;
+        let read = match &operation {
+            Some(op) => op.with(is_read),
+            None => with_current(is_read).unwrap_or(false),
+        };
         let hedge = shared
             .fixed
             .or_else(|| shared.latencies.delay())
@@ -439,6 +444,7 @@ where
                     Spare {
                         service: self.inner.clone(),
                         request,
+                        operation,
                     },
                     started + delay,
                 ))

@@ -51,6 +51,14 @@ pub trait KeyStamp {
     fn carries_unreadable_key(&self) -> bool {
         false
     }
+
+    /// The operation the request carries, if its type carries one (an `http::Request` or a
+    /// `tonic::Request`, in its extensions): the key is noted there, so a key layer behind a
+    /// `Buffer` still tells the operation. `None` by default: the operation of the `Retry`
+    /// running on this task is told instead.
+    fn operation(&self) -> Option<crate::operation::Operation> {
+        None
+    }
 }
 
 /// Makes the [`Action`] (idempotency key and fingerprint) of a request: the one derivation a
@@ -126,6 +134,10 @@ impl<B> KeyStamp for http::Request<B> {
     fn stamp_key(&mut self, key: &IdempotencyKey) {
         stamp_header(self.headers_mut(), key);
     }
+
+    fn operation(&self) -> Option<crate::operation::Operation> {
+        self.extensions().get().cloned()
+    }
 }
 
 /// The `Idempotency-Key` header of a reqwest request (0.12 and 0.13 alike).
@@ -172,6 +184,10 @@ impl<T> KeyStamp for tonic::Request<T> {
         if let Ok(value) = key.as_str().parse() {
             self.metadata_mut().insert("idempotency-key", value);
         }
+    }
+
+    fn operation(&self) -> Option<crate::operation::Operation> {
+        self.extensions().get().cloned()
     }
 }
 
@@ -296,11 +312,15 @@ impl<S: fmt::Debug, F> fmt::Debug for SetIdempotencyKey<S, F> {
     }
 }
 
-/// Tells the current operation (if any) that its requests carry `key`: marks it keyed and records
-/// the key's fingerprint on the first attempt. `false` when an earlier attempt carried another key.
-pub(crate) fn note_key(key: &IdempotencyKey) -> bool {
+/// Tells the request's operation (the one it carries, else the one running on this task, if
+/// any) that its requests carry `key`: marks it keyed and records the key's fingerprint on the
+/// first attempt. `false` when an earlier attempt carried another key.
+pub(crate) fn note_key(req: &impl KeyStamp, key: &IdempotencyKey) -> bool {
     let fingerprint = key.fingerprint();
-    let consistent = with_current(|op| op.note_key(fingerprint));
+    let consistent = match req.operation() {
+        Some(op) => Some(op.with(|op| op.note_key(fingerprint))),
+        None => with_current(|op| op.note_key(fingerprint)),
+    };
     consistent != Some(false)
 }
 
@@ -321,7 +341,7 @@ pub(crate) fn check_stamped(req: &impl KeyStamp, key: &IdempotencyKey) -> Result
             "the request already carries a different idempotency key than its logical action's; do not mint keys per attempt",
         ));
     }
-    if !note_key(key) {
+    if !note_key(req, key) {
         return Err(refuse(
             ErrorCode::IdempotencyKeyChanged,
             "this attempt's idempotency key differs from the first attempt's; every retry of one action must carry the same key",
