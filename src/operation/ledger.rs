@@ -3,10 +3,9 @@
 //! The outermost `Retry` of a logical operation owns the ledger. While it calls or polls its
 //! inner service it installs the ledger in a thread-local slot, and every nested `Retry` reached
 //! from there (synchronously, on the same thread) reads and updates it. While the ledger is
-//! `Inline` it is plain `Copy` data in a thread-local without a destructor: installing it is two
-//! moves, with no allocation and no lock. It becomes `Shared` (one `Arc<Mutex<_>>`, kept in a
-//! second thread-local) only when it must travel to another task (see
-//! [`Operation`](super::Operation)).
+//! `Inline` it is plain `Copy` data ([`OpState`]) copied into the slot and back: no allocation
+//! and no lock. It is `Shared` (one `Arc<Mutex<OpState>>`, kept in a second thread-local) when it
+//! travels with a request or to another task (see [`Operation`](super::Operation)).
 
 use crate::class::ToolClass;
 use crate::error::ErrorCode;
@@ -165,46 +164,30 @@ impl OpState {
     }
 }
 
-pub(crate) type SharedState = Arc<Mutex<OpState>>;
+/// Budget ids are 24 bits (see `RetryBudget::id`).
+pub(crate) const BUDGET_ID_MASK: u32 = 0xff_ffff;
 
-/// An operation's state packed into one word (and its deadline beside it), as the outermost
-/// layer's future holds it.
-#[derive(Debug)]
-pub(crate) struct Inline {
-    word: u64,
-    deadline: Option<Instant>,
-    key: u64,
-}
+pub(crate) type SharedState = Arc<Mutex<OpState>>;
 
 /// Where an operation's state lives while a future holds it.
 #[derive(Debug)]
 pub(crate) enum Ledger {
-    /// Owned by the outermost layer's future, lent through the thread-local slot.
-    Inline(Inline),
-    /// Shared with another task.
+    /// Owned by the outermost layer's future, lent through the thread-local slot: plain data,
+    /// copied in and out, no allocation and no lock.
+    Inline(OpState),
+    /// On the heap, shared with another task (it travels with a request, or was carried).
     Shared(SharedState),
 }
 
 impl Ledger {
     #[inline]
     pub(crate) fn inline(state: OpState) -> Ledger {
-        Ledger::Inline(Inline {
-            word: pack(&state),
-            deadline: state.deadline,
-            key: state.key,
-        })
+        Ledger::Inline(state)
     }
 
     pub(crate) fn with<R>(&mut self, f: impl FnOnce(&mut OpState) -> R) -> R {
         match self {
-            Ledger::Inline(inline) => {
-                let mut state = unpack(inline.word, inline.deadline, inline.key);
-                let out = f(&mut state);
-                inline.word = pack(&state);
-                inline.deadline = state.deadline;
-                inline.key = state.key;
-                out
-            }
+            Ledger::Inline(state) => f(state),
             Ledger::Shared(shared) => f(&mut lock(shared)),
         }
     }
@@ -217,163 +200,40 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-// The thread-local slot holds the packed word, and two side slots that are read only when the
-// word's bit says they hold something: the deadline and the key fingerprint. Lending the ledger
-// is a couple of register moves: no destructor runs, nothing is allocated, no lock is taken.
-//
-// word: bits 0-7 retries, 8-15 max_attempts (both at most `MAX_ATTEMPTS_LIMIT` = 100),
-//       16-23 class, 24 keyed, 25 has a deadline (in `DEADLINE`), 26 has a key fingerprint (in
-//       `KEY`), 27-34 closed code + 1 (0 = open), 35-58 the caller's budget id, 62-63 tag.
-const TAG_SHIFT: u32 = 62;
-const EMPTY: u64 = 0;
-const INLINE: u64 = 1;
-const SHARED_TAG: u64 = 2;
-const CLASS_SHIFT: u32 = 16;
-const CLASS: u64 = 0xff << CLASS_SHIFT;
-const KEYED: u64 = 1 << 24;
-const HAS_DEADLINE: u64 = 1 << 25;
-const HAS_KEY: u64 = 1 << 26;
-const CLOSED_SHIFT: u32 = 27;
-const CALLER_SHIFT: u32 = 35;
-/// Budget ids are 24 bits (see `RetryBudget::id`).
-pub(crate) const BUDGET_ID_MASK: u32 = 0xff_ffff;
-const CALLER: u64 = (BUDGET_ID_MASK as u64) << CALLER_SHIFT;
-
-#[inline]
-fn tag(word: u64) -> u64 {
-    word >> TAG_SHIFT
-}
-
-#[inline]
-fn pack(state: &OpState) -> u64 {
-    let closed = state.closed.map_or(0, |code| code as u64 + 1);
-    let flag = |set: bool, bit: u64| if set { bit } else { 0 };
-    u64::from(state.retries.min(0xff))
-        | u64::from(state.max_attempts.min(0xff)) << 8
-        | (state.class as u64) << CLASS_SHIFT
-        | flag(state.keyed, KEYED)
-        | flag(state.deadline.is_some(), HAS_DEADLINE)
-        | flag(state.key != 0, HAS_KEY)
-        | closed << CLOSED_SHIFT
-        | u64::from(state.caller & BUDGET_ID_MASK) << CALLER_SHIFT
-        | INLINE << TAG_SHIFT
-}
-
-#[inline]
-fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
-    let class = ToolClass::ALL
-        .get(((word & CLASS) >> CLASS_SHIFT) as usize)
-        .copied()
-        .unwrap_or(ToolClass::MultiStep);
-    let closed = match ((word >> CLOSED_SHIFT) & 0xff) as usize {
-        0 => None,
-        n => Some(
-            ErrorCode::ALL
-                .get(n - 1)
-                .copied()
-                .unwrap_or(ErrorCode::Internal),
-        ),
-    };
-    OpState {
-        retries: (word & 0xff) as u32,
-        max_attempts: ((word >> 8) & 0xff) as u32,
-        class,
-        keyed: word & KEYED != 0,
-        closed,
-        deadline: deadline.filter(|_| word & HAS_DEADLINE != 0),
-        key: if word & HAS_KEY != 0 { key } else { 0 },
-        caller: ((word & CALLER) >> CALLER_SHIFT) as u32,
-    }
+/// What this thread's slot holds while a layer's call or poll runs.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    /// No stormguard `Retry` is running here.
+    Empty,
+    /// The running operation's state, lent by the future that owns it.
+    Inline(OpState),
+    /// The running operation is on the heap, in `SHARED`.
+    Shared,
 }
 
 thread_local! {
-    static CURRENT: Cell<u64> = const { Cell::new(EMPTY) };
-    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
-    static KEY: Cell<u64> = const { Cell::new(0) };
+    static CURRENT: Cell<Slot> = const { Cell::new(Slot::Empty) };
     static SHARED: RefCell<Option<SharedState>> = const { RefCell::new(None) };
-}
-
-/// The side slots of an installed inline word: each read only when the word's bit is set.
-#[inline]
-fn read_sides(word: u64) -> (Option<Instant>, u64) {
-    (
-        if word & HAS_DEADLINE != 0 {
-            DEADLINE.get()
-        } else {
-            None
-        },
-        if word & HAS_KEY != 0 { KEY.get() } else { 0 },
-    )
-}
-
-/// Writes the side slots the state uses.
-#[inline]
-fn write_sides(state: &OpState) {
-    if state.deadline.is_some() {
-        DEADLINE.set(state.deadline);
-    }
-    if state.key != 0 {
-        KEY.set(state.key);
-    }
 }
 
 /// Runs `f` on the operation installed on this thread, if there is one.
 #[inline]
 pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
-    let word = CURRENT.get();
-    match tag(word) {
-        INLINE => Some(with_installed_inline(word, f)),
-        SHARED_TAG => SHARED.with_borrow(|shared| shared.as_deref().map(|m| f(&mut lock(m)))),
-        _ => None,
+    match CURRENT.get() {
+        Slot::Inline(mut state) => {
+            let out = f(&mut state);
+            CURRENT.set(Slot::Inline(state));
+            Some(out)
+        }
+        Slot::Shared => SHARED.with_borrow(|shared| shared.as_deref().map(|m| f(&mut lock(m)))),
+        Slot::Empty => None,
     }
-}
-
-#[inline]
-fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
-    let (deadline, key) = read_sides(word);
-    let mut state = unpack(word, deadline, key);
-    let out = f(&mut state);
-    write_sides(&state);
-    CURRENT.set(pack(&state));
-    out
 }
 
 /// Joins the operation installed on this thread, if there is one (see [`OpState::join`]), for
 /// a layer on budget `budget`; the `bool` says whether the layer credits its budget on success.
-/// Bit operations on the packed word for a layer without a deadline; no unpacking.
-#[inline(always)]
+#[inline]
 pub(crate) fn join_current(
-    class: ToolClass,
-    keyed: bool,
-    deadline: Option<Instant>,
-    budget: u32,
-) -> (Joined, bool) {
-    let word = CURRENT.get();
-    if tag(word) == EMPTY {
-        return (Joined::No, true);
-    }
-    if tag(word) != INLINE || deadline.is_some() {
-        return join_slow(class, keyed, deadline, budget);
-    }
-    let budget = u64::from(budget & BUDGET_ID_MASK);
-    let credits = (word & CALLER) >> CALLER_SHIFT != budget;
-    let current = (word & CLASS) >> CLASS_SHIFT;
-    let strictest = current.max(class as u64);
-    CURRENT.set(
-        (word & !(CLASS | CALLER))
-            | strictest << CLASS_SHIFT
-            | budget << CALLER_SHIFT
-            | if keyed { KEYED } else { 0 },
-    );
-    if strictest == current {
-        (Joined::Yes, credits)
-    } else {
-        (tightened(current), credits)
-    }
-}
-
-#[inline(never)]
-fn join_slow(
     class: ToolClass,
     keyed: bool,
     deadline: Option<Instant>,
@@ -382,49 +242,26 @@ fn join_slow(
     with_current(|op| op.join(class, keyed, deadline, budget)).unwrap_or((Joined::No, true))
 }
 
-#[cold]
-fn tightened(was: u64) -> Joined {
-    Joined::Tightened {
-        was: ToolClass::ALL
-            .get(was as usize)
-            .copied()
-            .unwrap_or(ToolClass::MultiStep),
-    }
-}
-
 /// Moves the operation installed on this thread to the heap (once) and returns a handle to it.
 pub(crate) fn share_current() -> Option<SharedState> {
-    let word = CURRENT.get();
-    match tag(word) {
-        SHARED_TAG => SHARED.with_borrow(Clone::clone),
-        INLINE => {
-            let (deadline, key) = read_sides(word);
-            let shared = Arc::new(Mutex::new(unpack(word, deadline, key)));
+    match CURRENT.get() {
+        Slot::Shared => SHARED.with_borrow(Clone::clone),
+        Slot::Inline(state) => {
+            let shared = Arc::new(Mutex::new(state));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
-            CURRENT.set(SHARED_TAG << TAG_SHIFT);
+            CURRENT.set(Slot::Shared);
             Some(shared)
         }
-        _ => None,
+        Slot::Empty => None,
     }
-}
-
-/// The bits of a word that say a side slot holds something.
-const SIDES: u64 = HAS_DEADLINE | HAS_KEY;
-
-/// The side slots of the ledger installed before, saved when its word used them.
-struct Saved {
-    deadline: Option<Instant>,
-    key: u64,
 }
 
 /// Lends `slot`'s ledger to this thread until dropped, then takes it back and restores whatever
-/// was installed before (also when the inner call panics). Without a deadline or key on
-/// either side this is two moves of the packed word.
+/// was installed before (also when the inner call panics).
 pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
-    previous: u64,
-    saved: Option<Saved>,
+    previous: Slot,
     previous_shared: Option<SharedState>,
 }
 
@@ -432,27 +269,19 @@ impl<'a> Installed<'a> {
     #[inline]
     pub(crate) fn new(slot: &'a mut Option<Ledger>) -> Self {
         let previous = CURRENT.get();
-        // A side slot is read only through a word with its bit: save the previous word's before
-        // ours overwrites them.
-        let saved = (previous & SIDES != 0).then(save_sides);
         let mut shared = None;
         let next = match slot {
-            Some(Ledger::Inline(inline)) => {
-                if inline.word & SIDES != 0 {
-                    write_inline_sides(inline);
-                }
-                inline.word
-            }
+            Some(Ledger::Inline(state)) => Slot::Inline(*state),
             Some(Ledger::Shared(_)) => {
                 if let Some(Ledger::Shared(s)) = slot.take() {
                     shared = Some(s);
                 }
-                SHARED_TAG << TAG_SHIFT
+                Slot::Shared
             }
-            None => EMPTY,
+            None => Slot::Empty,
         };
         CURRENT.set(next);
-        let previous_shared = if shared.is_some() || tag(previous) == SHARED_TAG {
+        let previous_shared = if shared.is_some() || matches!(previous, Slot::Shared) {
             SHARED.replace(shared)
         } else {
             None
@@ -460,60 +289,20 @@ impl<'a> Installed<'a> {
         Installed {
             slot,
             previous,
-            saved,
             previous_shared,
         }
     }
-}
-
-#[cold]
-fn save_sides() -> Saved {
-    Saved {
-        deadline: DEADLINE.get(),
-        key: KEY.get(),
-    }
-}
-
-#[cold]
-fn write_inline_sides(inline: &Inline) {
-    let word = inline.word;
-    if word & HAS_DEADLINE != 0 {
-        DEADLINE.set(inline.deadline);
-    }
-    if word & HAS_KEY != 0 {
-        KEY.set(inline.key);
-    }
-}
-
-#[cold]
-fn read_inline_sides(inline: &mut Inline) {
-    let (deadline, key) = read_sides(inline.word);
-    inline.deadline = deadline;
-    inline.key = key;
-}
-
-#[cold]
-fn restore_sides(saved: &Saved) {
-    DEADLINE.set(saved.deadline);
-    KEY.set(saved.key);
 }
 
 impl Drop for Installed<'_> {
     #[inline]
     fn drop(&mut self) {
         let mine = CURRENT.replace(self.previous);
-        match (tag(mine), &mut *self.slot) {
-            (INLINE, Some(Ledger::Inline(inline))) => {
-                inline.word = mine;
-                if mine & SIDES != 0 {
-                    read_inline_sides(inline);
-                }
-            }
-            (SHARED_TAG, slot) => *slot = SHARED.take().map(Ledger::Shared),
+        match (mine, &mut *self.slot) {
+            (Slot::Inline(state), Some(Ledger::Inline(held))) => *held = state,
+            // Ours, or moved to the heap while it was lent (`share_current`).
+            (Slot::Shared, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
-        }
-        if let Some(saved) = &self.saved {
-            restore_sides(saved);
         }
         if let Some(previous) = self.previous_shared.take() {
             SHARED.set(Some(previous));
@@ -541,14 +330,17 @@ pub(crate) fn with_current_or<R>(
     if let Some(ledger) = own {
         return ledger.with(f);
     }
-    let word = CURRENT.get();
-    match tag(word) {
-        INLINE => with_installed_inline(word, f),
-        SHARED_TAG => match SHARED.with_borrow(Clone::clone) {
+    match CURRENT.get() {
+        Slot::Inline(mut state) => {
+            let out = f(&mut state);
+            CURRENT.set(Slot::Inline(state));
+            out
+        }
+        Slot::Shared => match SHARED.with_borrow(Clone::clone) {
             Some(shared) => f(&mut lock(&shared)),
             None => own.insert(Ledger::inline(make())).with(f),
         },
-        _ => own.insert(Ledger::inline(make())).with(f),
+        Slot::Empty => own.insert(Ledger::inline(make())).with(f),
     }
 }
 

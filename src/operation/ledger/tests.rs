@@ -1,4 +1,4 @@
-//! The packed ledger: round trips, nested installs, joins.
+//! The ledger: lending and taking back, nested installs, joins.
 use super::*;
 use std::time::Duration;
 
@@ -9,21 +9,28 @@ fn read_op() -> Option<Ledger> {
 }
 
 #[test]
-fn pack_round_trips_every_class_and_code() {
+fn an_installed_ledger_comes_back_with_every_change_made_while_it_was_lent() {
     for class in ToolClass::ALL {
-        for closed in std::iter::once(None).chain(ErrorCode::ALL.map(Some)) {
-            for keyed in [false, true] {
-                let mut state = OpState::new(100, class, keyed, None)
-                    .with_retries(99)
-                    .with_caller(BUDGET_ID_MASK);
-                state.closed = closed;
-                let back = unpack(pack(&state), None, 0);
-                assert_eq!(back.class, class);
-                assert_eq!(back.closed, closed);
-                assert_eq!(back.keyed, keyed);
-                assert_eq!((back.retries, back.max_attempts), (99, 100));
-                assert_eq!(back.caller, BUDGET_ID_MASK);
-            }
+        for closed in ErrorCode::ALL {
+            let mut slot = Some(Ledger::inline(OpState::new(100, class, false, None)));
+            in_scope(&mut slot, || {
+                with_current(|op| {
+                    op.grant_retry();
+                    op.note_key(7);
+                    op.close(closed);
+                    op.set_caller(BUDGET_ID_MASK);
+                })
+            });
+            let state = slot.as_mut().unwrap().with(|op| *op);
+            assert_eq!(
+                (state.class, state.closed, state.keyed),
+                (class, Some(closed), true)
+            );
+            assert_eq!(
+                (state.retries, state.key, state.caller),
+                (1, 7, BUDGET_ID_MASK)
+            );
+            assert!(with_current(|_| ()).is_none(), "nothing is left installed");
         }
     }
 }
