@@ -81,10 +81,9 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     }
 
     /// Replaces the classifier that decides what a result means for the intent. The default,
-    /// [`DefaultClassifier`], counts every `Ok` as a success and stores it as the receipt: over
-    /// an HTTP client, whose 5xx answers are `Ok` responses, give it
-    /// [`HttpClassifier`](crate::classify::HttpClassifier) (as the `Retry` above has), or a 503
-    /// would be stored as the receipt and the write never sent again.
+    /// [`DefaultClassifier`], reads an answer by its type ([`Answer`](crate::classify::Answer)):
+    /// an `http::Response` by its status, so a 503 is never stored as the receipt; a success
+    /// is stored, and only a success.
     pub fn classifier<C2>(self, classifier: C2) -> ReceiptLayer<St, F, C2, Cd, RB> {
         ReceiptLayer {
             store: self.store,
