@@ -28,9 +28,11 @@
 //!   stack over its own dependency: 1, 2, 5 or 20 runs in an outage at 10 requests/s each beside
 //!   run `b` with 10 % transient failures, at 100/s and at 10/s; `b-alone` is run `b` with nobody
 //!   else on the budget. `stormguard-nested` gives each run its own handle
-//!   (`RetryBudget::for_run`); `stormguard-nested-one-run` shares plain clones, so all runs are
-//!   one to the budget. Each case runs three times with different seeds: calls and successes are
-//!   summed, and the success rate's range is shown.
+//!   (`RetryBudget::for_run`); `stormguard-nested-run-scopes` builds the stacks on plain clones
+//!   and sends each run's requests in its scope (`RetryBudget::scope`); `stormguard-nested-one-run`
+//!   shares plain clones without scopes, so all runs are one to the budget. Each case runs three
+//!   times with different seeds: calls and successes are summed, and the success rate's range is
+//!   shown.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -450,6 +452,9 @@ enum Sharing {
     Handles,
     /// Every stack gets a plain clone of the budget: one run to it.
     Clones,
+    /// Every stack gets a plain clone, and each run's requests are sent in its scope
+    /// (`RetryBudget::scope`): a stack built once serving many runs.
+    Scopes,
 }
 
 impl Sharing {
@@ -457,6 +462,7 @@ impl Sharing {
         match self {
             Sharing::Handles => "stormguard-nested",
             Sharing::Clones => "stormguard-nested-one-run",
+            Sharing::Scopes => "stormguard-nested-run-scopes",
         }
     }
 }
@@ -487,19 +493,26 @@ fn fairness_once(failing: u32, sharing: Sharing, rate_b: f64, seed: u64) -> Fair
     let dep_b = Dependency::seeded(Failing::WithProbability(0.1), seed);
     let (ok_failing, ok_b) = rt.block_on(async {
         let shared = seeded_budget(seed);
-        let handle = || match sharing {
-            Sharing::Handles => shared.for_run(RunLimits::default()),
-            Sharing::Clones => shared.clone(),
+        // Each run's handle for its stacks, and the run whose scope its requests are sent in.
+        let handle = || {
+            let run = shared.for_run(RunLimits::default());
+            match sharing {
+                Sharing::Handles => (run, None),
+                Sharing::Clones => (shared.clone(), None),
+                Sharing::Scopes => (shared.clone(), Some(run)),
+            }
         };
         let mut runs = JoinSet::new();
         for dep in &deps {
-            let svc = stormguard_nested(dep.clone(), DemoClassifier, &handle());
+            let (budget, scope) = handle();
+            let svc = stormguard_nested(dep.clone(), DemoClassifier, &budget);
             let count = (FAIL_RATE * FAIR_SECS as f64) as u64;
-            runs.spawn(drive(svc, |i| i, FAIL_RATE, count));
+            runs.spawn(drive_as(scope, svc, |i| i, FAIL_RATE, count));
         }
-        let b = stormguard_nested(dep_b.clone(), DemoClassifier, &handle());
+        let (budget, scope) = handle();
+        let b = stormguard_nested(dep_b.clone(), DemoClassifier, &budget);
         let count_b = (rate_b * FAIR_SECS as f64) as u64;
-        let ok_b = drive(b, |i| i, rate_b, count_b).await;
+        let ok_b = drive_as(scope, b, |i| i, rate_b, count_b).await;
         let mut ok_failing = 0;
         while let Some(ok) = runs.join_next().await {
             ok_failing += ok.expect("a failing run");
@@ -524,6 +537,7 @@ fn fairness() -> Vec<Row> {
         cases.push((0, Sharing::Handles, rate_b));
         for n in FAILING_RUNS {
             cases.push((n, Sharing::Handles, rate_b));
+            cases.push((n, Sharing::Scopes, rate_b));
             cases.push((n, Sharing::Clones, rate_b));
         }
     }
@@ -591,6 +605,21 @@ where
     Req: Send + 'static,
     Res: Failed + Send + 'static,
 {
+    drive_as(None, svc, make, rate, count).await
+}
+
+/// [`drive`], each request sent in `run`'s scope (`RetryBudget::scope`) if there is one.
+async fn drive_as<Req, Res>(
+    run: Option<RetryBudget>,
+    svc: BoxService<Req, Res>,
+    make: impl Fn(u64) -> Req,
+    rate: f64,
+    count: u64,
+) -> u64
+where
+    Req: Send + 'static,
+    Res: Failed + Send + 'static,
+{
     let start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let mut tasks = JoinSet::new();
@@ -598,8 +627,13 @@ where
         tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
         let svc = svc.clone();
         let req = make(i);
+        let run = run.clone();
         tasks.spawn(async move {
-            match svc.oneshot(req).await {
+            let answer = match run {
+                Some(run) => run.scope(svc.oneshot(req)).await,
+                None => svc.oneshot(req).await,
+            };
+            match answer {
                 Ok(res) => !res.failed(),
                 Err(_) => false,
             }
@@ -1162,7 +1196,7 @@ fn main() {
     }
     if !json {
         println!(
-            "{:<14} {:<40} {:>7} {:>8} {:>10} {:>14} {:>22} {:>7} {:>6} {:>12} {:>9}",
+            "{:<14} {:<45} {:>7} {:>8} {:>10} {:>14} {:>22} {:>7} {:>6} {:>12} {:>9}",
             "scenario",
             "stack (run)",
             "rate/s",
@@ -1177,7 +1211,7 @@ fn main() {
         );
         for r in &rows {
             println!(
-                "{:<14} {:<40} {:>7} {:>8} {:>10} {:>13.3}x {:>22} {:>7} {:>6} {:>12} {:>9}",
+                "{:<14} {:<45} {:>7} {:>8} {:>10} {:>13.3}x {:>22} {:>7} {:>6} {:>12} {:>9}",
                 r.scenario,
                 match &r.run {
                     Some(run) => format!("{} ({run})", r.stack),
