@@ -72,16 +72,17 @@
 //! the floor. The floor (10 retries a minute) stays common to every run: it is what a cold start
 //! or a run in an outage gets, whatever the others do.
 //!
-//! The first version bounded each run's loan but not all loans together: N runs in an outage
-//! took N shares. Beside 20 of them (10 requests/s each), a healthy run with 10 % transient
-//! failures fell from 99.89 % success (alone) to 96.4 % at 10 requests/s and 99.64 % at 100/s;
-//! with the lending limit it keeps 99.78 % and 99.88 % for 1, 2, 5 and 20 failing runs alike
+//! A bound on each run's loan alone is not enough: N runs in an outage take N shares. Beside 20 of
+//! them (10 requests/s each), a healthy run with 10 % transient failures fell from 99.89 %
+//! success (alone) to 96.4 % at 10 requests/s and 99.64 % at 100/s with per-run shares only; with
+//! the lending limit it keeps 99.78 % and 99.88 % for 1, 2, 5 and 20 failing runs alike
 //! (`cargo run --release --example storm -- --scenario fairness`, three seeds each).
 //!
 //! The decision is a pure function of the run's credit, what all runs owe, the balance, the
 //! retry's cost, the share and the limit; the atomics carry it out (a loan is counted before the
 //! run's credit moves, so the limit holds under concurrent runs). A first-try success still costs
-//! a load and at most an add on the balance and one on the run's credit.
+//! a load and at most an add on the balance, the same on the run's credit, and for a handle
+//! without a run of its own one thread-local read (is a run's scope being polled?).
 //!
 //! ## Giving each run its account
 //!
@@ -279,8 +280,8 @@ impl RetryBudget {
         });
     }
 
-    /// Who is credited by [`deposit`](Self::deposit): the run's handle, or the shared balance for
-    /// a handle without a run. A 24-bit number, never 0, unique among the budgets and run
+    /// Who is credited by [`deposit`](Self::deposit): the run this handle acts for (its own, or
+    /// that of the [scope](Self::scope) being polled), or the shared balance for none. A 24-bit number, never 0, unique among the budgets and run
     /// handles of a process until 16,777,215 of them have been made (then numbers repeat, and
     /// two nested layers on two budgets with one number credit only the outer one). Nested layers
     /// use it to credit each budget once per operation.
