@@ -24,11 +24,15 @@
 //! - `brownout` at 100 requests/s for 120 s: every call fails for 20 s, then 30 % fail for 40 s,
 //!   then none; `recovery_ms` is from the end of the full outage to the first success;
 //! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s;
-//! - `fairness`: two agent runs share one budget (defaults) for 300 s, each with its own
-//!   three-layer stack over its own dependency: run `a` in an outage at 10 requests/s, run `b`
-//!   at 100/s with 10 % transient failures; `b-alone` is run `b` with nobody else on the budget.
-//!   `stormguard-nested` gives each run its own handle (`RetryBudget::for_run`);
-//!   `stormguard-nested-one-run` shares plain clones, so both runs are one to the budget.
+//! - `fairness`: agent runs share one budget (defaults) for 300 s, each with its own three-layer
+//!   stack over its own dependency: 1, 2, 5 or 20 runs in an outage at 10 requests/s each beside
+//!   run `b` with 10 % transient failures, at 100/s and at 10/s; `b-alone` is run `b` with nobody
+//!   else on the budget. `stormguard-nested` gives each run its own handle
+//!   (`RetryBudget::for_run`); `stormguard-nested-run-scopes` builds the stacks on plain clones
+//!   and sends each run's requests in its scope (`RetryBudget::scope`); `stormguard-nested-one-run`
+//!   shares plain clones without scopes, so all runs are one to the budget. Each case runs three
+//!   times with different seeds: calls and successes are summed, and the success rate's range is
+//!   shown.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -88,6 +92,8 @@ enum Failing {
 #[derive(Clone)]
 struct Dependency {
     failing: Failing,
+    /// Seeds the calls' fates (`SEED` but in the `fairness` scenario's repeats).
+    seed: u64,
     state: Arc<Mutex<DepState>>,
 }
 
@@ -103,8 +109,13 @@ struct DepState {
 
 impl Dependency {
     fn new(failing: Failing) -> Self {
+        Self::seeded(failing, SEED)
+    }
+
+    fn seeded(failing: Failing, seed: u64) -> Self {
         Dependency {
             failing,
+            seed,
             state: Arc::new(Mutex::new(DepState {
                 calls: 0,
                 per_op: HashMap::new(),
@@ -169,7 +180,7 @@ impl Service<u64> for Dependency {
         // calls arrive in: every stack sees the same fate for the same attempt of the same
         // operation (common random numbers), so stacks that make fewer calls are compared on the
         // same luck, not on a reshuffled one.
-        let mut fate = SEED ^ op.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(*nth) << 48;
+        let mut fate = self.seed ^ op.wrapping_mul(0xA24B_AED4_963E_E407) ^ u64::from(*nth) << 48;
         let roll = next_f64(&mut fate);
         let mut answer = op;
         let fail = match self.failing {
@@ -307,9 +318,13 @@ fn tower_layer(budgeted: bool, seeds: &Arc<AtomicU64>) -> tower::retry::RetryLay
 }
 
 fn stormguard_budget() -> RetryBudget {
+    seeded_budget(SEED)
+}
+
+fn seeded_budget(seed: u64) -> RetryBudget {
     // The crate's default settings, with a fixed seed so runs repeat exactly.
     RetryBudget::builder()
-        .seed(SEED)
+        .seed(seed)
         .build()
         .expect("defaults are valid")
 }
@@ -430,83 +445,144 @@ where
     BoxService::new(svc.map_err(tower::BoxError::from))
 }
 
-/// The `fairness` scenario: run `a` in an outage and run `b` healthy-but-flaky on one budget,
-/// given per-run handles (`runs`) or plain clones; and `b` alone on a budget of its own.
+/// How the runs of the `fairness` scenario reach their shared budget.
+#[derive(Clone, Copy)]
+enum Sharing {
+    /// Each run's stacks are built on its own handle (`RetryBudget::for_run`).
+    Handles,
+    /// Every stack gets a plain clone of the budget: one run to it.
+    Clones,
+    /// Every stack gets a plain clone, and each run's requests are sent in its scope
+    /// (`RetryBudget::scope`): a stack built once serving many runs.
+    Scopes,
+}
+
+impl Sharing {
+    fn stack(self) -> &'static str {
+        match self {
+            Sharing::Handles => "stormguard-nested",
+            Sharing::Clones => "stormguard-nested-one-run",
+            Sharing::Scopes => "stormguard-nested-run-scopes",
+        }
+    }
+}
+
+/// What one repeat of the `fairness` scenario saw: the failing runs together, then run `b`.
+struct FairRepeat {
+    failing: (u64, u64, u32),
+    healthy: (u64, u64, u32),
+}
+
+/// Failing runs beside the healthy one, in the `fairness` scenario.
+const FAILING_RUNS: [u32; 4] = [1, 2, 5, 20];
+/// Repeats of each `fairness` case, with different seeds (the success is given as a range).
+const REPEATS: u64 = 3;
+const FAIR_SECS: u64 = 300;
+const FAIL_RATE: f64 = 10.0;
+/// Run `b`'s rates: a busy run, and a quiet one whose deposits a few failing runs can outspend.
+const HEALTHY_RATES: [f64; 2] = [100.0, 10.0];
+
+/// One repeat: `failing` runs in an outage (10 requests/s each) and run `b` (`rate_b`, 10 %
+/// transient failures) on one budget for 300 s, each run with its own three-layer stack over its
+/// own dependency. `failing == 0` is run `b` alone.
+fn fairness_once(failing: u32, sharing: Sharing, rate_b: f64, seed: u64) -> FairRepeat {
+    let rt = paused_runtime();
+    let deps: Vec<Dependency> = (0..failing)
+        .map(|i| Dependency::seeded(Failing::Always, seed ^ u64::from(i + 1) << 32))
+        .collect();
+    let dep_b = Dependency::seeded(Failing::WithProbability(0.1), seed);
+    let (ok_failing, ok_b) = rt.block_on(async {
+        let shared = seeded_budget(seed);
+        // Each run's handle for its stacks, and the run whose scope its requests are sent in.
+        let handle = || {
+            let run = shared.for_run(RunLimits::default());
+            match sharing {
+                Sharing::Handles => (run, None),
+                Sharing::Clones => (shared.clone(), None),
+                Sharing::Scopes => (shared.clone(), Some(run)),
+            }
+        };
+        let mut runs = JoinSet::new();
+        for dep in &deps {
+            let (budget, scope) = handle();
+            let svc = stormguard_nested(dep.clone(), DemoClassifier, &budget);
+            let count = (FAIL_RATE * FAIR_SECS as f64) as u64;
+            runs.spawn(drive_as(scope, svc, |i| i, FAIL_RATE, count));
+        }
+        let (budget, scope) = handle();
+        let b = stormguard_nested(dep_b.clone(), DemoClassifier, &budget);
+        let count_b = (rate_b * FAIR_SECS as f64) as u64;
+        let ok_b = drive_as(scope, b, |i| i, rate_b, count_b).await;
+        let mut ok_failing = 0;
+        while let Some(ok) = runs.join_next().await {
+            ok_failing += ok.expect("a failing run");
+        }
+        (ok_failing, ok_b)
+    });
+    let calls = deps.iter().map(Dependency::calls).sum();
+    let max_per_op = deps.iter().map(Dependency::max_per_op).max().unwrap_or(0);
+    FairRepeat {
+        failing: (calls, ok_failing, max_per_op),
+        healthy: (dep_b.calls(), ok_b, dep_b.max_per_op()),
+    }
+}
+
+/// The `fairness` scenario: for 1, 2, 5 and 20 failing runs beside healthy run `b` (at 100/s,
+/// then at 10/s), sharing the budget through run handles or plain clones; and `b` alone. Each
+/// case runs `REPEATS` times with different seeds: calls and successes are summed, the success
+/// rate's range is given.
 fn fairness() -> Vec<Row> {
-    let (secs, rate_a, rate_b) = (300, 10.0, 100.0);
+    let mut cases = Vec::new();
+    for rate_b in HEALTHY_RATES {
+        cases.push((0, Sharing::Handles, rate_b));
+        for n in FAILING_RUNS {
+            cases.push((n, Sharing::Handles, rate_b));
+            cases.push((n, Sharing::Scopes, rate_b));
+            cases.push((n, Sharing::Clones, rate_b));
+        }
+    }
     let mut rows = Vec::new();
-    for (stack, runs) in [
-        ("stormguard-nested", true),
-        ("stormguard-nested-one-run", false),
-    ] {
+    for (n, sharing, rate_b) in cases {
         let wall = std::time::Instant::now();
-        let rt = paused_runtime();
-        let (dep_a, dep_b) = (
-            Dependency::new(Failing::Always),
-            Dependency::new(Failing::WithProbability(0.1)),
-        );
-        let (ok_a, ok_b) = rt.block_on(async {
-            let shared = stormguard_budget();
-            let handle = |shared: &RetryBudget| {
-                if runs {
-                    shared.for_run(RunLimits::default())
-                } else {
-                    shared.clone()
-                }
-            };
-            let a = stormguard_nested(dep_a.clone(), DemoClassifier, &handle(&shared));
-            let b = stormguard_nested(dep_b.clone(), DemoClassifier, &handle(&shared));
-            let count_a = (rate_a * secs as f64) as u64;
-            let count_b = (rate_b * secs as f64) as u64;
-            tokio::join!(
-                drive(a, |i| i, rate_a, count_a),
-                drive(b, |i| i, rate_b, count_b)
-            )
-        });
-        for (run, dep, ok, rate) in [("a", &dep_a, ok_a, rate_a), ("b", &dep_b, ok_b, rate_b)] {
+        let repeats: Vec<FairRepeat> = (0..REPEATS)
+            .map(|r| fairness_once(n, sharing, rate_b, SEED.wrapping_add(r)))
+            .collect();
+        let elapsed = wall.elapsed();
+        let mut row = |run: String, rate: f64, pick: fn(&FairRepeat) -> (u64, u64, u32)| {
+            let logical = (rate * FAIR_SECS as f64) as u64;
+            let rates: Vec<f64> = repeats
+                .iter()
+                .map(|r| pick(r).1 as f64 / logical as f64)
+                .collect();
             rows.push(Row {
                 scenario: "fairness",
-                stack,
+                stack: sharing.stack(),
                 run: Some(run),
                 rate,
-                logical: (rate * secs as f64) as u64,
-                calls: dep.calls(),
-                successes: ok,
-                max_per_op: dep.max_per_op(),
+                logical: logical * REPEATS,
+                calls: repeats.iter().map(|r| pick(r).0).sum(),
+                successes: repeats.iter().map(|r| pick(r).1).sum(),
+                success_range: Some((
+                    rates.iter().copied().fold(f64::INFINITY, f64::min),
+                    rates.iter().copied().fold(0.0, f64::max),
+                )),
+                max_per_op: repeats.iter().map(|r| pick(r).2).max().unwrap_or(0),
                 breaker_opens: 0,
                 recovery: None,
                 p99: None,
                 per_second: Vec::new(),
-                elapsed: wall.elapsed(),
+                elapsed,
             });
+        };
+        if n == 0 {
+            row("b-alone".to_string(), rate_b, |r| r.healthy);
+            continue;
         }
+        row(format!("{n} failing"), FAIL_RATE * f64::from(n), |r| {
+            r.failing
+        });
+        row(format!("b beside {n}"), rate_b, |r| r.healthy);
     }
-    let wall = std::time::Instant::now();
-    let rt = paused_runtime();
-    let dep_b = Dependency::new(Failing::WithProbability(0.1));
-    let ok = rt.block_on(async {
-        let b = stormguard_nested(
-            dep_b.clone(),
-            DemoClassifier,
-            &stormguard_budget().for_run(RunLimits::default()),
-        );
-        drive(b, |i| i, rate_b, (rate_b * secs as f64) as u64).await
-    });
-    rows.push(Row {
-        scenario: "fairness",
-        stack: "stormguard-nested",
-        run: Some("b-alone"),
-        rate: rate_b,
-        logical: (rate_b * secs as f64) as u64,
-        calls: dep_b.calls(),
-        successes: ok,
-        max_per_op: dep_b.max_per_op(),
-        breaker_opens: 0,
-        recovery: None,
-        p99: None,
-        per_second: Vec::new(),
-        elapsed: wall.elapsed(),
-    });
     rows
 }
 
@@ -529,6 +605,21 @@ where
     Req: Send + 'static,
     Res: Failed + Send + 'static,
 {
+    drive_as(None, svc, make, rate, count).await
+}
+
+/// [`drive`], each request sent in `run`'s scope (`RetryBudget::scope`) if there is one.
+async fn drive_as<Req, Res>(
+    run: Option<RetryBudget>,
+    svc: BoxService<Req, Res>,
+    make: impl Fn(u64) -> Req,
+    rate: f64,
+    count: u64,
+) -> u64
+where
+    Req: Send + 'static,
+    Res: Failed + Send + 'static,
+{
     let start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let mut tasks = JoinSet::new();
@@ -536,8 +627,13 @@ where
         tokio::time::sleep_until(start + interval.mul_f64(i as f64)).await;
         let svc = svc.clone();
         let req = make(i);
+        let run = run.clone();
         tasks.spawn(async move {
-            match svc.oneshot(req).await {
+            let answer = match run {
+                Some(run) => run.scope(svc.oneshot(req)).await,
+                None => svc.oneshot(req).await,
+            };
+            match answer {
                 Ok(res) => !res.failed(),
                 Err(_) => false,
             }
@@ -554,11 +650,13 @@ struct Row {
     scenario: &'static str,
     stack: &'static str,
     /// Which agent run the row is about (the `fairness` scenario), if any.
-    run: Option<&'static str>,
+    run: Option<String>,
     rate: f64,
     logical: u64,
     calls: u64,
     successes: u64,
+    /// The lowest and highest success rate over the repeats (the `fairness` scenario).
+    success_range: Option<(f64, f64)>,
     max_per_op: u32,
     breaker_opens: u64,
     recovery: Option<Duration>,
@@ -589,6 +687,7 @@ impl Row {
             "amplification": (self.amplification() * 10000.0).round() / 10000.0,
             "successes": self.successes,
             "success_rate": self.success_rate(),
+            "success_range": self.success_range.map(|(lo, hi)| [lo, hi]),
             "max_calls_per_operation": self.max_per_op,
             "breaker_opens": self.breaker_opens,
             "recovery_ms": self.recovery.map(|d| d.as_millis() as u64),
@@ -616,6 +715,7 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
         logical: count,
         calls: dep.calls(),
         successes,
+        success_range: None,
         max_per_op: dep.max_per_op(),
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: dep.recovery(),
@@ -787,6 +887,7 @@ fn tail(stack: TailStack) -> Row {
         logical: count,
         calls: leaf.calls.load(Ordering::Relaxed),
         successes,
+        success_range: None,
         max_per_op,
         breaker_opens: 0,
         recovery: None,
@@ -940,6 +1041,7 @@ fn outage_http(stack: Stack) -> Row {
         logical: count,
         calls: received.calls.load(Ordering::Relaxed),
         successes,
+        success_range: None,
         max_per_op,
         breaker_opens: breaker.map_or(0, |b| b.opens()),
         recovery: None,
@@ -1094,7 +1196,7 @@ fn main() {
     }
     if !json {
         println!(
-            "{:<14} {:<33} {:>7} {:>8} {:>10} {:>14} {:>12} {:>7} {:>6} {:>12} {:>9}",
+            "{:<14} {:<45} {:>7} {:>8} {:>10} {:>14} {:>22} {:>7} {:>6} {:>12} {:>9}",
             "scenario",
             "stack (run)",
             "rate/s",
@@ -1109,9 +1211,9 @@ fn main() {
         );
         for r in &rows {
             println!(
-                "{:<14} {:<33} {:>7} {:>8} {:>10} {:>13.3}x {:>11.2}% {:>7} {:>6} {:>12} {:>9}",
+                "{:<14} {:<45} {:>7} {:>8} {:>10} {:>13.3}x {:>22} {:>7} {:>6} {:>12} {:>9}",
                 r.scenario,
-                match r.run {
+                match &r.run {
                     Some(run) => format!("{} ({run})", r.stack),
                     None => r.stack.to_string(),
                 },
@@ -1119,7 +1221,15 @@ fn main() {
                 r.logical,
                 r.calls,
                 r.amplification(),
-                r.success_rate() * 100.0,
+                match r.success_range {
+                    Some((lo, hi)) => format!(
+                        "{:.2}% ({:.2}-{:.2})",
+                        r.success_rate() * 100.0,
+                        lo * 100.0,
+                        hi * 100.0
+                    ),
+                    None => format!("{:.2}%", r.success_rate() * 100.0),
+                },
                 if r.max_per_op == 0 {
                     "-".to_string()
                 } else {

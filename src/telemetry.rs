@@ -19,6 +19,7 @@ pub(crate) const BREAKER_OUTCOMES: &str = "stormguard_breaker_outcomes_total";
 pub(crate) const RECEIPT_OUTCOMES: &str = "stormguard_receipt_outcomes_total";
 pub(crate) const KEY_REFUSALS: &str = "stormguard_key_refusals_total";
 pub(crate) const QUOTA_WAITS: &str = "stormguard_quota_waits_total";
+pub(crate) const LOANS_REFUSED: &str = "stormguard_budget_loans_refused_total";
 #[cfg(feature = "redis")]
 pub(crate) const FLEET_UP: &str = "stormguard_fleet_up";
 #[cfg(feature = "redis")]
@@ -59,6 +60,12 @@ pub(crate) fn operation_opened(class: ToolClass) {
 
 pub(crate) fn retry_granted(class: ToolClass, failure: &'static str) {
     metrics::counter!(RETRIES, "class" => class.as_str(), "failure" => failure).increment(1);
+}
+
+/// A run was sent to the floor because it may not borrow: `reason` is `run_share` or
+/// `lending_limit`.
+pub(crate) fn loan_refused(reason: &'static str) {
+    metrics::counter!(LOANS_REFUSED, "reason" => reason).increment(1);
 }
 
 pub(crate) fn retry_refused(class: ToolClass, reason: &'static str) {

@@ -72,6 +72,42 @@ fn a_first_try_success_allocates_nothing() {
     assert_eq!(allocations, 0, "{allocations} allocations in 10,000 calls");
 }
 
+/// The same stack built once on the shared budget, called inside an agent run's scope
+/// (`RetryBudget::scope`): every layer credits the run, and nothing is allocated.
+#[test]
+fn a_first_try_success_in_a_runs_scope_allocates_nothing() {
+    use stormguard::budget::RunLimits;
+    let budget = RetryBudget::default();
+    let leaf = service_fn(|n: u64| std::future::ready(Ok::<_, std::io::Error>(n + 1)));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::IdempotentWrite, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .service(leaf);
+    let agent = budget.for_run(RunLimits::default());
+    let before = std::cell::Cell::new(0);
+    let mut scoped = std::pin::pin!(agent.scope(std::future::poll_fn(|cx| {
+        for n in 0..10_100 {
+            if n == 100 {
+                // after the warm-up (thread-locals, metrics and tracing callsites)
+                before.set(allocations());
+            }
+            let Poll::Ready(ready) = stack.poll_ready(cx) else {
+                panic!("the stack should be ready");
+            };
+            ready.unwrap();
+            assert_eq!(poll_now(stack.call(n)).unwrap(), n + 1);
+        }
+        Poll::Ready(())
+    })));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(scoped.as_mut().poll(&mut cx).is_ready());
+    let allocations = allocations() - before.get();
+    assert_eq!(allocations, 0, "{allocations} allocations in 10,000 calls");
+    // 10,100 successes x 0.2, up to the cap: all the run's.
+    assert_eq!(agent.run_credit(), Some(100.0));
+}
+
 /// What the operation travelling with the request costs: on an `http::Request` the outermost
 /// `Retry` moves the ledger to the heap (one `Arc`) and puts it in the request's extensions (the
 /// map and its entry), so layers behind a `Buffer` or a spawned task join it. Measured, not

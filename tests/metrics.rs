@@ -240,3 +240,34 @@ fn receipt_decisions_are_counted() {
         );
     }
 }
+
+/// A run's retry sent to the floor because it may not borrow is counted, with why: its own share
+/// is owed, or all runs together owe the lending limit.
+#[test]
+fn refused_loans_are_counted_with_the_reason() {
+    use stormguard::budget::RunLimits;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorded(&recorder, || async {
+        let shared = RetryBudget::builder()
+            .floor(0, Duration::from_secs(60))
+            .run_share(1)
+            .lending_limit(2)
+            .build()
+            .unwrap();
+        for _ in 0..50 {
+            shared.deposit();
+        }
+        let runs: Vec<_> = (0..3)
+            .map(|_| shared.for_run(RunLimits::default()))
+            .collect();
+        assert!(runs[0].try_withdraw(Duration::ZERO).is_ok()); // on loan
+        assert!(runs[1].try_withdraw(Duration::ZERO).is_ok()); // on loan
+        assert!(runs[2].try_withdraw(Duration::ZERO).is_err()); // the limit is lent out
+        assert!(runs[0].try_withdraw(Duration::ZERO).is_err()); // it owes its share
+    });
+    let metrics = snapshotter.snapshot().into_vec();
+    let name = "stormguard_budget_loans_refused_total";
+    assert_eq!(counter(&metrics, name, &[("reason", "lending_limit")]), 1);
+    assert_eq!(counter(&metrics, name, &[("reason", "run_share")]), 1);
+}

@@ -1,7 +1,7 @@
 //! [`RetryBudgetBuilder`]: the budget's settings, checked when it is built (and, with the
 //! feature `redis`, the fleet it shares its balance with).
 
-use super::ratio::Ratio;
+use super::ratio::{Ratio, Terms};
 use super::run::{Run, RunLimits};
 use super::{random_seed, RetryBudget};
 use crate::error::ConfigError;
@@ -28,6 +28,7 @@ pub struct RetryBudgetBuilder {
     retry_ratio: f64,
     max_balance: u32,
     run_share: u32,
+    lending_limit: Option<u32>,
     floor: u32,
     floor_window: Duration,
     seed: Option<u64>,
@@ -44,6 +45,7 @@ impl Default for RetryBudgetBuilder {
             retry_ratio: 0.2,
             max_balance: 100,
             run_share: 10,
+            lending_limit: None,
             floor: 10,
             floor_window: Duration::from_secs(60),
             seed: None,
@@ -71,9 +73,36 @@ impl RetryBudgetBuilder {
 
     /// How many retries one run ([`RetryBudget::for_run`]) may draw on the shared balance
     /// beyond what its own successes deposited: 10 by default; 0 lets each run spend only its own
-    /// deposits (and the floor). See [fair shares](super#fair-shares-between-runs).
+    /// deposits (and the floor). What all runs together may owe is the
+    /// [`lending_limit`](Self::lending_limit). See [fair shares](super#fair-shares-between-runs).
     pub fn run_share(mut self, retries: u32) -> Self {
         self.run_share = retries;
+        self
+    }
+
+    /// How many retries **all runs together** may owe the shared balance beyond what their own
+    /// successes deposited: by default one [`run_share`](Self::run_share), whatever the number
+    /// of runs; 0 lends nothing. A run's debt is repaid as it deposits; a run that ends in debt
+    /// (its last handle dropped) leaves the debt counted until the floor window turns, so runs
+    /// made and dropped in a loop borrow at most this much per window. See
+    /// [fair shares](super#fair-shares-between-runs).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::budget::{Refusal, RetryBudget, RunLimits};
+    ///
+    /// let shared = RetryBudget::builder().floor(0, Duration::from_secs(60)).lending_limit(3).build()?;
+    /// for _ in 0..500 {
+    ///     shared.deposit(); // a full balance, deposited by no run
+    /// }
+    /// let runs: Vec<_> = (0..5).map(|_| shared.for_run(RunLimits::default())).collect();
+    /// let lent = runs.iter().filter(|run| run.try_withdraw(Duration::ZERO).is_ok()).count();
+    /// assert_eq!(lent, 3); // five runs with nothing deposited: three retries on loan in all
+    /// assert_eq!(runs[4].try_withdraw(Duration::ZERO), Err(Refusal::RetryBudget));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn lending_limit(mut self, retries: u32) -> Self {
+        self.lending_limit = Some(retries);
         self
     }
 
@@ -159,15 +188,16 @@ impl RetryBudgetBuilder {
             return Err(ConfigError::new("floor_window", "must be from 1 s to 1 h"));
         }
         let seed = self.seed.unwrap_or_else(random_seed);
+        let terms = Terms {
+            ratio: self.retry_ratio,
+            max_balance: self.max_balance,
+            run_share: self.run_share,
+            lending_limit: self.lending_limit.unwrap_or(self.run_share),
+            floor: self.floor,
+            floor_window: self.floor_window,
+        };
         #[allow(unused_mut)]
-        let mut ratio = Ratio::new(
-            self.retry_ratio,
-            self.max_balance,
-            self.run_share,
-            self.floor,
-            self.floor_window,
-            seed,
-        );
+        let mut ratio = Ratio::new(&terms, seed);
         #[cfg(feature = "redis")]
         match (self.fleet, self.fleet_lease) {
             (Some((fleet, name)), lease) => {
@@ -185,9 +215,12 @@ impl RetryBudgetBuilder {
             }
             (None, None) => {}
         }
+        let ratio = Arc::new(ratio);
         Ok(RetryBudget {
-            ratio: Arc::new(ratio),
-            run: self.run.map(|limits| Arc::new(Run::new(limits))),
+            run: self
+                .run
+                .map(|limits| Arc::new(Run::new(limits, ratio.clone()))),
+            ratio,
         })
     }
 }

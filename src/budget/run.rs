@@ -1,8 +1,11 @@
 //! The run budget: what one agent run may spend on retries, in count and in backoff time.
 
+use super::lend::{debt, decide, Ask, Draw, Short};
+use super::ratio::Ratio;
 use super::Refusal;
 use crate::error::ConfigError;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Caps on what one agent run may spend on retries, across every tool it calls.
@@ -97,6 +100,8 @@ pub(super) struct Run {
     /// What the run has deposited into the shared balance minus what it drew from it, in
     /// milli-retries: at most the balance's cap, at least minus the run share.
     credit: AtomicI64,
+    /// The balance the run draws on, and where its debts are counted.
+    ratio: Arc<Ratio>,
     id: u32,
 }
 
@@ -105,12 +110,13 @@ fn nanos(d: Duration) -> u64 {
 }
 
 impl Run {
-    pub(super) fn new(limits: RunLimits) -> Self {
+    pub(super) fn new(limits: RunLimits, ratio: Arc<Ratio>) -> Self {
         Run {
             limits,
             retries: AtomicU32::new(0),
             nanos: AtomicU64::new(0),
             credit: AtomicI64::new(0),
+            ratio,
             id: super::next_id(),
         }
     }
@@ -119,30 +125,74 @@ impl Run {
         self.id
     }
 
-    /// Credits the run with one deposit of `amount`, up to `cap`.
+    /// Whether the run draws on `ratio`.
+    pub(super) fn draws_on(&self, ratio: &Arc<Ratio>) -> bool {
+        Arc::ptr_eq(&self.ratio, ratio)
+    }
+
+    /// Credits the run with one deposit, up to the balance's cap; a run in debt repays it.
     #[inline]
-    pub(super) fn earn(&self, amount: i64, cap: i64) {
+    pub(super) fn earn(&self) {
+        let (amount, cap) = self.ratio.deposit_and_max();
         // A run in good standing is the common case: read, don't write.
         if amount == 0 || self.credit.load(Ordering::Relaxed) >= cap {
             return;
         }
-        if self.credit.fetch_add(amount, Ordering::Relaxed) + amount > cap {
-            self.credit.fetch_min(cap, Ordering::Relaxed);
+        self.add(amount, cap);
+    }
+
+    /// Adds `amount` to the run's credit, at most `cap`, and repays what that takes off its debt.
+    fn add(&self, amount: i64, cap: i64) {
+        let before = self.credit.fetch_add(amount, Ordering::AcqRel);
+        let after = before + amount;
+        if after > cap {
+            self.credit.fetch_min(cap, Ordering::AcqRel);
         }
+        self.ratio.repay(debt(before) - debt(after));
     }
 
-    /// Draws `cost` on the run's account if that leaves it no deeper than `-share`.
-    pub(super) fn try_draw(&self, cost: i64, share: i64) -> bool {
-        self.credit
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-                (c - cost >= -share).then_some(c - cost)
-            })
-            .is_ok()
-    }
-
-    /// Gives back a draw the shared balance could not cover.
-    pub(super) fn undraw(&self, cost: i64) {
-        self.credit.fetch_add(cost, Ordering::Relaxed);
+    /// Pays `cost` from the shared balance as the lending rules allow ([`lend`](super::lend)):
+    /// from the run's own credit, or on loan within its share and the lending limit. `Err` says
+    /// why the balance did not pay; the caller may then try the floor.
+    pub(super) fn draw(&self, cost: i64) -> Result<(), Short> {
+        let ratio = &*self.ratio;
+        loop {
+            let credit = self.credit.load(Ordering::Acquire);
+            let ask = Ask {
+                credit,
+                lent: ratio.lent(),
+                balance: ratio.available(),
+                cost,
+                share: ratio.share(),
+                limit: ratio.limit(),
+            };
+            let loan = match decide(ask) {
+                Draw::Own => 0,
+                Draw::Borrow { loan } => loan,
+                Draw::Floor(short) => return Err(short),
+            };
+            // The loan is counted before the credit moves, so `lent` never falls below the
+            // runs' debts, and the limit holds whatever runs borrow at once.
+            if loan > 0 && !ratio.reserve(loan) {
+                return Err(Short::Limit);
+            }
+            let moved = self.credit.compare_exchange(
+                credit,
+                credit - cost,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            if moved.is_err() {
+                // The run deposited or drew meanwhile: decide again on what it has now.
+                ratio.repay(loan);
+                continue;
+            }
+            if ratio.try_balance(cost) {
+                return Ok(());
+            }
+            self.add(cost, ratio.deposit_and_max().1);
+            return Err(Short::Balance);
+        }
     }
 
     /// The run's standing, in retries (negative: it has drawn more than it deposited).
@@ -182,5 +232,12 @@ impl Run {
 
     pub(super) fn retry_time(&self) -> Duration {
         Duration::from_nanos(self.nanos.load(Ordering::Acquire))
+    }
+}
+
+impl Drop for Run {
+    /// A run that ends in debt leaves it to the lending limit until the floor window turns.
+    fn drop(&mut self) {
+        self.ratio.write_off(debt(*self.credit.get_mut()));
     }
 }

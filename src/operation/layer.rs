@@ -1,4 +1,5 @@
 use super::{Operation, Scoped};
+use crate::budget::scope::in_run;
 use crate::operation::ledger::{in_scope, Ledger};
 use std::task::{Context, Poll};
 use tower_layer::Layer;
@@ -252,8 +253,9 @@ where
     fn call(&mut self, req: Req) -> Self::Future {
         let operation = req.operation();
         let mut ledger = operation.clone().map(|op| Ledger::Shared(op.shared));
+        let mut run = operation.as_ref().and_then(|op| op.run.clone());
         let inner = &mut self.inner;
-        let future = in_scope(&mut ledger, || inner.call(req));
+        let future = in_scope(&mut ledger, || in_run(&mut run, || inner.call(req)));
         Scoped::new(future, operation)
     }
 }

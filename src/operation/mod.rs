@@ -51,6 +51,7 @@ pub(crate) mod ledger;
 
 pub use layer::{Adopt, AdoptLayer, Attach, AttachLayer, Carrier};
 
+use crate::budget::{self, scope::in_run, RetryBudget};
 use crate::class::ToolClass;
 use ledger::{in_scope, lock, share_current, Ledger, OpState};
 use pin_project_lite::pin_project;
@@ -87,6 +88,9 @@ use std::task::{Context, Poll};
 #[derive(Clone)]
 pub struct Operation {
     shared: Arc<Mutex<OpState>>,
+    /// The agent run whose [scope](crate::budget::RetryBudget::scope) the operation was opened
+    /// in, if any: it travels with the operation.
+    run: Option<RetryBudget>,
 }
 
 impl Operation {
@@ -122,14 +126,20 @@ impl Operation {
     /// The first call moves the ledger to the heap (one allocation) so it can be shared; the
     /// layers already running keep using it.
     pub fn current() -> Option<Operation> {
-        share_current().map(|shared| Operation { shared })
+        share_current().map(|shared| Operation {
+            shared,
+            run: budget::scope::current(),
+        })
     }
 
-    /// Lends this operation to `future`'s polls: stormguard layers inside it join the operation.
+    /// Lends this operation to `future`'s polls: stormguard layers inside it join the operation
+    /// (and, if it was opened in an agent run's [scope](crate::budget::RetryBudget::scope), act
+    /// for that run).
     pub fn scope<F: Future>(self, future: F) -> Scoped<F> {
         Scoped {
             future,
             ledger: Some(Ledger::Shared(self.shared)),
+            run: self.run,
         }
     }
 
@@ -163,11 +173,13 @@ impl fmt::Debug for Operation {
             .field("class", &state.class())
             .field("keyed", &state.keyed())
             .field("closed", &state.closed())
+            .field("in_run", &self.run.is_some())
             .finish()
     }
 }
 
-/// Takes the current operation (if any) along with `future`, typically one you `tokio::spawn`.
+/// Takes the current operation (if any) along with `future`, typically one you `tokio::spawn`,
+/// and the agent run whose [scope](crate::budget::RetryBudget::scope) it runs in (if any).
 ///
 /// ```
 /// # use stormguard::operation::carry;
@@ -181,6 +193,7 @@ pub fn carry<F: Future>(future: F) -> Scoped<F> {
     Scoped {
         future,
         ledger: share_current().map(Ledger::Shared),
+        run: budget::scope::current(),
     }
 }
 
@@ -208,14 +221,20 @@ pin_project! {
         #[pin]
         future: F,
         ledger: Option<Ledger>,
+        run: Option<RetryBudget>,
     }
 }
 
 impl<F> Scoped<F> {
     pub(crate) fn new(future: F, operation: Option<Operation>) -> Self {
+        let (ledger, run) = match operation {
+            Some(op) => (Some(Ledger::Shared(op.shared)), op.run),
+            None => (None, None),
+        };
         Scoped {
             future,
-            ledger: operation.map(|op| Ledger::Shared(op.shared)),
+            ledger,
+            run,
         }
     }
 }
@@ -226,7 +245,8 @@ impl<F: Future> Future for Scoped<F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let future = this.future;
-        in_scope(this.ledger, || future.poll(cx))
+        let run = this.run;
+        in_scope(this.ledger, || in_run(run, || future.poll(cx)))
     }
 }
 
@@ -234,6 +254,7 @@ impl<F> fmt::Debug for Scoped<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scoped")
             .field("carries_operation", &self.ledger.is_some())
+            .field("carries_run", &self.run.is_some())
             .finish()
     }
 }
