@@ -417,3 +417,40 @@ async fn a_scoped_run_crosses_a_buffer_with_its_operation() {
     assert_eq!(client.calls(), 12);
     assert!((run.run_credit().unwrap() - 1.2).abs() < 1e-9);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_scoped_run_crosses_a_buffer_in_the_requests_operation_with_no_helper() {
+    let shared = no_floor();
+    let run = shared.for_run(RunLimits::default());
+    // Ten answers, then a refused connection, then answers again.
+    let script = (0..10)
+        .map(|_| Outcome::Ok)
+        .chain([Outcome::Fail(FailureClass::Transient)]);
+    let client = Dependency::script(script, Outcome::Ok);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+        .service(client.clone());
+    run.scope(async {
+        for _ in 0..10 {
+            svc.clone()
+                .oneshot(http::Request::new(String::new()))
+                .await
+                .unwrap();
+        }
+    })
+    .await;
+    assert!(
+        (shared.balance() - 2.0).abs() < 1e-9,
+        "{}",
+        shared.balance()
+    );
+    assert!((run.run_credit().unwrap() - 2.0).abs() < 1e-9);
+    // The layer under the buffer retries the refused call on the run's credit.
+    run.scope(svc.clone().oneshot(http::Request::new(String::new())))
+        .await
+        .unwrap();
+    assert_eq!(client.calls(), 12);
+    assert!((run.run_credit().unwrap() - 1.2).abs() < 1e-9);
+}

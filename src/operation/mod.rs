@@ -95,20 +95,28 @@ pub struct Operation {
 
 impl Operation {
     /// A new operation in `state`, on the heap so it can travel with a request.
+    /// It acts for the agent run whose scope it is opened in, if any.
     pub(crate) fn open(state: OpState) -> Operation {
         Operation {
             shared: Arc::new(Mutex::new(state)),
+            run: budget::scope::current(),
         }
     }
 
-    /// The operation a future's ledger holds, if it is on the heap.
-    pub(crate) fn of(ledger: &Ledger) -> Option<Operation> {
+    /// The operation a future's ledger holds, if it is on the heap, acting for `run`.
+    pub(crate) fn of(ledger: &Ledger, run: Option<RetryBudget>) -> Option<Operation> {
         match ledger {
             Ledger::Shared(shared) => Some(Operation {
                 shared: shared.clone(),
+                run,
             }),
             Ledger::Inline(_) => None,
         }
+    }
+
+    /// The agent run it acts for, if any.
+    pub(crate) fn run(&self) -> Option<RetryBudget> {
+        self.run.clone()
     }
 
     /// Its ledger, for a future that holds it.

@@ -29,6 +29,8 @@ use super::decide::{decide, settle, Next, OperationView};
 use super::ending::{deadline_passed, give_up, hand_back, pass_up, Ending};
 use super::{into_tool_error, Kit, Replay};
 use crate::backoff::BackoffState;
+use crate::budget::scope::in_run;
+use crate::budget::RetryBudget;
 use crate::classify::{Classification, ClassifiedResponse, Classify, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
@@ -64,6 +66,7 @@ pin_project! {
     /// assert_eq!(future.await.unwrap(), 42);
     /// # }
     /// ```
+    #[project = Projection]
     pub struct ResponseFuture<S, C, R, Req>
     where
         S: Service<Req>,
@@ -75,6 +78,10 @@ pin_project! {
         service: Option<S>,
         track: Track,
         span: Span,
+        // The agent run of an operation that reached this layer in its request (across a
+        // `Buffer` or a spawned task): lent to the thread while this future is polled, so the
+        // budgets below act for that run.
+        run: Option<RetryBudget>,
     }
 }
 
@@ -142,8 +149,11 @@ where
         request: Option<Req>,
         ledger: Option<Ledger>,
         credits: bool,
+        run: Option<RetryBudget>,
     ) -> Self {
-        Self::new(future, kit, request, ledger, credits, Span::none())
+        let mut future = Self::new(future, kit, request, ledger, credits, Span::none());
+        future.run = run;
+        future
     }
 
     pub(super) fn nested(
@@ -175,6 +185,7 @@ where
                 retry: None,
             },
             span,
+            run: None,
         }
     }
 }
@@ -190,7 +201,26 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _entered = this.span.enter();
+        let mut run = this.run.take();
+        let out = in_run(&mut run, || drive(&mut this, cx));
+        *this.run = run;
+        out
+    }
+}
+
+/// One poll of the retry loop.
+fn drive<S, C, R, Req>(
+    this: &mut Projection<'_, S, C, R, Req>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<S::Response, ToolError>>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+    R: Replay<Req>,
+{
+    let _entered = this.span.enter();
+    {
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
@@ -288,7 +318,7 @@ impl Track {
     /// if it is on the heap, else the one installed on the thread.
     fn operation(&self) -> Option<Operation> {
         match &self.ledger {
-            Some(ledger) => Operation::of(ledger),
+            Some(ledger) => Operation::of(ledger, crate::budget::scope::current()),
             None => Operation::current(),
         }
     }

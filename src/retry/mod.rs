@@ -131,6 +131,7 @@ pub use replay::GrpcReplay;
 pub use replay::HttpReplay;
 pub use replay::{CloneReplay, DefaultReplay, Replay, Request};
 
+use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
 use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
@@ -355,15 +356,19 @@ where
         if !kit.own_operation {
             // The operation the request carries: it crossed a `Buffer` or a spawned task with it.
             if let Some(op) = kit.replay.operation(&req) {
-                let (joined, credits) = op.with(|op| op.join(class, keyed, deadline, budget));
-                note_join(kit, joined);
                 let copy = kit.replay.replay(&req);
                 let mut ledger = Some(op.ledger());
-                let future = {
+                // The run the operation acts for decides which account this layer draws on.
+                let mut run = op.run();
+                let (future, credits) = in_run(&mut run, || {
+                    let budget = kit.budget.id();
+                    let (joined, credits) = op.with(|op| op.join(class, keyed, deadline, budget));
+                    note_join(kit, joined);
                     let _installed = Installed::new(&mut ledger);
-                    self.inner.call(req)
-                };
-                return ResponseFuture::carried(future, self.kit.clone(), copy, ledger, credits);
+                    (self.inner.call(req), credits)
+                });
+                let kit = self.kit.clone();
+                return ResponseFuture::carried(future, kit, copy, ledger, credits, run);
             }
             // The operation of a layer above on this task.
             match join_current(class, keyed, deadline, budget) {
