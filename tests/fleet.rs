@@ -644,3 +644,34 @@ async fn the_status_reads_balance_leases_workers_floor_and_breakers() {
     let none = fleets[0].breaker_status("nobody").await.unwrap();
     assert_eq!((none.state, none.opens), (State::Closed, 0));
 }
+
+/// A key borrowed for `'static` (`("org", 1)`) in services a spawned task holds, plain and behind
+/// a `Buffer`: this test is their compile check (issue 20, 16a: "one type is more general than
+/// the other"). Nothing listens on port 1: the calls go by the fallback, no Redis needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_quota_with_a_static_str_key_runs_inside_tokio_spawn() {
+    let fleet = Fleet::builder("redis://127.0.0.1:1/")
+        .timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let served = tokio::spawn(async move {
+        let layer = FleetQuotaLayer::builder(&fleet, "api", |_: &String| ("org", 1u32))
+            .rate(Rate::builder().per_second(100).build().unwrap())
+            .fallback(Rate::builder().per_second(100).build().unwrap())
+            .build()
+            .unwrap();
+        let echo = tower::service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });
+        let plain = layer
+            .layer(echo)
+            .oneshot("plain".to_string())
+            .await
+            .unwrap();
+        let buffered = tower::buffer::Buffer::new(layer.layer(echo), 8);
+        let through = buffered.oneshot("buffered".to_string()).await.unwrap();
+        (plain, through)
+    });
+    assert_eq!(
+        served.await.unwrap(),
+        ("plain".to_string(), "buffered".to_string())
+    );
+}
