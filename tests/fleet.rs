@@ -346,10 +346,13 @@ async fn a_half_failing_dependency_does_not_open_the_fleets_breaker() {
     let prefix = prefix("half");
     let fleets = workers(&url, &prefix, 4).await;
     let (breakers, _shared) = shared_breakers(&fleets, "search", BreakerConfig::default);
-    let n = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for b in &breakers {
-        let n = n.clone();
+        // Each worker's calls alternate, success then failure, whatever the scheduling: half the
+        // fleet's calls fail, never two of a worker's in a row. (One counter shared by the four
+        // tasks let a busy box run two of them in lockstep, one taking every failure: its own
+        // breaker then tripped, rightly, on 20 in a row.)
+        let n = Arc::new(AtomicU64::new(0));
         let half = tower::service_fn(move |()| {
             let i = n.fetch_add(1, Ordering::Relaxed);
             std::future::ready(if i % 2 == 0 {
