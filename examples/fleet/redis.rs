@@ -28,6 +28,8 @@ impl OwnRedis {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            // The tests slow it with `DEBUG SLEEP` (from 127.0.0.1 only).
+            .args(["--enable-debug-command", "local"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -86,12 +86,6 @@ impl Tap {
             self.failures.swap(0, Ordering::AcqRel),
         )
     }
-
-    /// Puts back counts a failed sync could not report.
-    pub(crate) fn put_back(&self, successes: u64, failures: u64) {
-        self.successes.fetch_add(successes, Ordering::AcqRel);
-        self.failures.fetch_add(failures, Ordering::AcqRel);
-    }
 }
 
 /// The breaker as the fleet's sync holds it: the sync ends when the breaker is dropped.

@@ -400,6 +400,37 @@ impl RetryBudget {
         }
     }
 
+    /// What the fleet's Redis holds for this budget (feature `redis`): its balance, the leases by
+    /// worker, the live workers, the floor used; one read-only script, bounded by the fleet's
+    /// timeout. See [`fleet::status`](crate::fleet::status).
+    ///
+    /// ```
+    /// use stormguard::budget::RetryBudget;
+    /// use stormguard::fleet::StatusErrorKind;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// // A budget of one process has no fleet to read.
+    /// let err = RetryBudget::default().fleet_status().await.unwrap_err();
+    /// assert_eq!(err.kind(), StatusErrorKind::NotShared);
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    pub async fn fleet_status(
+        &self,
+    ) -> Result<crate::fleet::BudgetStatus, crate::fleet::StatusError> {
+        match &self.ratio.fleet {
+            Some(lease) => {
+                crate::fleet::status::budget(
+                    lease.link(),
+                    &lease.name,
+                    crate::fleet::budget::LEASE_TTL,
+                )
+                .await
+            }
+            None => Err(crate::fleet::StatusError::not_shared()),
+        }
+    }
+
     /// Retries this worker holds leased from the fleet's balance (feature `redis`; 0 without a
     /// fleet).
     #[cfg(feature = "redis")]

@@ -21,11 +21,14 @@
 //!   quiet worker never keeps the others shut. The trial's success closes the fleet's breaker, and every worker's at its next sync;
 //!   its failure keeps the fleet open for another open time and frees the lease.
 //!
-//! While the fleet is down each breaker follows its own rules alone. Each shared breaker runs one
+//! A sync that times out is sent again first, with the same id, and the script answers a
+//! repeated id from memory (see [`outbox`](super::outbox)): a batch of failures is counted once,
+//! however late Redis answers. While the fleet is down each breaker follows its own rules alone. Each shared breaker runs one
 //! script per `sync_interval` in each worker (20 a second at the default 50 ms), busy or not:
 //! that is how a quiet worker learns the fleet's breaker opened.
 
-use super::link::Link;
+use super::link::{Failed, Link};
+use super::outbox::Outbox;
 use super::scripts;
 use super::Fleet;
 use crate::breaker::fleet::{FleetTerms, Tap, Watched, GATED, LOCAL, PROBE};
@@ -58,6 +61,7 @@ pub struct SharedBreaker {
     name: String,
     tap: Arc<Tap>,
     view: Arc<View>,
+    link: Arc<Link>,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +90,25 @@ impl SharedBreaker {
     pub fn gated(&self) -> bool {
         self.tap.gate_now() == GATED
     }
+
+    /// What Redis holds for the fleet's breaker now (one read-only script, bounded by the
+    /// fleet's timeout); see [`status`](super::status).
+    ///
+    /// ```no_run
+    /// use stormguard::breaker::{Breaker, BreakerConfig, State};
+    /// use stormguard::fleet::Fleet;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").build()?;
+    /// let shared = fleet.share_breaker(&Breaker::new("payments", BreakerConfig::default()))?;
+    /// let status = shared.status().await?;
+    /// assert_eq!(status.name, "payments");
+    /// println!("{:?} with {} failures in a row", status.state, status.failures_in_a_row);
+    /// # Ok(()) }
+    /// ```
+    pub async fn status(&self) -> Result<super::BreakerStatus, super::StatusError> {
+        super::status::breaker(&self.link, &self.name).await
+    }
 }
 
 impl fmt::Debug for SharedBreaker {
@@ -110,10 +133,23 @@ pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, C
         "is shared with a fleet already",
     ))?;
     let view = Arc::new(View::default());
+    let link = &fleet.link;
+    link.names
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .breakers
+        .insert(breaker.name().to_string());
     let sync = Sync {
-        link: fleet.link.clone(),
-        key: fleet.link.key("breaker", breaker.name()),
-        trial_key: fleet.link.key("breaker-trial", breaker.name()),
+        link: link.clone(),
+        key: link.key("breaker", breaker.name()),
+        trial_key: link.key("breaker-trial", breaker.name()),
+        sync_key: format!(
+            "{}:{}:{:016x}",
+            link.key("breaker-sync", breaker.name()),
+            link.worker(),
+            super::link::random()
+        ),
+        outbox: Outbox::new(),
         terms: breaker.fleet_terms(),
         tap: tap.clone(),
         view: view.clone(),
@@ -126,6 +162,7 @@ pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, C
         name: breaker.name().to_string(),
         tap,
         view,
+        link: fleet.link.clone(),
     })
 }
 
@@ -133,6 +170,9 @@ struct Sync {
     link: Arc<Link>,
     key: String,
     trial_key: String,
+    /// This breaker's last sync, as the script remembers it (to answer a sync sent again).
+    sync_key: String,
+    outbox: Outbox<Batch>,
     terms: FleetTerms,
     tap: Arc<Tap>,
     view: Arc<View>,
@@ -140,6 +180,18 @@ struct Sync {
     last_opens: u64,
     holds_trial: bool,
     was_open: bool,
+}
+
+/// What one sync reports: the outcomes counted since the last, and the breaker's news.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    successes: u64,
+    failures: u64,
+    tail: u32,
+    tripped: bool,
+    trial_ok: bool,
+    demand: bool,
+    half_open: bool,
 }
 
 /// What the script answers.
@@ -170,40 +222,37 @@ impl Sync {
     }
 
     async fn once(&mut self, breaker: &Breaker) {
-        let (successes, failures) = self.tap.take_counts();
-        let demand = self.tap.take_demand();
+        // The last sync first, if it got no answer: Redis counts it once, or answers from memory.
+        // Its answer is old news; the new batch's answer is what the breaker follows.
+        if let Some((id, batch)) = self.outbox.unanswered() {
+            match self.send(id, batch).await {
+                Ok(_) => self.outbox.answered(),
+                Err(e) => return self.failed(breaker, &e),
+            }
+        }
         let opens = breaker.opens();
         let tripped = opens > self.last_opens;
+        // The trip travels with this batch, which is delivered once, sooner or later.
+        self.last_opens = opens;
         let closed = breaker.is_closed();
         let trial_ok = self.holds_trial && closed;
-        let mut invocation = scripts::BREAKER.key(&self.key);
-        invocation
-            .key(&self.trial_key)
-            .arg(successes)
-            .arg(failures)
-            .arg(breaker.fleet_tail())
-            .arg(u8::from(tripped))
-            .arg(u8::from(trial_ok))
-            .arg(self.terms.consecutive)
-            .arg(self.terms.open.as_millis() as u64)
-            .arg(self.terms.trial_timeout.as_millis() as u64)
-            .arg(self.link.worker())
-            .arg(u8::from(demand))
-            .arg(u8::from(breaker.is_half_open()));
-        let answer = match self.link.eval::<(u8, u64, u8, u64)>(&invocation).await {
-            Ok((open, until, mine, _gen)) => Answer {
-                open: open == 1,
-                until_trial: Duration::from_millis(until),
-                mine: mine == 1,
-            },
-            Err(e) => {
-                self.tap.put_back(successes, failures);
-                self.tap.set_gate(LOCAL, Duration::ZERO);
-                tracing::debug!(breaker = %breaker.name(), error = %e, "fleet breaker: sync failed");
-                return;
-            }
+        let (successes, failures) = self.tap.take_counts();
+        let batch = Batch {
+            successes,
+            failures,
+            tail: breaker.fleet_tail(),
+            tripped,
+            trial_ok,
+            demand: self.tap.take_demand(),
+            half_open: breaker.is_half_open(),
         };
-        self.last_opens = opens;
+        let id = self.outbox.send(batch);
+        let answer = match self.send(id, batch).await {
+            Ok(answer) => answer,
+            // The batch stays in the outbox, to go again first: never put back, never lost.
+            Err(e) => return self.failed(breaker, &e),
+        };
+        self.outbox.answered();
         if answer.open {
             if breaker.is_closed() && !trial_ok {
                 let reason = format!(
@@ -231,5 +280,35 @@ impl Sync {
         self.was_open = answer.open;
         self.view.open.store(answer.open, Ordering::Release);
         self.view.holds_trial.store(answer.mine, Ordering::Release);
+    }
+
+    async fn send(&self, id: u64, b: Batch) -> Result<Answer, Failed> {
+        let mut invocation = scripts::BREAKER.key(&self.key);
+        invocation
+            .key(&self.trial_key)
+            .key(&self.sync_key)
+            .arg(b.successes)
+            .arg(b.failures)
+            .arg(b.tail)
+            .arg(u8::from(b.tripped))
+            .arg(u8::from(b.trial_ok))
+            .arg(self.terms.consecutive)
+            .arg(self.terms.open.as_millis() as u64)
+            .arg(self.terms.trial_timeout.as_millis() as u64)
+            .arg(self.link.worker())
+            .arg(u8::from(b.demand))
+            .arg(u8::from(b.half_open))
+            .arg(id);
+        let (open, until, mine, _gen) = self.link.eval::<(u8, u64, u8, u64)>(&invocation).await?;
+        Ok(Answer {
+            open: open == 1,
+            until_trial: Duration::from_millis(until),
+            mine: mine == 1,
+        })
+    }
+
+    fn failed(&self, breaker: &Breaker, e: &Failed) {
+        self.tap.set_gate(LOCAL, Duration::ZERO);
+        tracing::debug!(breaker = %breaker.name(), error = %e, "fleet breaker: sync failed");
     }
 }

@@ -22,8 +22,13 @@
 //! cannot spend (keep it well below `max_balance`: 8 workers × 2 of 100 by default), and one
 //! floor use per worker until its floor window ends (with more workers than the floor has uses,
 //! the first workers to ask hold them). Both err toward fewer retries, never more.
+//!
+//! **A sync is applied once.** A sync that times out may still run in Redis: its batch is sent
+//! again, first, with the same id, and the script answers a repeated id from memory (see
+//! [`outbox`](super::outbox)), so 10 successes are 10 deposits however late Redis answers.
 
 use super::link::{Failed, Link};
+use super::outbox::Outbox;
 use super::scripts;
 use crate::telemetry::FLEET_LOCAL;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -48,8 +53,10 @@ pub(crate) struct Terms {
 /// One worker's lease on the fleet's budget.
 pub(crate) struct Lease {
     link: Arc<Link>,
-    /// The budget's hash, its leases by worker, and when each worker was last heard from.
-    keys: [String; 3],
+    /// The budget's hash, its leases by worker, when each worker was last heard from, and this
+    /// lease's last sync (what the script remembers to answer a sync sent again).
+    keys: [String; 4],
+    pub(crate) name: String,
     terms: Terms,
     /// Successes not yet deposited.
     pending: AtomicU64,
@@ -69,7 +76,7 @@ pub(crate) struct Lease {
 
 /// A worker not heard from for this long is taken for dead by the others, and its lease stops
 /// counting against the cap.
-const LEASE_TTL: Duration = Duration::from_secs(10);
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(10);
 /// A live worker syncs at least this often, even with nothing to deposit or take.
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
@@ -91,13 +98,28 @@ impl Lease {
         terms: Terms,
         handle: &tokio::runtime::Handle,
     ) -> Arc<Lease> {
+        let lease = Lease::new(fleet, name, terms);
+        handle.spawn(sync_task(lease.clone()));
+        lease
+    }
+
+    /// A lease on the budget `name`, without its sync task.
+    pub(super) fn new(fleet: &super::Fleet, name: &str, terms: Terms) -> Arc<Lease> {
+        let link = &fleet.link;
         let lease = Arc::new(Lease {
-            link: fleet.link.clone(),
+            link: link.clone(),
             keys: [
-                fleet.link.key("budget", name),
-                fleet.link.key("budget-leases", name),
-                fleet.link.key("budget-seen", name),
+                link.key("budget", name),
+                link.key("budget-leases", name),
+                link.key("budget-seen", name),
+                format!(
+                    "{}:{}:{:016x}",
+                    link.key("budget-sync", name),
+                    link.worker(),
+                    super::link::random()
+                ),
             ],
+            name: name.to_string(),
             terms,
             pending: AtomicU64::new(0),
             balance: AtomicI64::new(0),
@@ -109,8 +131,17 @@ impl Lease {
             synced_now: Notify::new(),
             last_sync: AtomicU64::new(0),
         });
-        handle.spawn(sync_task(lease.clone()));
+        link.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .budgets
+            .insert(name.to_string());
         lease
+    }
+
+    /// The fleet's link (for the status read).
+    pub(crate) fn link(&self) -> &Link {
+        &self.link
     }
 
     /// Whether decisions go through the fleet now.
@@ -189,8 +220,9 @@ impl Lease {
             held: self.held(),
             ..Ask::default()
         };
+        // No id: the exact path is never sent twice.
         let (granted, floor, _, _): (i64, i64, i64, i64) =
-            self.link.eval(&self.invocation(ask)).await?;
+            self.link.eval(&self.invocation(ask, None)).await?;
         Ok(granted >= cost || floor > 0)
     }
 
@@ -198,11 +230,12 @@ impl Lease {
         self.epoch.elapsed().as_nanos() as u64 + 1
     }
 
-    fn invocation(&self, ask: Ask) -> redis::ScriptInvocation<'static> {
+    fn invocation(&self, ask: Ask, id: Option<u64>) -> redis::ScriptInvocation<'static> {
         let mut invocation = scripts::BUDGET.key(&self.keys[0]);
         invocation
             .key(&self.keys[1])
             .key(&self.keys[2])
+            .key(&self.keys[3])
             .arg(ask.deposit)
             .arg(ask.give_back)
             .arg(ask.want)
@@ -213,19 +246,38 @@ impl Lease {
             .arg(u8::from(ask.exact))
             .arg(self.link.worker())
             .arg(ask.held)
-            .arg(LEASE_TTL.as_millis() as u64);
+            .arg(LEASE_TTL.as_millis() as u64)
+            .arg(id.map_or(String::new(), |id| id.to_string()))
+            .arg(u8::from(ask.closing));
         invocation
     }
 
-    /// One sync: deposit the batch, top the lease up (and give it back when `closing`); a
-    /// heartbeat at least every [`HEARTBEAT`], so the others know this worker's lease is alive.
-    async fn sync(&self, closing: bool) -> Result<(), Failed> {
-        let successes = self.pending.swap(0, Ordering::AcqRel);
-        let give_back = if closing {
-            self.balance.swap(0, Ordering::AcqRel)
-        } else {
-            0
+    /// One sync: first the last sync again if it got no answer (Redis applies it once, or
+    /// answers it from memory), then deposit the new batch, top the lease up (or give it back
+    /// when `closing`); a heartbeat at least every [`HEARTBEAT`], so the others know this worker's
+    /// lease is alive. The first sync always goes: until it answers the budget is not ready.
+    pub(super) async fn sync(&self, outbox: &mut Outbox<Ask>, closing: bool) -> Result<(), Failed> {
+        if let Some((id, mut ask)) = outbox.unanswered() {
+            // What it still holds is a report, not a change: send what is true now.
+            ask.held = self.held();
+            let answer = self.send(ask, id).await?;
+            outbox.answered();
+            self.apply(answer);
+        }
+        let Some(ask) = self.next_ask(closing) else {
+            return Ok(());
         };
+        let id = outbox.send(ask);
+        // No answer: the batch waits in the outbox, to go again first (never merged, never lost).
+        let answer = self.send(ask, id).await?;
+        outbox.answered();
+        self.apply(answer);
+        Ok(())
+    }
+
+    /// The next sync's ask, taking the batch of successes (and the lease, when `closing`); `None`
+    /// when there is nothing to ask and no heartbeat due.
+    fn next_ask(&self, closing: bool) -> Option<Ask> {
         let held = self.balance.load(Ordering::Acquire);
         let want = if closing {
             0
@@ -238,52 +290,69 @@ impl Lease {
                 && self.terms.floor > 0
                 && (floor_expired || self.floor.load(Ordering::Acquire) == 0),
         );
-        let quiet = self
-            .now()
-            .saturating_sub(self.last_sync.load(Ordering::Acquire))
-            < HEARTBEAT.as_nanos() as u64;
-        if successes == 0 && give_back == 0 && want == 0 && want_floor == 0 && quiet {
-            return Ok(());
+        let quiet = self.synced.load(Ordering::Acquire)
+            && self
+                .now()
+                .saturating_sub(self.last_sync.load(Ordering::Acquire))
+                < HEARTBEAT.as_nanos() as u64;
+        let pending = self.pending.load(Ordering::Acquire);
+        if !closing && pending == 0 && want == 0 && want_floor == 0 && quiet {
+            return None;
         }
-        let ask = Ask {
+        let successes = self.pending.swap(0, Ordering::AcqRel);
+        let give_back = if closing {
+            self.balance.swap(0, Ordering::AcqRel)
+        } else {
+            0
+        };
+        Some(Ask {
             deposit: (successes as i64).saturating_mul(self.terms.deposit),
             give_back,
             want,
             want_floor,
             exact: false,
-            held,
-        };
-        let (granted, floor, _balance, window_left_ms) = match self
+            held: self.balance.load(Ordering::Acquire),
+            closing,
+        })
+    }
+
+    async fn send(&self, ask: Ask, id: u64) -> Result<Answer, Failed> {
+        let (granted, floor, _balance, window_left_ms) = self
             .link
-            .eval::<(i64, i64, i64, i64)>(&self.invocation(ask))
-            .await
-        {
-            Ok(answer) => answer,
-            Err(e) => {
-                // Nothing is lost: the batch and the lease wait for the next sync.
-                self.pending.fetch_add(successes, Ordering::AcqRel);
-                self.balance.fetch_add(give_back, Ordering::AcqRel);
-                return Err(e);
-            }
-        };
-        self.balance.fetch_add(granted, Ordering::AcqRel);
-        if floor > 0 {
-            let until =
-                self.now() + Duration::from_millis(window_left_ms.max(0) as u64).as_nanos() as u64;
+            .eval::<(i64, i64, i64, i64)>(&self.invocation(ask, Some(id)))
+            .await?;
+        Ok(Answer {
+            granted,
+            floor,
+            window_left: Duration::from_millis(window_left_ms.max(0) as u64),
+        })
+    }
+
+    fn apply(&self, answer: Answer) {
+        self.balance.fetch_add(answer.granted, Ordering::AcqRel);
+        if answer.floor > 0 {
+            let until = self.now() + answer.window_left.as_nanos() as u64;
             self.floor_until.store(until, Ordering::Release);
-            self.floor.store(floor as u32, Ordering::Release);
+            self.floor.store(answer.floor as u32, Ordering::Release);
         }
         self.last_sync.store(self.now(), Ordering::Release);
         if !self.synced.swap(true, Ordering::AcqRel) {
             self.synced_now.notify_waiters();
         }
-        Ok(())
     }
+}
+
+/// What the script granted.
+#[derive(Clone, Copy, Debug)]
+struct Answer {
+    granted: i64,
+    floor: i64,
+    window_left: Duration,
 }
 
 /// What one sync asks of the script.
 #[derive(Clone, Copy, Debug, Default)]
-struct Ask {
+pub(super) struct Ask {
     /// Milli-retries deposited by the batch of successes.
     deposit: i64,
     /// Milli-retries of the lease given back.
@@ -294,12 +363,15 @@ struct Ask {
     exact: bool,
     /// Milli-retries this worker still holds, after its give back.
     held: i64,
+    /// The lease closes: the script forgets its last sync (nothing follows).
+    closing: bool,
 }
 
 /// Syncs while the budget lives (woken by a low lease, else every `sync_interval`), then gives
 /// the lease back.
 async fn sync_task(lease: Arc<Lease>) {
     let every = lease.link.settings.sync_interval;
+    let mut outbox = Outbox::new();
     // The first sync at once: until it answers the budget decides locally.
     let mut first = true;
     loop {
@@ -312,7 +384,7 @@ async fn sync_task(lease: Arc<Lease>) {
         first = false;
         if Arc::strong_count(&lease) == 1 {
             if lease.link.is_up() {
-                let _ = lease.sync(true).await;
+                let _ = lease.sync(&mut outbox, true).await;
             }
             return;
         }
@@ -322,7 +394,7 @@ async fn sync_task(lease: Arc<Lease>) {
             first = lease.link.is_up();
             continue;
         }
-        if let Err(e) = lease.sync(false).await {
+        if let Err(e) = lease.sync(&mut outbox, false).await {
             tracing::debug!(budget = %lease.keys[0], error = %e, "fleet budget: sync failed");
         }
     }

@@ -19,11 +19,27 @@
 //! Every Redis call is bounded by the fleet's `timeout` (50 ms by default). A call that fails or
 //! times out marks the fleet **down**: from then on every decision is local (the budget's own
 //! balance and floor, each key's `fallback` rate, each breaker's own rules) and no call waits on
-//! Redis. One task per fleet pings Redis every `sync_interval` (with jitter, so a fleet does not
-//! reconnect in step) and marks it **up** again when it answers; the parts then sync their state
-//! once (batched deposits, the breaker's count), with no burst of queued calls. Each change is a
-//! `WARN` or `INFO` tracing event and the `stormguard_fleet_up` gauge; every local decision taken
-//! because the fleet was down counts in `stormguard_fleet_local_decisions_total{part}`.
+//! Redis. One task per fleet probes Redis with a small write (a `SET` with expiry: a full Redis
+//! answers `PING` but refuses every script, so "up" means "takes writes"), first after one
+//! `sync_interval`, then backing off to ten, with jitter so a fleet does not reconnect in step,
+//! and marks it **up** again when the write is taken; the parts then sync their state once
+//! (batched deposits, the breaker's count), with no burst of queued calls. An outage is one
+//! `WARN` tracing event (a fleet that falls again soon after it came back is still in it: `DEBUG`)
+//! and an `INFO` when Redis takes writes again; each change moves the `stormguard_fleet_up` gauge;
+//! every local decision taken because the fleet was down counts in
+//! `stormguard_fleet_local_decisions_total{part}`.
+//!
+//! A sync that times out may still run in Redis, late: it is sent again first with the same id,
+//! and each script answers a repeated id from memory instead of applying it twice, so a slow
+//! Redis never counts a batch of successes or failures twice. A quota reservation is never sent
+//! twice: one that timed out and ran late holds room no call uses (the fleet sends less, never
+//! more).
+//!
+//! # Reading the fleet's state
+//!
+//! [`Fleet::status`] reads what Redis holds for every budget and breaker this worker shares
+//! (balance, leases by worker, live workers, floor used, breaker state) in plain structs; see
+//! [`status`](self::status) for an example.
 //!
 //! Choose each quota's `fallback` rate as the provider's limit divided by the number of workers:
 //! a fleet that falls back as a whole then still sends about the provider's limit.
@@ -52,15 +68,21 @@
 mod breaker;
 pub(crate) mod budget;
 pub mod future;
+mod health;
 mod link;
+mod outbox;
 mod quota;
 mod scripts;
 #[cfg(test)]
 mod scripts_props;
+pub mod status;
+#[cfg(test)]
+mod sync_props;
 
 pub use breaker::SharedBreaker;
 pub use future::FleetQuotaFuture;
 pub use quota::{FleetQuota, FleetQuotaLayer, FleetQuotaLayerBuilder};
+pub use status::{BreakerStatus, BudgetStatus, FleetStatus, StatusError, StatusErrorKind};
 
 use crate::error::ConfigError;
 use link::Link;
@@ -112,7 +134,7 @@ impl Fleet {
     }
 
     /// How many times the fleet has gone down since it was built (a call that failed or timed
-    /// out, or a ping that did).
+    /// out, or a probe that did).
     pub fn times_down(&self) -> u64 {
         self.link.downs()
     }
@@ -120,6 +142,77 @@ impl Fleet {
     /// This worker's name in the fleet (who holds a breaker's trial, in traces).
     pub fn worker(&self) -> &str {
         self.link.worker()
+    }
+
+    /// What Redis holds for every budget and breaker shared through this handle (by name), and
+    /// this worker's view of the link: one read-only script per part, each bounded by the
+    /// timeout, sent whether the fleet is up or down. See [`status`](self::status).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::fleet::{Fleet, StatusErrorKind};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let fleet = Fleet::builder("redis://127.0.0.1:1/").timeout(Duration::from_millis(20)).build().unwrap();
+    /// let _budget = stormguard::budget::RetryBudget::builder().fleet(&fleet, "pay").build().unwrap();
+    /// // Nothing listens on port 1: no status, and the error says why.
+    /// let err = fleet.status().await.unwrap_err();
+    /// assert!(matches!(err.kind(), StatusErrorKind::Redis | StatusErrorKind::Timeout));
+    /// # }
+    /// ```
+    pub async fn status(&self) -> Result<FleetStatus, StatusError> {
+        let names = {
+            let names = self.link.names.lock().unwrap_or_else(|p| p.into_inner());
+            (names.budgets.clone(), names.breakers.clone())
+        };
+        let mut budgets = Vec::with_capacity(names.0.len());
+        for name in &names.0 {
+            budgets.push(self.budget_status(name).await?);
+        }
+        let mut breakers = Vec::with_capacity(names.1.len());
+        for name in &names.1 {
+            breakers.push(self.breaker_status(name).await?);
+        }
+        Ok(FleetStatus {
+            worker: self.worker().to_string(),
+            up: self.is_up(),
+            times_down: self.times_down(),
+            budgets,
+            breakers,
+        })
+    }
+
+    /// What Redis holds for the budget `name` (whether or not this worker shares it).
+    ///
+    /// ```no_run
+    /// use stormguard::fleet::Fleet;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").prefix("billing-agents").build()?;
+    /// let payments = fleet.budget_status("payments").await?;
+    /// println!("{:.1} retries, {:.1} leased, live: {:?}", payments.balance, payments.leased, payments.live_workers);
+    /// # Ok(()) }
+    /// ```
+    pub async fn budget_status(&self, name: &str) -> Result<BudgetStatus, StatusError> {
+        status::budget(&self.link, name, budget::LEASE_TTL).await
+    }
+
+    /// What Redis holds for the breaker `name` (whether or not this worker shares it).
+    ///
+    /// ```no_run
+    /// use stormguard::breaker::State;
+    /// use stormguard::fleet::Fleet;
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").prefix("billing-agents").build()?;
+    /// let payments = fleet.breaker_status("payments").await?;
+    /// if payments.state != State::Closed {
+    ///     println!("open {} times; trial in {:?}, held by {:?}", payments.opens, payments.trial_in, payments.trial_holder);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn breaker_status(&self, name: &str) -> Result<BreakerStatus, StatusError> {
+        status::breaker(&self.link, name).await
     }
 
     /// Shares `breaker` with the fleet: its failures are counted fleet-wide, the fleet's open

@@ -11,7 +11,6 @@ use crate::quota::Rate;
 use crate::telemetry::FLEET_LOCAL;
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,15 +19,19 @@ use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
-struct Shared<K> {
+struct Shared {
     link: Arc<Link>,
     name: Cow<'static, str>,
     rate: Rate,
-    /// The per-key quotas used while the fleet is down.
-    fallback: Keys<K>,
+    /// The per-key quotas used while the fleet is down, by the key as Redis sees it.
+    fallback: Keys<String>,
     interval_us: u64,
     tolerance_us: u64,
 }
+
+/// A request's key (as written into Redis) and cost, as a layer keeps the closure that reads
+/// them.
+type KeyFn<Req> = Arc<dyn Fn(&Req) -> (String, u32) + Send + Sync>;
 
 /// Holds the calls of every worker of a [`Fleet`] to one quota per key, weighted by cost: the
 /// fleet as a whole stays under a provider's limits (requests or tokens per minute, per
@@ -47,6 +50,12 @@ struct Shared<K> {
 /// the fallback's rate (it is not refused: the fleet's burst is what it is checked against). Key
 /// names are written into Redis keys: `{prefix}:quota:{bytes in name}:{name}:{key}`; the key of a quota full
 /// again expires, so idle tenants cost Redis nothing.
+///
+/// The layer is generic over the request, not over the closure: `key_and_cost` is kept behind an
+/// `Arc<dyn Fn>` that writes the key as a string at once (what Redis keys it by, and the
+/// fallback too). So a borrowed key (`|_: &Req| ("org", 1)`) works in a service a spawned task
+/// holds (with the key's type in the layer's, `tokio::spawn` failed to compile: "one type is more
+/// general than the other").
 ///
 /// # Backpressure
 /// Always ready; the wait is in the call's future, on a clone of the inner service.
@@ -70,31 +79,34 @@ struct Shared<K> {
 /// model.oneshot(Prompt { tenant: "acme".into(), tokens: 700 }).await?;
 /// # Ok(()) }
 /// ```
-pub struct FleetQuotaLayer<K, F> {
-    shared: Arc<Shared<K>>,
-    key_and_cost: F,
+pub struct FleetQuotaLayer<Req> {
+    shared: Arc<Shared>,
+    key_and_cost: KeyFn<Req>,
 }
 
-impl<K, F> FleetQuotaLayer<K, F> {
+impl<Req> FleetQuotaLayer<Req> {
     /// A builder for the fleet's quota `name`; `key_and_cost` reads a request's key (a tenant, a
     /// model; any `Display`) and cost (1 per request, or its tokens). The name is an argument, not
     /// a setter as on the local quotas, because it is the quota's identity in Redis: every worker
     /// that builds the quota of one name shares it (as with a fleet budget's name).
-    pub fn builder<Req>(
+    pub fn builder<K, F>(
         fleet: &Fleet,
         name: impl Into<Cow<'static, str>>,
         key_and_cost: F,
-    ) -> FleetQuotaLayerBuilder<K, F>
+    ) -> FleetQuotaLayerBuilder<Req>
     where
-        F: Fn(&Req) -> (K, u32),
+        F: Fn(&Req) -> (K, u32) + Send + Sync + 'static,
+        K: fmt::Display,
     {
         FleetQuotaLayerBuilder {
             fleet: fleet.clone(),
             name: name.into(),
-            key_and_cost,
+            key_and_cost: Arc::new(move |req: &Req| {
+                let (key, cost) = key_and_cost(req);
+                (key.to_string(), cost)
+            }),
             rate: None,
             fallback: None,
-            _key: std::marker::PhantomData,
         }
     }
 
@@ -120,16 +132,15 @@ impl<K, F> FleetQuotaLayer<K, F> {
 /// assert_eq!(err.unwrap_err().field(), "rate");
 /// # }
 /// ```
-pub struct FleetQuotaLayerBuilder<K, F> {
+pub struct FleetQuotaLayerBuilder<Req> {
     fleet: Fleet,
     name: Cow<'static, str>,
-    key_and_cost: F,
+    key_and_cost: KeyFn<Req>,
     rate: Option<Rate>,
     fallback: Option<Rate>,
-    _key: std::marker::PhantomData<fn() -> K>,
 }
 
-impl<K, F> fmt::Debug for FleetQuotaLayerBuilder<K, F> {
+impl<Req> fmt::Debug for FleetQuotaLayerBuilder<Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetQuotaLayerBuilder")
             .field("name", &self.name)
@@ -139,7 +150,7 @@ impl<K, F> fmt::Debug for FleetQuotaLayerBuilder<K, F> {
     }
 }
 
-impl<K: Hash + Eq + Clone, F> FleetQuotaLayerBuilder<K, F> {
+impl<Req> FleetQuotaLayerBuilder<Req> {
     /// The rate per key for the whole fleet (the provider's limit). Required.
     pub fn rate(mut self, rate: Rate) -> Self {
         self.rate = Some(rate);
@@ -154,7 +165,7 @@ impl<K: Hash + Eq + Clone, F> FleetQuotaLayerBuilder<K, F> {
     }
 
     /// The layer, or the setting that cannot work.
-    pub fn build(self) -> Result<FleetQuotaLayer<K, F>, ConfigError> {
+    pub fn build(self) -> Result<FleetQuotaLayer<Req>, ConfigError> {
         let rate = self.rate.ok_or(ConfigError::new(
             "rate",
             "is required: the provider's limit per key",
@@ -184,7 +195,7 @@ impl<K: Hash + Eq + Clone, F> FleetQuotaLayerBuilder<K, F> {
     }
 }
 
-impl<K, F: Clone> Clone for FleetQuotaLayer<K, F> {
+impl<Req> Clone for FleetQuotaLayer<Req> {
     fn clone(&self) -> Self {
         FleetQuotaLayer {
             shared: self.shared.clone(),
@@ -193,7 +204,7 @@ impl<K, F: Clone> Clone for FleetQuotaLayer<K, F> {
     }
 }
 
-impl<K, F> fmt::Debug for FleetQuotaLayer<K, F> {
+impl<Req> fmt::Debug for FleetQuotaLayer<Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetQuotaLayer")
             .field("name", &self.shared.name)
@@ -202,8 +213,8 @@ impl<K, F> fmt::Debug for FleetQuotaLayer<K, F> {
     }
 }
 
-impl<S, K, F: Clone> Layer<S> for FleetQuotaLayer<K, F> {
-    type Service = FleetQuota<S, K, F>;
+impl<S, Req> Layer<S> for FleetQuotaLayer<Req> {
+    type Service = FleetQuota<S, Req>;
 
     fn layer(&self, inner: S) -> Self::Service {
         FleetQuota {
@@ -228,19 +239,19 @@ impl<S, K, F: Clone> Layer<S> for FleetQuotaLayer<K, F> {
 ///     .fallback(Rate::builder().per_second(100).burst(100).build().unwrap())
 ///     .build()
 ///     .unwrap();
-/// let svc: FleetQuota<_, _, _> = tpm.layer(service_fn(|t: u32| async move { Ok::<_, std::io::Error>(t) }));
+/// let svc: FleetQuota<_, u32> = tpm.layer(service_fn(|t: u32| async move { Ok::<_, std::io::Error>(t) }));
 /// assert_eq!(svc.clone().oneshot(50).await.unwrap(), 50);
 /// // More than the fleet's burst can never go, whichever quota holds the call.
 /// let err = svc.oneshot(5_000).await.unwrap_err();
 /// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
-pub struct FleetQuota<S, K, F> {
+pub struct FleetQuota<S, Req> {
     inner: S,
-    layer: FleetQuotaLayer<K, F>,
+    layer: FleetQuotaLayer<Req>,
 }
 
-impl<S, K, F> FleetQuota<S, K, F> {
+impl<S, Req> FleetQuota<S, Req> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -257,7 +268,7 @@ impl<S, K, F> FleetQuota<S, K, F> {
     }
 }
 
-impl<S: Clone, K, F: Clone> Clone for FleetQuota<S, K, F> {
+impl<S: Clone, Req> Clone for FleetQuota<S, Req> {
     fn clone(&self) -> Self {
         FleetQuota {
             inner: self.inner.clone(),
@@ -266,7 +277,7 @@ impl<S: Clone, K, F: Clone> Clone for FleetQuota<S, K, F> {
     }
 }
 
-impl<S: fmt::Debug, K, F> fmt::Debug for FleetQuota<S, K, F> {
+impl<S: fmt::Debug, Req> fmt::Debug for FleetQuota<S, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetQuota")
             .field("inner", &self.inner)
@@ -275,12 +286,10 @@ impl<S: fmt::Debug, K, F> fmt::Debug for FleetQuota<S, K, F> {
     }
 }
 
-impl<S, K, F, Req> Service<Req> for FleetQuota<S, K, F>
+impl<S, Req> Service<Req> for FleetQuota<S, Req>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
-    K: Hash + Eq + Clone + fmt::Display + Send + Sync + 'static,
-    F: Fn(&Req) -> (K, u32),
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -316,10 +325,7 @@ where
 
 /// Reserves `cost` for `key` in Redis, or in this worker's fallback quota while the fleet is
 /// down; the sleep until the slot comes.
-async fn reserve<K>(shared: Arc<Shared<K>>, key: K, cost: u32) -> Option<Pin<Box<Sleep>>>
-where
-    K: Hash + Eq + Clone + fmt::Display,
-{
+async fn reserve(shared: Arc<Shared>, key: String, cost: u32) -> Option<Pin<Box<Sleep>>> {
     let redis_key = format!("{}:{key}", shared.link.key("quota", &shared.name));
     let mut invocation = scripts::QUOTA.key(redis_key);
     invocation

@@ -11,18 +11,31 @@ use std::sync::LazyLock;
 /// `balance + leased <= cap`. A worker not heard from for the lease TTL is taken for dead: its
 /// lease leaves `leased` (those retries are lost, and the cap is free again).
 ///
+/// **Once per sync.** A sync that got no answer (a timeout: Redis may run it late) is sent again
+/// with the same id; the script remembers, per lease, the last id it applied and its answer, and
+/// answers a repeated id from memory without applying it again (the ms left in the floor window
+/// recomputed). The exact path sends no id: it is never sent twice.
+///
 /// `KEYS`: 1 the budget's hash, 2 the leases by worker (hash), 3 when each worker was last heard
-/// from (sorted set). `ARGV`: 1 milli-retries deposited, 2 milli-retries given back, 3
-/// milli-retries wanted, 4 floor uses wanted, 5 the cap (milli), 6 floor uses per window, 7 the
-/// floor window (ms), 8 `exact`: take the floor only if the balance could not pay what was
-/// wanted, 9 this worker, 10 milli-retries it still holds (after its give back), 11 the lease TTL
-/// (ms). Returns `{granted milli, granted floor uses, balance after (milli), ms left in the floor
-/// window}`.
+/// from (sorted set), 4 this lease's last sync (hash). `ARGV`: 1 milli-retries deposited, 2
+/// milli-retries given back, 3 milli-retries wanted, 4 floor uses wanted, 5 the cap (milli), 6
+/// floor uses per window, 7 the floor window (ms), 8 `exact`: take the floor only if the balance
+/// could not pay what was wanted, 9 this worker, 10 milli-retries it still holds (after its give
+/// back), 11 the lease TTL (ms), 12 the sync's id (empty: not remembered), 13 `1` when the lease
+/// closes (its memory is dropped: nothing follows). Returns `{granted milli, granted floor uses,
+/// balance after (milli), ms left in the floor window}`. The cap, the floor and the window are
+/// kept in the budget's hash too, for [`status`](super::status).
 pub(super) static BUDGET: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[12] ~= '' then
+  local last = redis.call('HMGET', KEYS[4], 'id', 'grant', 'floor', 'bal', 'wend')
+  if last[1] == ARGV[12] then
+    return {tonumber(last[2]), tonumber(last[3]), tonumber(last[4]), math.max(0, tonumber(last[5]) - now)}
+  end
+end
 local st = redis.call('HMGET', KEYS[1], 'balance', 'window', 'used', 'leased')
 local leased = tonumber(st[4] or '0')
 local dead = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[11]), 'LIMIT', 0, 100)
@@ -60,7 +73,7 @@ if want_floor > 0 then
   floor_grant = math.max(0, math.min(want_floor, tonumber(ARGV[6]) - used))
   used = used + floor_grant
 end
-redis.call('HSET', KEYS[1], 'balance', string.format('%d', bal), 'window', string.format('%d', window), 'used', string.format('%d', used), 'leased', string.format('%d', leased))
+redis.call('HSET', KEYS[1], 'balance', string.format('%d', bal), 'window', string.format('%d', window), 'used', string.format('%d', used), 'leased', string.format('%d', leased), 'cap', ARGV[5], 'floor', ARGV[6], 'width', ARGV[7])
 if held > 0 then
   redis.call('HSET', KEYS[2], ARGV[9], string.format('%d', held))
 else
@@ -68,7 +81,14 @@ else
 end
 redis.call('ZADD', KEYS[3], now, ARGV[9])
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], 86400000) end
-return {grant, floor_grant, bal, (window + 1) * width - now}
+local wend = (window + 1) * width
+if ARGV[13] == '1' then
+  redis.call('DEL', KEYS[4])
+elseif ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[4], 'id', ARGV[12], 'grant', string.format('%d', grant), 'floor', string.format('%d', floor_grant), 'bal', string.format('%d', bal), 'wend', string.format('%d', wend))
+  redis.call('PEXPIRE', KEYS[4], 86400000)
+end
+return {grant, floor_grant, bal, wend - now}
 "#,
     )
 });
@@ -97,13 +117,18 @@ return wait
 
 /// A breaker's sync: count a batch, publish a local trip, lease the half-open trial.
 ///
-/// `KEYS[1]` the breaker's hash, `KEYS[2]` its trial lease. `ARGV`: 1 successes, 2 failures, 3
+/// Once per sync, as the budget's: a repeated id (a sync sent again after a timeout) is answered
+/// from this breaker's memory of its last sync, not counted again.
+///
+/// `KEYS[1]` the breaker's hash, `KEYS[2]` its trial lease, `KEYS[3]` this worker's breaker's last
+/// sync (hash). `ARGV`: 1 successes, 2 failures, 3
 /// the failures in a row at the batch's end, 4 `1` if this worker's breaker opened by itself
 /// (a trip or a failed trial) since the last sync, 5 `1` if this worker's trial succeeded, 6
 /// failures in a row that open the fleet's breaker, 7 the open time (ms), 8 the trial lease
 /// (ms), 9 this worker, 10 `1` if a call came to this worker's open breaker since the last sync
 /// (only a worker with traffic takes the trial lease), 11 `1` if this worker's breaker is
-/// half-open (its trial is under way: it keeps the lease; a holder with neither gives it up).
+/// half-open (its trial is under way: it keeps the lease; a holder with neither gives it up), 12
+/// the sync's id.
 /// Returns `{open (0/1), ms until a trial may go, 1 if this worker holds
 /// the trial, generation}`.
 pub(super) static BREAKER: LazyLock<redis::Script> = LazyLock::new(|| {
@@ -111,6 +136,10 @@ pub(super) static BREAKER: LazyLock<redis::Script> = LazyLock::new(|| {
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local last = redis.call('HMGET', KEYS[3], 'id', 'open', 'until', 'mine', 'gen')
+if last[1] == ARGV[12] then
+  return {tonumber(last[2]), math.max(0, tonumber(last[3]) - now), tonumber(last[4]), tonumber(last[5])}
+end
 local st = redis.call('HMGET', KEYS[1], 'open', 'until', 'run', 'gen')
 local open = tonumber(st[1] or '0')
 local untl = tonumber(st[2] or '0')
@@ -141,7 +170,49 @@ if open == 1 and now >= untl then
 end
 redis.call('HSET', KEYS[1], 'open', open, 'until', string.format('%d', untl), 'run', string.format('%d', run), 'gen', gen)
 redis.call('PEXPIRE', KEYS[1], 86400000)
+redis.call('HSET', KEYS[3], 'id', ARGV[12], 'open', open, 'until', string.format('%d', untl), 'mine', mine, 'gen', gen)
+redis.call('PEXPIRE', KEYS[3], 86400000)
 return {open, math.max(0, untl - now), mine, gen}
+"#,
+    )
+});
+
+/// What a budget's keys hold, read only (for [`status`](super::status)).
+///
+/// `KEYS` as [`BUDGET`]'s first three; `ARGV[1]` the lease TTL (ms). Returns `{balance, leased,
+/// floor uses in the current window, floor uses per window, the window (ms), ms left in it, the
+/// cap, the leases as a flat list of worker and milli-retries, the live workers}`.
+pub(super) static BUDGET_STATUS: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', KEYS[1], 'balance', 'leased', 'window', 'used', 'floor', 'width', 'cap')
+local width = tonumber(st[6] or '0')
+local used, left = 0, 0
+if width > 0 then
+  local window = math.floor(now / width)
+  if tonumber(st[3] or '-1') == window then used = tonumber(st[4] or '0') end
+  left = (window + 1) * width - now
+end
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], now - tonumber(ARGV[1]), '+inf')
+return {tonumber(st[1] or '0'), tonumber(st[2] or '0'), used, tonumber(st[5] or '0'), width, left, tonumber(st[7] or '0'), redis.call('HGETALL', KEYS[2]), live}
+"#,
+    )
+});
+
+/// What a breaker's keys hold, read only (for [`status`](super::status)).
+///
+/// `KEYS` as [`BREAKER`]'s first two. Returns `{open (0/1), ms until a trial may go, failures in a
+/// row, generation, the trial's holder (empty: none)}`.
+pub(super) static BREAKER_STATUS: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local st = redis.call('HMGET', KEYS[1], 'open', 'until', 'run', 'gen')
+local holder = redis.call('GET', KEYS[2]) or ''
+return {tonumber(st[1] or '0'), math.max(0, tonumber(st[2] or '0') - now), tonumber(st[3] or '0'), tonumber(st[4] or '0'), holder}
 "#,
     )
 });

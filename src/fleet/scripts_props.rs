@@ -8,7 +8,9 @@
 //! - the cap holds fleet-wide: the balance plus every lease stays at most `max_balance`;
 //! - a refusal means the balance could not pay (never a retry kept back while it could);
 //! - an exact ask gets all it asked for or nothing;
-//! - the floor gives at most its uses per window, and refuses only when they are gone.
+//! - the floor gives at most its uses per window, and refuses only when they are gone;
+//! - a sync sent again with its id (its answer lost) is answered as the first time, and changes
+//!   nothing (the ledger counts it once).
 
 use super::scripts;
 use proptest::prelude::*;
@@ -31,6 +33,8 @@ struct Sync {
     want: i64,
     want_floor: u32,
     exact: bool,
+    /// Its answer is lost: the worker sends it again, with the same id.
+    again: bool,
 }
 
 fn sync() -> impl Strategy<Value = Sync> {
@@ -42,9 +46,10 @@ fn sync() -> impl Strategy<Value = Sync> {
         0i64..=3_000,
         0u32..=2,
         prop::bool::weighted(0.25),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(worker, spend_pct, give_back_pct, deposit, want, want_floor, exact)| Sync {
+            |(worker, spend_pct, give_back_pct, deposit, want, want_floor, exact, again)| Sync {
                 worker,
                 spend_pct,
                 give_back_pct,
@@ -52,11 +57,18 @@ fn sync() -> impl Strategy<Value = Sync> {
                 want,
                 want_floor,
                 exact,
+                again,
             },
         )
 }
 
 fn keys() -> [String; 3] {
+    let [a, b, c, _] = keys4();
+    [a, b, c]
+}
+
+/// Three keys, and a fourth: the prefix of each sender's memory of its last sync.
+fn keys4() -> [String; 4] {
     static CASE: AtomicU64 = AtomicU64::new(0);
     let case = CASE.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -70,14 +82,27 @@ fn keys() -> [String; 3] {
         format!("{base}:budget"),
         format!("{base}:leases"),
         format!("{base}:seen"),
+        format!("{base}:sync"),
     ]
 }
 
+/// The Redis at `STORMGUARD_REDIS_URL`: `None`, said so, when it is unset, and a failure under
+/// `CI=true`, where `.ci/run` sets it (a CI run never passes by skipping).
+pub(super) fn redis_url() -> Option<String> {
+    match std::env::var("STORMGUARD_REDIS_URL") {
+        Ok(url) => Some(url),
+        Err(_) if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
+            panic!("STORMGUARD_REDIS_URL is not set under CI=true: .ci/run sets it")
+        }
+        Err(_) => {
+            eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
+            None
+        }
+    }
+}
+
 fn connection() -> Option<redis::Connection> {
-    let Ok(url) = std::env::var("STORMGUARD_REDIS_URL") else {
-        eprintln!("skipped: STORMGUARD_REDIS_URL is not set (CI sets it and starts Redis)");
-        return None;
-    };
+    let url = redis_url()?;
     let client = redis::Client::open(url.as_str()).expect("a valid STORMGUARD_REDIS_URL");
     Some(client.get_connection().expect("Redis answers"))
 }
@@ -92,8 +117,9 @@ proptest! {
         syncs in prop::collection::vec(sync(), 1..40),
     ) {
         let Some(mut conn) = connection() else { return Ok(()) };
-        let keys = keys();
+        let keys = keys4();
         let mut held = [0i64; WORKERS];
+        let mut next_id = 0u64;
         let (mut deposited, mut spent) = (0i64, 0i64);
         let (mut floor_used, mut last_left) = (0u32, u64::MAX);
         for s in &syncs {
@@ -103,23 +129,38 @@ proptest! {
             spent += spend;
             let give_back = held[s.worker] * s.give_back_pct / 100;
             held[s.worker] -= give_back;
-            let (grant, floor_grant, balance, left): (i64, u32, i64, u64) = scripts::BUDGET
-                .key(&keys[0])
-                .key(&keys[1])
-                .key(&keys[2])
-                .arg(s.deposit)
-                .arg(give_back)
-                .arg(s.want)
-                .arg(s.want_floor)
-                .arg(cap)
-                .arg(floor)
-                .arg(WINDOW_MS)
-                .arg(u8::from(s.exact))
-                .arg(format!("w{}", s.worker))
-                .arg(held[s.worker])
-                .arg(TTL_MS)
-                .invoke(&mut conn)
-                .expect("the script runs");
+            // The exact path sends no id (it is never sent twice); a sync sends its own.
+            next_id += 1;
+            let id = if s.exact { String::new() } else { next_id.to_string() };
+            let run = |conn: &mut redis::Connection| -> (i64, u32, i64, u64) {
+                scripts::BUDGET
+                    .key(&keys[0])
+                    .key(&keys[1])
+                    .key(&keys[2])
+                    .key(format!("{}:w{}", keys[3], s.worker))
+                    .arg(s.deposit)
+                    .arg(give_back)
+                    .arg(s.want)
+                    .arg(s.want_floor)
+                    .arg(cap)
+                    .arg(floor)
+                    .arg(WINDOW_MS)
+                    .arg(u8::from(s.exact))
+                    .arg(format!("w{}", s.worker))
+                    .arg(held[s.worker])
+                    .arg(TTL_MS)
+                    .arg(&id)
+                    .arg(0u8)
+                    .invoke(conn)
+                    .expect("the script runs")
+            };
+            let (grant, floor_grant, balance, left) = run(&mut conn);
+            if s.again && !s.exact {
+                // The answer was lost; the same sync again is answered as before, applied once.
+                let (g, f, b, l) = run(&mut conn);
+                prop_assert_eq!((g, f, b), (grant, floor_grant, balance), "a repeated sync answered anew");
+                prop_assert!(l <= left, "{l} ms left after {left}");
+            }
             deposited += s.deposit;
             prop_assert!((0..=s.want).contains(&grant), "{grant} of {}", s.want);
             if s.exact {
@@ -154,7 +195,9 @@ proptest! {
                 prop_assert_eq!(floor_used, floor, "the floor refused with uses left");
             }
         }
-        let _: () = redis::cmd("DEL").arg(&keys).query(&mut conn).expect("clean up");
+        let mut all: Vec<String> = keys[..3].to_vec();
+        all.extend((0..WORKERS).map(|w| format!("{}:w{w}", keys[3])));
+        let _: () = redis::cmd("DEL").arg(&all).query(&mut conn).expect("clean up");
     }
 }
 
@@ -207,6 +250,8 @@ struct BreakerSync {
     trial_ok: bool,
     demand: bool,
     half_open: bool,
+    /// Its answer is lost: the worker sends it again, with the same id.
+    again: bool,
 }
 
 fn breaker_sync() -> impl Strategy<Value = BreakerSync> {
@@ -219,9 +264,10 @@ fn breaker_sync() -> impl Strategy<Value = BreakerSync> {
         prop::bool::weighted(0.3),
         any::<bool>(),
         prop::bool::weighted(0.2),
+        prop::bool::weighted(0.3),
     )
         .prop_map(
-            |(worker, successes, failures, tail, tripped, trial_ok, demand, half_open)| {
+            |(worker, successes, failures, tail, tripped, trial_ok, demand, half_open, again)| {
                 BreakerSync {
                     worker,
                     successes,
@@ -231,6 +277,7 @@ fn breaker_sync() -> impl Strategy<Value = BreakerSync> {
                     trial_ok,
                     demand,
                     half_open,
+                    again,
                 }
             },
         )
@@ -251,14 +298,16 @@ proptest! {
         syncs in prop::collection::vec(breaker_sync(), 1..40),
     ) {
         let Some(mut conn) = connection() else { return Ok(()) };
-        let [state, trial, _] = keys();
+        let [state, trial, _, memory] = keys4();
         let (mut open, mut run) = (false, 0u32);
         let mut holder: Option<String> = None;
-        for s in &syncs {
+        for (id, s) in syncs.iter().enumerate() {
             let me = format!("w{}", s.worker);
-            let (is_open, _until, mine, _gen): (u8, u64, u8, u64) = scripts::BREAKER
+            let sync = |conn: &mut redis::Connection| -> (u8, u64, u8, u64) {
+                scripts::BREAKER
                 .key(&state)
                 .key(&trial)
+                .key(format!("{memory}:{me}"))
                 .arg(s.successes)
                 .arg(s.failures)
                 .arg(s.tail)
@@ -270,8 +319,17 @@ proptest! {
                 .arg(&me)
                 .arg(u8::from(s.demand))
                 .arg(u8::from(s.half_open))
-                .invoke(&mut conn)
-                .expect("the script runs");
+                .arg(id)
+                .invoke(conn)
+                .expect("the script runs")
+            };
+            let (is_open, until, mine, gen) = sync(&mut conn);
+            if s.again {
+                // The answer was lost: the same sync again is answered as before, counted once.
+                let (o, u, m, g) = sync(&mut conn);
+                prop_assert_eq!((o, m, g), (is_open, mine, gen), "a repeated sync answered anew");
+                prop_assert!(u <= until);
+            }
             // The reference: what the breaker's docs say this sync does.
             if !open {
                 run = if s.successes > 0 { s.tail } else { run + s.failures };
@@ -299,6 +357,7 @@ proptest! {
             }
             holder = now_held;
         }
-        let _: () = redis::cmd("DEL").arg(&state).arg(&trial).query(&mut conn).expect("clean up");
+        let memories: Vec<String> = (0..WORKERS).map(|w| format!("{memory}:w{w}")).collect();
+        let _: () = redis::cmd("DEL").arg(&state).arg(&trial).arg(&memories).query(&mut conn).expect("clean up");
     }
 }

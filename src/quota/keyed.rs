@@ -7,7 +7,6 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -94,6 +93,12 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// [`new`](Self::new) makes a layer with the defaults (name `keyed-quota`, capacity 100,000 keys);
 /// [`builder`](Self::builder) sets them.
 ///
+/// The layer is generic over the key and the request, not over the closure: `key_and_cost` is
+/// kept behind an `Arc<dyn Fn>` (one indirect call per request). With the closure's type in the
+/// layer's, a borrowed key (`|_: &Req| ("org", 1)`, a `&'static str`) named the key's type twice,
+/// and a `tokio::spawn` of a task holding the service failed to compile ("one type is more
+/// general than the other": the check that the task is `Send` sees two unrelated lifetimes).
+///
 /// ```
 /// use std::time::Duration;
 /// use tower::{Layer, Service, ServiceExt, service_fn};
@@ -124,23 +129,26 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
-pub struct KeyedQuotaLayer<K, F> {
+pub struct KeyedQuotaLayer<K, Req> {
     keys: Arc<Keys<K>>,
-    key_and_cost: F,
+    key_and_cost: KeyFn<K, Req>,
     name: Cow<'static, str>,
 }
 
-impl<K, F> KeyedQuotaLayer<K, F> {
+/// A request's key and cost, as a layer keeps the closure that reads them.
+type KeyFn<K, Req> = Arc<dyn Fn(&Req) -> (K, u32) + Send + Sync>;
+
+impl<K, Req> KeyedQuotaLayer<K, Req> {
     /// Each key gets its own quota at `rate`; `key_and_cost` reads a request's key and cost.
     /// The defaults: name `keyed-quota`, capacity 100,000 keys (as
     /// `builder(rate, key_and_cost).build()`).
-    pub fn new<Req>(rate: Rate, key_and_cost: F) -> Self
+    pub fn new<F>(rate: Rate, key_and_cost: F) -> Self
     where
-        F: Fn(&Req) -> (K, u32),
+        F: Fn(&Req) -> (K, u32) + Send + Sync + 'static,
     {
         Self::with(
             rate,
-            key_and_cost,
+            Arc::new(key_and_cost),
             Cow::Borrowed("keyed-quota"),
             DEFAULT_CAPACITY,
         )
@@ -165,20 +173,24 @@ impl<K, F> KeyedQuotaLayer<K, F> {
     /// assert_eq!(err.field(), "capacity");
     /// # Ok::<(), stormguard::error::ConfigError>(())
     /// ```
-    pub fn builder<Req>(rate: Rate, key_and_cost: F) -> KeyedQuotaLayerBuilder<K, F>
+    pub fn builder<F>(rate: Rate, key_and_cost: F) -> KeyedQuotaLayerBuilder<K, Req>
     where
-        F: Fn(&Req) -> (K, u32),
+        F: Fn(&Req) -> (K, u32) + Send + Sync + 'static,
     {
         KeyedQuotaLayerBuilder {
             rate,
-            key_and_cost,
+            key_and_cost: Arc::new(key_and_cost),
             name: Cow::Borrowed("keyed-quota"),
             capacity: DEFAULT_CAPACITY,
-            _key: PhantomData,
         }
     }
 
-    fn with(rate: Rate, key_and_cost: F, name: Cow<'static, str>, capacity: usize) -> Self {
+    fn with(
+        rate: Rate,
+        key_and_cost: KeyFn<K, Req>,
+        name: Cow<'static, str>,
+        capacity: usize,
+    ) -> Self {
         KeyedQuotaLayer {
             keys: Arc::new(Keys::new(rate, capacity)),
             key_and_cost,
@@ -209,7 +221,7 @@ const DEFAULT_CAPACITY: usize = 100_000;
 /// use stormguard::quota::{KeyedQuotaLayer, KeyedQuotaLayerBuilder, Rate};
 ///
 /// let rate = Rate::builder().per_minute(60).build()?;
-/// let builder: KeyedQuotaLayerBuilder<String, _> = KeyedQuotaLayer::builder(rate, |t: &String| (t.clone(), 1));
+/// let builder: KeyedQuotaLayerBuilder<String, String> = KeyedQuotaLayer::builder(rate, |t: &String| (t.clone(), 1));
 /// let region = "eu";
 /// let layer = builder.name(format!("tenants-{region}")).capacity(1_000).build()?;
 /// assert_eq!(layer.rate(), rate);
@@ -218,15 +230,14 @@ const DEFAULT_CAPACITY: usize = 100_000;
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[must_use]
-pub struct KeyedQuotaLayerBuilder<K, F> {
+pub struct KeyedQuotaLayerBuilder<K, Req> {
     rate: Rate,
-    key_and_cost: F,
+    key_and_cost: KeyFn<K, Req>,
     name: Cow<'static, str>,
     capacity: usize,
-    _key: PhantomData<fn() -> K>,
 }
 
-impl<K, F> KeyedQuotaLayerBuilder<K, F> {
+impl<K, Req> KeyedQuotaLayerBuilder<K, Req> {
     /// The name in metrics (`quota` label) and traces (default `keyed-quota`).
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
@@ -242,7 +253,7 @@ impl<K, F> KeyedQuotaLayerBuilder<K, F> {
     }
 
     /// The layer, or the setting that cannot work.
-    pub fn build(self) -> Result<KeyedQuotaLayer<K, F>, ConfigError> {
+    pub fn build(self) -> Result<KeyedQuotaLayer<K, Req>, ConfigError> {
         if !(SHARDS..=100_000_000).contains(&self.capacity) {
             return Err(ConfigError::new(
                 "capacity",
@@ -258,7 +269,7 @@ impl<K, F> KeyedQuotaLayerBuilder<K, F> {
     }
 }
 
-impl<K, F> fmt::Debug for KeyedQuotaLayerBuilder<K, F> {
+impl<K, Req> fmt::Debug for KeyedQuotaLayerBuilder<K, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedQuotaLayerBuilder")
             .field("rate", &self.rate)
@@ -268,7 +279,7 @@ impl<K, F> fmt::Debug for KeyedQuotaLayerBuilder<K, F> {
     }
 }
 
-impl<K, F: Clone> Clone for KeyedQuotaLayer<K, F> {
+impl<K, Req> Clone for KeyedQuotaLayer<K, Req> {
     fn clone(&self) -> Self {
         KeyedQuotaLayer {
             keys: self.keys.clone(),
@@ -278,7 +289,7 @@ impl<K, F: Clone> Clone for KeyedQuotaLayer<K, F> {
     }
 }
 
-impl<K, F> fmt::Debug for KeyedQuotaLayer<K, F> {
+impl<K, Req> fmt::Debug for KeyedQuotaLayer<K, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedQuotaLayer")
             .field("name", &self.name)
@@ -287,8 +298,8 @@ impl<K, F> fmt::Debug for KeyedQuotaLayer<K, F> {
     }
 }
 
-impl<S, K, F: Clone> Layer<S> for KeyedQuotaLayer<K, F> {
-    type Service = KeyedQuota<S, K, F>;
+impl<S, K, Req> Layer<S> for KeyedQuotaLayer<K, Req> {
+    type Service = KeyedQuota<S, K, Req>;
 
     fn layer(&self, inner: S) -> Self::Service {
         KeyedQuota {
@@ -319,12 +330,12 @@ impl<S, K, F: Clone> Layer<S> for KeyedQuotaLayer<K, F> {
 /// assert_eq!(start.elapsed(), Duration::from_millis(500));
 /// # }
 /// ```
-pub struct KeyedQuota<S, K, F> {
+pub struct KeyedQuota<S, K, Req> {
     inner: S,
-    layer: KeyedQuotaLayer<K, F>,
+    layer: KeyedQuotaLayer<K, Req>,
 }
 
-impl<S: Clone, K, F: Clone> Clone for KeyedQuota<S, K, F> {
+impl<S: Clone, K, Req> Clone for KeyedQuota<S, K, Req> {
     fn clone(&self) -> Self {
         KeyedQuota {
             inner: self.inner.clone(),
@@ -333,7 +344,7 @@ impl<S: Clone, K, F: Clone> Clone for KeyedQuota<S, K, F> {
     }
 }
 
-impl<S: fmt::Debug, K, F> fmt::Debug for KeyedQuota<S, K, F> {
+impl<S: fmt::Debug, K, Req> fmt::Debug for KeyedQuota<S, K, Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedQuota")
             .field("inner", &self.inner)
@@ -342,7 +353,7 @@ impl<S: fmt::Debug, K, F> fmt::Debug for KeyedQuota<S, K, F> {
     }
 }
 
-impl<S, K, F> KeyedQuota<S, K, F> {
+impl<S, K, Req> KeyedQuota<S, K, Req> {
     /// The inner service.
     ///
     /// ```
@@ -374,12 +385,11 @@ impl<S, K, F> KeyedQuota<S, K, F> {
     }
 }
 
-impl<S, K, F, Req> Service<Req> for KeyedQuota<S, K, F>
+impl<S, K, Req> Service<Req> for KeyedQuota<S, K, Req>
 where
     S: Service<Req> + Clone,
     S::Error: Into<BoxError>,
     K: Hash + Eq + Clone,
-    F: Fn(&Req) -> (K, u32),
 {
     type Response = S::Response;
     type Error = BoxError;
@@ -479,7 +489,26 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_secs(1));
     }
 
-    impl<K, F> KeyedQuotaLayer<K, F> {
+    /// A key borrowed for `'static` (`("org", 1)`) in a service a spawned task holds: this test
+    /// is its compile check (with the closure's type in the layer's, it did not compile: "one
+    /// type is more general than the other").
+    #[tokio::test(start_paused = true)]
+    async fn a_layer_with_a_static_str_key_runs_inside_tokio_spawn() {
+        use tower::ServiceExt;
+        let rate = Rate::builder().per_second(10).build().unwrap();
+        let served = tokio::spawn(async move {
+            let layer = KeyedQuotaLayer::builder(rate, |_: &String| ("org", 1u32))
+                .build()
+                .unwrap();
+            let svc = layer.layer(tower::service_fn(|s: String| async move {
+                Ok::<_, std::io::Error>(s)
+            }));
+            svc.oneshot("call".to_string()).await.unwrap()
+        });
+        assert_eq!(served.await.unwrap(), "call");
+    }
+
+    impl<K, Req> KeyedQuotaLayer<K, Req> {
         fn capacity_check(&self) -> bool {
             self.keys.per_shard == 1
         }

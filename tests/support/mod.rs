@@ -1,6 +1,8 @@
 //! Shared test helpers: a scripted dependency that counts its calls.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "redis")]
+pub mod fleet;
 pub mod server;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod stores;
