@@ -35,12 +35,14 @@ mod code;
 mod config;
 mod failure;
 pub(crate) mod hint;
+mod json;
 #[cfg(feature = "rmcp")]
 mod mcp;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
 pub use failure::FailureClass;
+pub use json::{MAX_CAUSE_DEPTH, MAX_JSON_DEPTH};
 #[cfg(feature = "rmcp")]
 pub use mcp::MCP_META_KEY;
 
@@ -249,70 +251,6 @@ impl Serialize for ToolError {
         s.serialize_field("class", &self.inner.class)?;
         s.serialize_field("cause", &self.cause().map(Cause))?;
         s.end()
-    }
-}
-
-impl ToolError {
-    /// Reads the JSON shape back ([`to_json`](Self::to_json)'s), as a client does with a tool's
-    /// error (an MCP result, a tool server's answer): `code` is required and must be a known
-    /// code; `retryable` defaults to the code's, `hint` to the code's; `retry_after_ms`,
-    /// `attempts`, `class` and `cause` are read when present, and must have their types when
-    /// present (a `retry_after_ms` of `1.5` or a `retryable` of `"yes"` is not this shape).
-    /// `None` for anything else, so a caller can tell "a stormguard error" from "some JSON".
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard::error::{ErrorCode, ToolError};
-    ///
-    /// let sent = ToolError::new(ErrorCode::RateLimited).with_retry_after(Duration::from_millis(1500));
-    /// let back = ToolError::from_json(&sent.to_json()).unwrap();
-    /// assert_eq!((back.code(), back.retryable()), (ErrorCode::RateLimited, true));
-    /// assert_eq!(back.retry_after(), Some(Duration::from_millis(1500)));
-    /// assert!(ToolError::from_json(&serde_json::json!({"code": "no_such_code"})).is_none());
-    /// // And with serde.
-    /// let back: ToolError = serde_json::from_value(sent.to_json()).unwrap();
-    /// assert_eq!(back.to_json(), sent.to_json());
-    /// ```
-    pub fn from_json(value: &serde_json::Value) -> Option<ToolError> {
-        let code = ErrorCode::parse(value.get("code")?.as_str()?)?;
-        let mut err = ToolError::new(code);
-        // A field that is present must have its type: a wrong one is not this shape at all.
-        let field = |name: &str| value.get(name).filter(|v| !v.is_null());
-        if let Some(v) = field("retryable") {
-            err = err.with_retryable(v.as_bool()?);
-        }
-        if let Some(v) = field("hint") {
-            err = err.with_hint(v.as_str()?.to_string());
-        }
-        if let Some(v) = field("retry_after_ms") {
-            err = err.with_retry_after(Duration::from_millis(v.as_u64()?));
-        }
-        if let Some(v) = field("attempts") {
-            err = err.with_attempts(u32::try_from(v.as_u64()?).ok()?);
-        }
-        if let Some(v) = field("class") {
-            err = err.with_class(serde_json::from_value::<FailureClass>(v.clone()).ok()?);
-        }
-        if let Some(v) = field("cause") {
-            err = err.with_source(ToolError::from_json(v)?);
-        }
-        Some(err)
-    }
-
-    /// Whether `value` carries the whole shape [`to_json`](Self::to_json) writes (`code`,
-    /// `retryable` and `hint`), not just a field named `code` (another server's error JSON).
-    #[cfg(feature = "rmcp")]
-    pub(crate) fn is_whole_shape(value: &serde_json::Value) -> bool {
-        value.get("retryable").is_some_and(|v| v.is_boolean())
-            && value.get("hint").is_some_and(|v| v.is_string())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for ToolError {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(deserializer)?;
-        ToolError::from_json(&value)
-            .ok_or_else(|| serde::de::Error::custom("not a stormguard ToolError (no known `code`)"))
     }
 }
 
