@@ -90,6 +90,7 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
 /// | a `reqwest::Error` (feature `reqwest`) | by its kind (`ReqwestClassifier`'s table): a connect error is `Ambiguous` here (reqwest may have sent the request and failed on a redirect); timeout = `Ambiguous`; status by the HTTP table | by kind |
 /// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
+/// | an rmcp `ServiceError::McpError` or `ErrorData` (feature `rmcp`) | -32602 `ModelRecoverable`; -32601, -32600, -32700 `Permanent` (never processed); any other code `Ambiguous` (see `McpClassifier`) | -32602 `invalid_argument`, else `internal` |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
 ///
 /// A `tonic::Status` the server sent (a trailers-only answer, whose metadata carries the
@@ -153,6 +154,10 @@ fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     #[cfg(feature = "tonic")]
     if let Some(status) = e.downcast_ref::<tonic::Status>() {
         return Some(super::grpc::classify_status(status));
+    }
+    #[cfg(feature = "rmcp")]
+    if let Some(c) = super::mcp::classify_protocol_error(e) {
+        return Some(c);
     }
     if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
         return Some(Classification::failure(
