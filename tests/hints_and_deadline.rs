@@ -214,3 +214,38 @@ async fn a_budget_spent_on_throttling_says_so_and_when_to_come_back() {
     assert!(err.hint().contains("wait 2 s"), "{}", err.hint());
     assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
 }
+
+/// The final hint says "the last attempt may have taken effect" only after a write: a read
+/// changes nothing, however ambiguous its failure (a 503 it gave up on, a 503 whose server
+/// asked not to be retried).
+#[tokio::test(start_paused = true)]
+async fn only_a_writes_final_hint_says_it_may_have_taken_effect() {
+    const MAYBE: &str = "may have taken effect";
+    for (class, may_have_acted) in [(ToolClass::Read, false), (ToolClass::IdempotentWrite, true)] {
+        for headers in [&[][..], &[("grpc-retry-pushback-ms", "-1")][..]] {
+            let headers: &'static [(&str, &str)] = headers;
+            let (_, dep) = http_script(503, headers, u32::MAX);
+            let backoff = Backoff::builder()
+                .constant(Duration::from_millis(10))
+                .jitter(Jitter::None)
+                .build()
+                .unwrap();
+            let policy = ClassPolicy::builder(class)
+                .backoff(backoff)
+                .build()
+                .unwrap();
+            let mut svc = RetryLayer::new(class, RetryBudget::default())
+                .policy(policy)
+                .classifier(HttpClassifier)
+                .layer(dep);
+            let err = call(&mut svc, req()).await.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Unavailable, "{class:?} {headers:?}");
+            assert_eq!(
+                err.hint().contains(MAYBE),
+                may_have_acted,
+                "{class:?} {headers:?}: {}",
+                err.hint()
+            );
+        }
+    }
+}

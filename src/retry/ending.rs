@@ -107,10 +107,12 @@ where
             .and_then(|e| e.downcast_ref::<ToolError>())
             .and_then(ToolError::retry_after),
     };
+    // Only a write can have taken effect; a read's ambiguous failure changed nothing.
+    let may_have_acted = failure == FailureClass::Ambiguous && class != ToolClass::Read;
     let hint: std::borrow::Cow<'static, str> = match why {
-        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, failure).into(),
-        GiveUp::ServerPushback => hint::pushed_back(code, failure).into(),
-        GiveUp::NotReplayable => hint::not_replayable(code, failure).into(),
+        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, may_have_acted).into(),
+        GiveUp::ServerPushback => hint::pushed_back(code, may_have_acted).into(),
+        GiveUp::NotReplayable => hint::not_replayable(code, may_have_acted).into(),
         // Not an outage: the dependency is up and throttling this client.
         GiveUp::Budget(Refusal::RetryBudget) if last == ErrorCode::RateLimited => {
             hint::throttled_budget(retry_after).into()
