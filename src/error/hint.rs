@@ -50,6 +50,11 @@ pub(crate) fn throttled_budget(retry_after: Option<Duration>) -> String {
     )
 }
 
+/// The deadline passed while the call waited to be sent (a quota, a pool): it was not sent.
+pub(crate) fn deadline_before_sending() -> &'static str {
+    "the operation's deadline passed while the call waited to be sent (for a quota or a connection), so it was not sent; do not retry within this operation"
+}
+
 /// The hint of a refusal or an escalation whose code says it all.
 pub(crate) fn of(code: ErrorCode) -> Cow<'static, str> {
     Cow::Borrowed(code.default_hint())

@@ -338,6 +338,18 @@ fn with_installed_inline<R>(word: u64, f: impl FnOnce(&mut OpState) -> R) -> R {
     out
 }
 
+/// The deadline of the operation installed on this thread, if there is one and it has one.
+/// Reads one bit of the packed word when it has none.
+#[inline]
+pub(crate) fn current_deadline() -> Option<Instant> {
+    let word = CURRENT.get();
+    match tag(word) {
+        INLINE if word & HAS_DEADLINE != 0 => DEADLINE.get(),
+        INLINE => None,
+        _ => with_current(|op| op.deadline()).flatten(),
+    }
+}
+
 /// Joins the operation installed on this thread, if there is one (see [`OpState::join`]), for
 /// a layer on budget `budget`; the `bool` says whether the layer credits its budget on success.
 /// Bit operations on the packed word for a layer without a deadline; no unpacking.
