@@ -37,11 +37,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
+//! // One budget and one quota for the whole process, made once; every stack gets clones of the
+//! // same handles. (A `RetryBudget::default()` per stack, or per call, is a budget each: in an
+//! // outage every one of them pays for its own retries.)
+//! let budget = RetryBudget::default();
 //! let quota = QuotaLayer::new(Rate::builder().per_second(10).burst(2).build().unwrap());
 //! let model = service_fn(|prompt: &'static str| async move { Ok::<_, std::io::Error>(prompt.len()) });
 //! let mut svc = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-//!     .layer(quota)
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+//!     .layer(quota.clone())
 //!     .service(model);
 //! let start = tokio::time::Instant::now();
 //! for _ in 0..4 {
