@@ -164,3 +164,62 @@ fn a_cause_chain_up_to_the_bound_is_read_whole_and_round_trips_through_serde() {
     let bad = serde_json::json!({"code": "internal", "cause": {"code": "no_such_code"}});
     assert!(ToolError::from_json(&bad).is_none());
 }
+
+/// The layers that do not return a `ToolError` (the breaker, the key and receipt layers, the
+/// keyed quotas return a `BoxError`) give one with `ToolError::from` / `.into()` / `?`: the one
+/// the layer made, or the inner error classified, kept as the source.
+#[tokio::test(start_paused = true)]
+async fn every_layers_boxed_error_becomes_a_tool_error_with_into() {
+    use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
+    use stormguard::error::BoxError;
+    use stormguard::key::{Action, SetIdempotencyKeyLayer};
+    use tower::{Layer, Service, ServiceExt};
+
+    let config = BreakerConfig::builder()
+        .consecutive_failures(1)
+        .open_duration(Duration::from_secs(5), Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut breaker = CircuitBreakerLayer::new(Breaker::new("billing-api", config)).layer(
+        tower::service_fn(|_: ()| async {
+            Err::<(), _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+        }),
+    );
+    // The dependency's own error, passed through boxed: classified, kept as the source.
+    let boxed: BoxError = breaker.ready().await.unwrap().call(()).await.unwrap_err();
+    let err = ToolError::from(boxed);
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert_eq!(err.class(), Some(FailureClass::Transient));
+    assert!(err.source().unwrap().is::<std::io::Error>());
+    // The breaker's own rejection: the ToolError it made, as it is.
+    let err: ToolError = breaker
+        .ready()
+        .await
+        .unwrap()
+        .call(())
+        .await
+        .unwrap_err()
+        .into();
+    assert_eq!(err.code(), ErrorCode::CircuitOpen);
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+
+    // `?` in a function that returns a ToolError.
+    async fn stamped(req: http::Request<u64>) -> Result<bool, ToolError> {
+        let echo = tower::service_fn(|req: http::Request<u64>| async move {
+            Ok::<_, std::convert::Infallible>(req.headers().contains_key("idempotency-key"))
+        });
+        let derive =
+            |req: &http::Request<u64>| Action::new("run-1", "step-2", "charge", req.body());
+        let svc = SetIdempotencyKeyLayer::new(derive).layer(echo);
+        Ok(svc.oneshot(req).await?)
+    }
+    assert!(stamped(http::Request::new(7)).await.unwrap());
+    let mut minted = http::Request::new(7);
+    minted
+        .headers_mut()
+        .insert("idempotency-key", "a-random-uuid".parse().unwrap());
+    assert_eq!(
+        stamped(minted).await.unwrap_err().code(),
+        ErrorCode::IdempotencyKeyChanged
+    );
+}

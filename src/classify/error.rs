@@ -127,6 +127,46 @@ pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
     ))
 }
 
+/// Any layer's error as a [`ToolError`]: the one the error is (a layer's own refusal, boxed by
+/// the circuit breaker, the key and receipt layers or a keyed quota), else the error as
+/// [`classify_error`] reads it: its code and class, `retryable` only if nothing can have
+/// happened (`Transient`) and the code allows it, the server's delay as `retry_after`, and the
+/// error itself as the [`source`](Error::source). So `?` turns a `BoxError` into a `ToolError`.
+///
+/// ```
+/// use stormguard::error::{BoxError, ErrorCode, ToolError};
+///
+/// let refused: BoxError = Box::new(ToolError::new(ErrorCode::CircuitOpen));
+/// assert_eq!(ToolError::from(refused).code(), ErrorCode::CircuitOpen);
+///
+/// let io: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+/// let err = ToolError::from(io);
+/// assert_eq!((err.code(), err.retryable()), (ErrorCode::Unavailable, true));
+/// let reset: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+/// assert!(!ToolError::from(reset).retryable()); // it may have taken effect
+/// ```
+impl From<BoxError> for ToolError {
+    fn from(err: BoxError) -> Self {
+        let other = match err.downcast::<ToolError>() {
+            Ok(tool) => return *tool,
+            Err(other) => other,
+        };
+        let c = classify_error(&*other);
+        let class = c.failure_class().unwrap_or(FailureClass::Ambiguous);
+        let code = c.code().unwrap_or(ErrorCode::Internal);
+        let retryable = class == FailureClass::Transient
+            && code.default_retryable()
+            && c.hint() != ServerHint::DoNotRetry;
+        let mut tool = ToolError::new(code)
+            .with_class(class)
+            .with_retryable(retryable);
+        if let ServerHint::RetryAfter(after) = c.hint() {
+            tool = tool.with_retry_after(after);
+        }
+        tool.with_source(other)
+    }
+}
+
 /// The first error in the chain that the table recognises, if any.
 pub(super) fn classify_chain(err: &(dyn Error + 'static)) -> Option<Classification> {
     let mut next = Some(err);

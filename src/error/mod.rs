@@ -1,11 +1,39 @@
 //! Structured errors a model can act on: [`ToolError`] and its stable [`ErrorCode`].
 //!
-//! Every failure that leaves a stormguard layer is a [`ToolError`]: a stable machine `code`, a
-//! `retryable` flag, a `hint` written for the model (or the person) who reads it, the
-//! [`FailureClass`] it was classified as, the number of attempts made, an optional `retry_after`,
-//! and the original error as its [`source`](std::error::Error::source).
+//! A [`ToolError`] is what a model reads: a stable machine `code`, a `retryable` flag, a `hint`
+//! written for the model (or the person) who reads it, the [`FailureClass`] it was classified
+//! as, the number of attempts made, an optional `retry_after`, and the original error as its
+//! [`source`](std::error::Error::source).
 //!
 //! The code is the contract; the hint text may change between releases.
+//!
+//! # What each layer returns
+//!
+//! | layer | its `Error` type | what it originates |
+//! |---|---|---|
+//! | [`Retry`](crate::retry::Retry) | `ToolError`, always (an inner error becomes one, kept as its source) | every ending: `outcome_unknown`, `retry_budget_exhausted`, `deadline_exceeded`, ... |
+//! | [`CircuitBreaker`](crate::breaker::CircuitBreaker), [`KeyedBreaker`](crate::breaker::KeyedBreaker) | [`BoxError`] | a boxed `ToolError` (`circuit_open`); the inner error otherwise, boxed |
+//! | [`Receipt`](crate::receipt::Receipt) (the receipt layer) | [`BoxError`] | a boxed `ToolError` (`in_progress`, `receipt_expired`, `store_unavailable`, `idempotency_key_reused`, ...); the inner error otherwise, boxed |
+//! | [`SetIdempotencyKey`](crate::key::SetIdempotencyKey) | [`BoxError`] | a boxed `ToolError` (`idempotency_key_changed`, `invalid_argument`); the inner error otherwise, boxed |
+//! | [`KeyedQuota`](crate::quota::KeyedQuota), the fleet's quota | [`BoxError`] | a boxed `ToolError` (`invalid_argument`: a call costlier than the burst) |
+//! | [`Quota`](crate::quota::Quota), [`Hedge`](crate::hedge::Hedge), the operation and body-peeking layers | the inner service's error, untouched | nothing |
+//!
+//! With a [`Retry`](crate::retry::Retry) outermost (the documented stack) the caller always gets
+//! a `ToolError`. Below it, or without one, turn a [`BoxError`] into a `ToolError` with
+//! `ToolError::from` (or `.into()`, or `?`): a layer's own refusal comes out as it is, any other
+//! error as [`classify_error`](crate::classify::classify_error) reads it, kept as the source.
+//!
+//! ```
+//! use stormguard::error::{BoxError, ErrorCode, ToolError};
+//!
+//! // What a circuit breaker's rejection looks like from outside: a boxed ToolError.
+//! let from_breaker: BoxError = Box::new(ToolError::new(ErrorCode::CircuitOpen));
+//! let err: ToolError = from_breaker.into();
+//! assert_eq!(err.code(), ErrorCode::CircuitOpen);
+//! // An inner error the breaker passed through: classified.
+//! let passed_through: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+//! assert_eq!(ToolError::from(passed_through).code(), ErrorCode::Unavailable);
+//! ```
 //!
 //! # JSON shape
 //!
@@ -63,7 +91,11 @@ use std::time::Duration;
 /// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The error every stormguard layer returns: a stable code, a retryable flag and a hint.
+/// The error a model reads: a stable code, a retryable flag and a hint. [`Retry`] returns it;
+/// the layers that return a [`BoxError`] box one (see [what each layer
+/// returns](self#what-each-layer-returns); `ToolError::from` unboxes it).
+///
+/// [`Retry`]: crate::retry::Retry
 ///
 /// Build one with [`ToolError::new`] (the code decides the default `retryable` flag and hint) and
 /// the `with_*` methods.
