@@ -89,6 +89,7 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
 /// | a `reqwest::Error` (feature `reqwest`) | by its kind (`ReqwestClassifier`'s table): a connect error is `Ambiguous` here (reqwest may have sent the request and failed on a redirect); timeout = `Ambiguous`; status by the HTTP table | by kind |
+/// | an [`HttpStatusError`](super::HttpStatusError) (feature `http`): a failure status a client turned into an error | by [`HttpClassifier`](super::HttpClassifier)'s table, its headers the hint (`Retry-After`, `grpc-retry-pushback-ms`) | by status |
 /// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
 /// | an rmcp `ServiceError::McpError` or `ErrorData` (feature `rmcp`) | -32602 `ModelRecoverable`; -32601, -32600, -32700 `Permanent` (never processed); any other code `Ambiguous` (see `McpClassifier`) | -32602 `invalid_argument`, else `internal` |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
@@ -198,6 +199,14 @@ fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     #[cfg(feature = "rmcp")]
     if let Some(c) = super::mcp::classify_protocol_error(e) {
         return Some(c);
+    }
+    #[cfg(feature = "http")]
+    if let Some(answer) = e.downcast_ref::<super::HttpStatusError>() {
+        // A 404 is an answer (`Empty`) even as an error; a success status proves nothing here.
+        let c = super::http::classify_response(answer.status(), answer.headers());
+        if c.verdict() != super::Verdict::Success {
+            return Some(c);
+        }
     }
     if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
         return Some(Classification::failure(

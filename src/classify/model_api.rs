@@ -79,7 +79,7 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
                 resp.headers(),
                 resp.extensions().get::<ErrorBody>(),
             ),
-            Err(e) => classify_error(e.as_dyn_error()),
+            Err(e) => classify_model_error(e.as_dyn_error()),
         })
     }
 
@@ -90,6 +90,27 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
             resp.extensions().get::<ErrorBody>(),
         )
     }
+}
+
+/// An error, read as a model API's: a failure status a client turned into an
+/// [`HttpStatusError`](super::HttpStatusError) by this table (its body excerpt as the error
+/// body), anything else by [`classify_error`].
+pub(super) fn classify_model_error(err: &(dyn std::error::Error + 'static)) -> Classification {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<ToolError>() {
+            break; // a layer's own error says what it is
+        }
+        if let Some(answer) = e.downcast_ref::<super::HttpStatusError>() {
+            let body = answer.body_bytes().map(ErrorBody::parse);
+            let c = classify_model_response(answer.status(), answer.headers(), body.as_ref());
+            if c.verdict() != super::Verdict::Success {
+                return c;
+            }
+        }
+        next = e.source();
+    }
+    classify_error(err)
 }
 
 /// The error an operation that ends on this answer gives up with: the provider's own words.

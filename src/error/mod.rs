@@ -46,7 +46,8 @@
 //! `retry_after_ms` is `null` when the server gave no hint; `class` is `null` for errors that were
 //! not classified (configuration or store errors). `cause` is the dependency's own structured
 //! error when it gave one (a `ToolError` in the source chain: an MCP tool's error read back, a
-//! classifier's [`dependency_error`](crate::classify::Classify::dependency_error)), as
+//! classifier's [`dependency_error`](crate::classify::Classify::dependency_error); else a
+//! failure status a client turned into an `HttpStatusError`, read by the HTTP status table), as
 //! `{"code", "retryable", "hint"}`, else `null`: the evidence a layer that gave up keeps.
 //!
 //! ```
@@ -281,20 +282,48 @@ impl Serialize for ToolError {
         s.serialize_field("retry_after_ms", &ms)?;
         s.serialize_field("attempts", &self.inner.attempts)?;
         s.serialize_field("class", &self.inner.class)?;
-        s.serialize_field("cause", &self.cause().map(Cause))?;
+        s.serialize_field("cause", &self.evidence())?;
         s.end()
     }
 }
 
+impl ToolError {
+    /// What `cause` shows: the dependency's own `ToolError`, else (feature `http`) the failure
+    /// status a client turned into an [`HttpStatusError`](crate::classify::HttpStatusError).
+    fn evidence(&self) -> Option<Cause<'_>> {
+        if let Some(tool) = self.cause() {
+            return Some(Cause {
+                code: tool.code(),
+                retryable: tool.retryable(),
+                hint: Cow::Borrowed(tool.hint()),
+            });
+        }
+        #[cfg(feature = "http")]
+        if let Some(answered) = std::error::Error::source(self).and_then(crate::classify::answered)
+        {
+            return Some(Cause {
+                code: answered.code(),
+                retryable: answered.retryable(),
+                hint: Cow::Owned(answered.hint().to_string()),
+            });
+        }
+        None
+    }
+}
+
 /// The dependency's error as `cause` shows it: its code, flag and hint.
-struct Cause<'a>(&'a ToolError);
+struct Cause<'a> {
+    code: ErrorCode,
+    retryable: bool,
+    hint: Cow<'a, str>,
+}
 
 impl Serialize for Cause<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut s = serializer.serialize_struct("Cause", 3)?;
-        s.serialize_field("code", self.0.inner.code.as_str())?;
-        s.serialize_field("retryable", &self.0.inner.retryable)?;
-        s.serialize_field("hint", &*self.0.inner.hint)?;
+        s.serialize_field("code", self.code.as_str())?;
+        s.serialize_field("retryable", &self.retryable)?;
+        s.serialize_field("hint", &*self.hint)?;
         s.end()
     }
 }
