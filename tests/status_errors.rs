@@ -234,3 +234,31 @@ fn a_mapped_404_is_an_empty_answer_and_a_mapped_200_proves_nothing() {
         Verdict::Failure(FailureClass::Ambiguous)
     );
 }
+
+/// The same reading on a reqwest client's stack (`ModelApiClassifier` over `reqwest::Response`).
+#[cfg(feature = "reqwest")]
+#[test]
+fn a_model_api_classifier_over_reqwest_reads_a_mapped_answer_too() {
+    use stormguard::classify::{ClassifiedResponse, FailureClass, ServerHint};
+    let classify = |err: HttpStatusError| {
+        let result: Result<reqwest::Response, BoxError> = Err(Box::new(err));
+        match ModelApiClassifier.classify(&result) {
+            ClassifiedResponse::Ready(c) => c,
+            _ => unreachable!(),
+        }
+    };
+    let mut headers = http::HeaderMap::new();
+    headers.insert("retry-after-ms", "1500".parse().unwrap());
+    let c = classify(HttpStatusError::new(
+        http::StatusCode::TOO_MANY_REQUESTS,
+        headers,
+    ));
+    assert_eq!(c.failure_class(), Some(FailureClass::Transient));
+    assert_eq!(
+        c.hint(),
+        ServerHint::RetryAfter(Duration::from_millis(1_500))
+    );
+    let quota = HttpStatusError::new(http::StatusCode::TOO_MANY_REQUESTS, http::HeaderMap::new())
+        .with_body_excerpt(br#"{"error":{"type":"insufficient_quota"}}"#);
+    assert_eq!(classify(quota).code(), Some(ErrorCode::QuotaExhausted));
+}

@@ -96,21 +96,28 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
 /// [`HttpStatusError`](super::HttpStatusError) by this table (its body excerpt as the error
 /// body), anything else by [`classify_error`].
 pub(super) fn classify_model_error(err: &(dyn std::error::Error + 'static)) -> Classification {
+    model_status_error(err).unwrap_or_else(|| classify_error(err))
+}
+
+/// The first `HttpStatusError` in `err`'s chain, by this table, unless a `ToolError` (a layer's
+/// own word) comes before it.
+pub(super) fn model_status_error(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<Classification> {
     let mut next = Some(err);
     while let Some(e) = next {
         if e.is::<ToolError>() {
-            break; // a layer's own error says what it is
+            return None;
         }
         if let Some(answer) = e.downcast_ref::<super::HttpStatusError>() {
             let body = answer.body_bytes().map(ErrorBody::parse);
             let c = classify_model_response(answer.status(), answer.headers(), body.as_ref());
-            if c.verdict() != super::Verdict::Success {
-                return c;
-            }
+            // A success status proves nothing: read as any other error.
+            return (c.verdict() != super::Verdict::Success).then_some(c);
         }
         next = e.source();
     }
-    classify_error(err)
+    None
 }
 
 /// The error an operation that ends on this answer gives up with: the provider's own words.
