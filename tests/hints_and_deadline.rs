@@ -385,3 +385,71 @@ async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
     assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
     assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
+
+/// A quota that waits inside its call (a keyed quota: the key is in the request) holds the
+/// deadline too: the call is not sent after it.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
+    use stormguard::quota::{KeyedQuotaLayer, Rate};
+    let (calls, dep) = http_script(200, &[], 0);
+    let rate = Rate::builder().per_second(1).burst(1).build().unwrap();
+    let quota = KeyedQuotaLayer::new(rate, |_: &Req| ("tenant-a", 1));
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(deadline_300ms())
+        .classifier(HttpClassifier)
+        .layer(quota.layer(dep));
+    call(&mut svc, req()).await.unwrap(); // spends the burst
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "sent after the deadline");
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+}
+
+/// The documented stack, `Retry → ReceiptLayer → … → Quota`: the receipt layer is always ready
+/// and waits for the quota inside its call, so it holds the deadline too. Nothing is sent, and
+/// the intent it recorded is removed (never sent), so a later call is not blocked by it.
+#[tokio::test(start_paused = true)]
+async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
+    use stormguard::key::Action;
+    use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+    use stormguard::retry::HttpReplay;
+    use tower::ServiceBuilder;
+
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = calls.clone();
+    let dep = tower::service_fn(move |_: Req| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>(200u16) }
+    });
+    let action = |req: &Req| Action::new("run-1", "step-2", "send_invoice", &req.uri().to_string());
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .policy(
+                    ClassPolicy::builder(ToolClass::KeyedWrite)
+                        .deadline(Duration::from_millis(300))
+                        .build()
+                        .unwrap(),
+                )
+                .replay(HttpReplay),
+        )
+        .layer(ReceiptLayer::new(
+            InMemoryStore::new(),
+            ToolClass::KeyedWrite,
+            action,
+        ))
+        .layer(spent_quota().await)
+        .service(dep);
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "sent after the deadline");
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    // Once the quota has room again, the same action goes, with no pending intent in its way
+    // (the slot the refused call reserved is spent: the next one comes at 2 s).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(call(&mut svc, req()).await.unwrap(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -55,6 +55,14 @@ pub(crate) fn deadline_before_sending() -> &'static str {
     "the operation's deadline passed while the call waited to be sent (for a quota or a connection), so it was not sent; do not retry within this operation"
 }
 
+/// The error of a layer that waited inside its call (a keyed quota) past the operation's
+/// deadline and so sends nothing.
+pub(crate) fn not_sent_by_deadline() -> super::ToolError {
+    super::ToolError::new(ErrorCode::DeadlineExceeded)
+        .with_retryable(false)
+        .with_hint(deadline_before_sending())
+}
+
 /// The hint of a refusal or an escalation whose code says it all.
 pub(crate) fn of(code: ErrorCode) -> Cow<'static, str> {
     Cow::Borrowed(code.default_hint())

@@ -350,6 +350,13 @@ pub(crate) fn current_deadline() -> Option<Instant> {
     }
 }
 
+/// Whether the deadline of the operation installed on this thread has come: a layer that waited
+/// inside its call (a keyed quota) sends nothing then.
+#[inline]
+pub(crate) fn current_deadline_passed() -> bool {
+    current_deadline().is_some_and(|d| Instant::now() >= d)
+}
+
 /// Joins the operation installed on this thread, if there is one (see [`OpState::join`]), for
 /// a layer on budget `budget`; the `bool` says whether the layer credits its budget on success.
 /// Bit operations on the packed word for a layer without a deadline; no unpacking.
