@@ -52,10 +52,11 @@ fn rfc_8785_appendix_b_numbers() {
 fn exact_ties_take_the_even_digit() {
     // Every double in [2^50, 2^51) that ends in .25 or .75 lies exactly halfway between two
     // shortest (17-digit) forms.
-    assert_eq!(es_number(1125899906842624.25), "1125899906842624.2");
-    assert_eq!(es_number(1125899906842624.75), "1125899906842624.8");
-    assert_eq!(es_number(1125899906842625.25), "1125899906842625.2");
-    assert_eq!(es_number(-1125899906842625.75), "-1125899906842625.8");
+    let two_50 = (1u64 << 50) as f64; // 1125899906842624, exactly
+    assert_eq!(es_number(two_50 + 0.25), "1125899906842624.2");
+    assert_eq!(es_number(two_50 + 0.75), "1125899906842624.8");
+    assert_eq!(es_number(two_50 + 1.25), "1125899906842625.2");
+    assert_eq!(es_number(-(two_50 + 1.75)), "-1125899906842625.8");
 }
 
 /// The digits of `x > 0`'s exact decimal expansion (every double has one, at most 767

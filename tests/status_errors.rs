@@ -73,9 +73,12 @@ impl Service<()> for Client {
     }
 }
 
+/// One scripted answer: status, headers, body.
+type Answer = (u16, &'static [(&'static str, &'static str)], &'static str);
+
 /// `answers[n]` for the `n`-th request, 200 after them.
 async fn server(
-    answers: Vec<(u16, &'static [(&'static str, &'static str)], &'static str)>,
+    answers: Vec<Answer>,
 ) -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicU32>,

@@ -24,8 +24,10 @@
 //! [`Retry`](crate::retry::Retry): a retry still waiting when the deadline passes ends as
 //! `deadline_exceeded`. The first attempt's wait happens before the `Retry` is called (in its
 //! `poll_ready`) and starts the deadline's clock there: if the wait outlasts the deadline, the
-//! first attempt is not sent either (`deadline_exceeded`, its slot unused). A wait counts from
-//! when it begins, so bound the whole call with tower's `Timeout` if you need a hard limit.
+//! first attempt is not sent either (`deadline_exceeded`, its slot unused). A
+//! [`KeyedQuota`] waits inside its call (the key is in the request) and checks the deadline
+//! after its wait the same way. A wait counts from when it begins, so bound the whole call with
+//! tower's `Timeout` if you need a hard limit.
 //!
 //! Put it below the retrying layers, so retries wait for the quota too:
 //!
