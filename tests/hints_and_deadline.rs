@@ -214,3 +214,242 @@ async fn a_budget_spent_on_throttling_says_so_and_when_to_come_back() {
     assert!(err.hint().contains("wait 2 s"), "{}", err.hint());
     assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
 }
+
+/// The final hint says "the last attempt may have taken effect" only after a write: a read
+/// changes nothing, however ambiguous its failure (a 503 it gave up on, a 503 whose server
+/// asked not to be retried).
+#[tokio::test(start_paused = true)]
+async fn only_a_writes_final_hint_says_it_may_have_taken_effect() {
+    const MAYBE: &str = "may have taken effect";
+    for (class, may_have_acted) in [(ToolClass::Read, false), (ToolClass::IdempotentWrite, true)] {
+        for headers in [&[][..], &[("grpc-retry-pushback-ms", "-1")][..]] {
+            let headers: &'static [(&str, &str)] = headers;
+            let (_, dep) = http_script(503, headers, u32::MAX);
+            let backoff = Backoff::builder()
+                .constant(Duration::from_millis(10))
+                .jitter(Jitter::None)
+                .build()
+                .unwrap();
+            let policy = ClassPolicy::builder(class)
+                .backoff(backoff)
+                .build()
+                .unwrap();
+            let mut svc = RetryLayer::new(class, RetryBudget::default())
+                .policy(policy)
+                .classifier(HttpClassifier)
+                .layer(dep);
+            let err = call(&mut svc, req()).await.unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Unavailable, "{class:?} {headers:?}");
+            assert_eq!(
+                err.hint().contains(MAYBE),
+                may_have_acted,
+                "{class:?} {headers:?}: {}",
+                err.hint()
+            );
+        }
+    }
+}
+
+/// A Read policy with a 300 ms deadline.
+fn deadline_300ms() -> ClassPolicy {
+    constant(10)
+        .into_builder()
+        .deadline(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+/// A quota of one call a second whose burst is already spent: the next call waits 1 s.
+async fn spent_quota() -> stormguard::quota::QuotaLayer {
+    use stormguard::quota::{QuotaLayer, Rate};
+    use tower::ServiceExt;
+    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let noop = tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) });
+    quota.layer(noop).oneshot(()).await.unwrap();
+    quota
+}
+
+/// The case: a 300 ms deadline behind a 1 s quota wait. The wait happens in the
+/// `Retry`'s `poll_ready` and starts the deadline's clock; by the call the deadline has passed,
+/// so the first attempt is not sent: `deadline_exceeded`, no attempts.
+#[tokio::test(start_paused = true)]
+async fn no_first_attempt_starts_after_the_deadline() {
+    let (calls, dep) = http_script(200, &[], 0);
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(deadline_300ms())
+        .classifier(HttpClassifier)
+        .layer(spent_quota().await.layer(dep));
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "sent after the deadline");
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert_eq!(err.attempts(), 0);
+    assert!(err.hint().contains("not sent"), "{}", err.hint());
+}
+
+/// The same when the deadline is a nested layer's (its own `poll_ready` waited), and when the
+/// operation crosses a `Buffer` and the wait happens in its worker, behind the boundary.
+#[tokio::test(start_paused = true)]
+async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
+    use stormguard::operation::{AdoptLayer, AttachLayer};
+    use tower::ServiceBuilder;
+
+    // Outer layer without a deadline, inner layer with one.
+    let (calls, dep) = http_script(200, &[], 0);
+    let mut svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).classifier(HttpClassifier))
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .policy(deadline_300ms())
+                .classifier(HttpClassifier),
+        )
+        .layer(spent_quota().await)
+        .service(dep);
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "nested: sent after the deadline"
+    );
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert!(err.hint().contains("not sent"), "{}", err.hint());
+    // The outer layer counts the attempt it started (the ledger's count), although the layer
+    // below did not send it.
+    assert!(err.attempts() <= 1);
+
+    // The outer layer's deadline, carried across a Buffer to a layer that waits behind it.
+    let (calls, dep) = http_script(200, &[], 0);
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                .policy(deadline_300ms())
+                .classifier(HttpClassifier),
+        )
+        .layer(AttachLayer::new())
+        .buffer(4)
+        .layer(AdoptLayer::new())
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).classifier(HttpClassifier))
+        .layer(spent_quota().await)
+        .service(dep);
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "buffered: sent after the deadline"
+    );
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+
+    // A deadline that has not passed lets the first attempt through after the wait.
+    let (calls, dep) = http_script(200, &[], 0);
+    let policy = constant(10)
+        .into_builder()
+        .deadline(Duration::from_millis(1_001))
+        .build()
+        .unwrap();
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(policy)
+        .classifier(HttpClassifier)
+        .layer(spent_quota().await.layer(dep));
+    assert_eq!(call(&mut svc, req()).await.unwrap().status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// A retry whose quota slot comes exactly at the deadline is not sent: no attempt starts at or
+/// after the deadline, even when the service and the deadline wake the retry together.
+#[tokio::test(start_paused = true)]
+async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
+    use stormguard::quota::{QuotaLayer, Rate};
+    let (calls, dep) = http_script(503, &[], u32::MAX);
+    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let policy = constant(10)
+        .into_builder()
+        .deadline(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(policy)
+        .classifier(HttpClassifier)
+        .layer(quota.layer(dep));
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "a retry was sent at the deadline"
+    );
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+}
+
+/// A quota that waits inside its call (a keyed quota: the key is in the request) holds the
+/// deadline too: the call is not sent after it.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
+    use stormguard::quota::{KeyedQuotaLayer, Rate};
+    let (calls, dep) = http_script(200, &[], 0);
+    let rate = Rate::builder().per_second(1).burst(1).build().unwrap();
+    let quota = KeyedQuotaLayer::new(rate, |_: &Req| ("tenant-a", 1));
+    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
+        .policy(deadline_300ms())
+        .classifier(HttpClassifier)
+        .layer(quota.layer(dep));
+    call(&mut svc, req()).await.unwrap(); // spends the burst
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "sent after the deadline");
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert!(!err.retryable());
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+}
+
+/// The documented stack, `Retry → ReceiptLayer → … → Quota`: the receipt layer is always ready
+/// and waits for the quota inside its call, so it holds the deadline too. Nothing is sent, and
+/// the intent it recorded is removed (never sent), so a later call is not blocked by it.
+#[tokio::test(start_paused = true)]
+async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
+    use stormguard::key::Action;
+    use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+    use stormguard::retry::HttpReplay;
+    use tower::ServiceBuilder;
+
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = calls.clone();
+    let dep = tower::service_fn(move |_: Req| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>(200u16) }
+    });
+    let action = |req: &Req| Action::new("run-1", "step-2", "send_invoice", &req.uri().to_string());
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .policy(
+                    ClassPolicy::builder(ToolClass::KeyedWrite)
+                        .deadline(Duration::from_millis(300))
+                        .build()
+                        .unwrap(),
+                )
+                .replay(HttpReplay),
+        )
+        .layer(ReceiptLayer::new(
+            InMemoryStore::new(),
+            ToolClass::KeyedWrite,
+            action,
+        ))
+        .layer(spent_quota().await)
+        .service(dep);
+    let start = Instant::now();
+    let err = call(&mut svc, req()).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "sent after the deadline");
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    // Once the quota has room again, the same action goes, with no pending intent in its way
+    // (the slot the refused call reserved is spent: the next one comes at 2 s).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(call(&mut svc, req()).await.unwrap(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -98,3 +98,17 @@ async fn a_rate_faster_than_the_timer_still_holds() {
         "{took:?}"
     );
 }
+
+/// The quota module's own example is copied as it is: it must build the retry budget once and
+/// share clones, not make a budget per layer inline (a budget per call site doubles an outage's
+/// calls when the pattern is copied).
+#[test]
+fn the_module_example_builds_its_budget_once() {
+    let docs = include_str!("../src/quota/mod.rs");
+    let inline: Vec<&str> = docs
+        .lines()
+        .filter(|l| l.contains("RetryLayer::new(") && l.contains("RetryBudget::default()"))
+        .collect();
+    assert!(inline.is_empty(), "{inline:#?}");
+    assert!(docs.contains("let budget = RetryBudget::default();"));
+}

@@ -22,6 +22,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stormguard::class::ToolClass;
+use stormguard::classify::HttpStatusError;
 use stormguard::error::BoxError;
 use stormguard::key::{IdempotencyKey, KeyStamp};
 use stormguard::receipt::{Action, Durability, ReceiptConfig, ReceiptLayer, SqliteStore};
@@ -281,16 +282,18 @@ impl Service<SendInvoice> for EmailClient {
                 .client
                 .request(b.body(Full::new(Bytes::from(serde_json::to_vec(&req.email)?)))?)
                 .await?;
-            // A failure status as the dependency's own error (code, class: 503 is ambiguous).
-            if let Some(err) = stormguard::classify::Classify::<_, BoxError>::dependency_error(
-                &stormguard::classify::HttpClassifier,
-                &resp,
-            ) {
+            // A failure status becomes the error, status, headers and all: the classifiers read
+            // it as the answer itself (503 is ambiguous; `Retry-After` is the server's delay).
+            if !resp.status().is_success() {
                 if this.report {
                     emit(
                         &serde_json::json!({"event": "send_failed", "status": resp.status().as_u16()}),
                     );
                 }
+                let (parts, body) = resp.into_parts();
+                let body = body.collect().await?.to_bytes();
+                let err =
+                    HttpStatusError::new(parts.status, parts.headers).with_body_excerpt(&body);
                 return Err(Box::new(err) as BoxError);
             }
             let body = resp.into_body().collect().await?.to_bytes();

@@ -89,7 +89,9 @@ impl AsDynError for std::convert::Infallible {
 /// | `io::Error` `PermissionDenied` | `Permanent` | `permission_denied` |
 /// | `io::Error` `InvalidInput`, `InvalidData` | `ModelRecoverable` | `invalid_argument` |
 /// | a `reqwest::Error` (feature `reqwest`) | by its kind (`ReqwestClassifier`'s table): a connect error is `Ambiguous` here (reqwest may have sent the request and failed on a redirect); timeout = `Ambiguous`; status by the HTTP table | by kind |
+/// | an [`HttpStatusError`](super::HttpStatusError) (feature `http`): a failure status a client turned into an error | by [`HttpClassifier`](super::HttpClassifier)'s table, its headers the hint (`Retry-After`, `grpc-retry-pushback-ms`) | by status |
 /// | a `tonic::Status` (feature `tonic`) | by where it came from, then its code (below); `grpc-retry-pushback-ms` metadata is the hint | by code |
+/// | an rmcp `ServiceError::McpError` or `ErrorData` (feature `rmcp`) | -32602 `ModelRecoverable`; -32601, -32600, -32700 `Permanent` (never processed); any other code `Ambiguous` (see `McpClassifier`) | -32602 `invalid_argument`, else `internal` |
 /// | anything else | `Ambiguous` (it may have taken effect) | `internal` |
 ///
 /// A `tonic::Status` the server sent (a trailers-only answer, whose metadata carries the
@@ -126,6 +128,46 @@ pub fn classify_error(err: &(dyn Error + 'static)) -> Classification {
     ))
 }
 
+/// Any layer's error as a [`ToolError`]: the one the error is (a layer's own refusal, boxed by
+/// the circuit breaker, the key and receipt layers or a keyed quota), else the error as
+/// [`classify_error`] reads it: its code and class, `retryable` only if nothing can have
+/// happened (`Transient`) and the code allows it, the server's delay as `retry_after`, and the
+/// error itself as the [`source`](Error::source). So `?` turns a `BoxError` into a `ToolError`.
+///
+/// ```
+/// use stormguard::error::{BoxError, ErrorCode, ToolError};
+///
+/// let refused: BoxError = Box::new(ToolError::new(ErrorCode::CircuitOpen));
+/// assert_eq!(ToolError::from(refused).code(), ErrorCode::CircuitOpen);
+///
+/// let io: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+/// let err = ToolError::from(io);
+/// assert_eq!((err.code(), err.retryable()), (ErrorCode::Unavailable, true));
+/// let reset: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
+/// assert!(!ToolError::from(reset).retryable()); // it may have taken effect
+/// ```
+impl From<BoxError> for ToolError {
+    fn from(err: BoxError) -> Self {
+        let other = match err.downcast::<ToolError>() {
+            Ok(tool) => return *tool,
+            Err(other) => other,
+        };
+        let c = classify_error(&*other);
+        let class = c.failure_class().unwrap_or(FailureClass::Ambiguous);
+        let code = c.code().unwrap_or(ErrorCode::Internal);
+        let retryable = class == FailureClass::Transient
+            && code.default_retryable()
+            && c.hint() != ServerHint::DoNotRetry;
+        let mut tool = ToolError::new(code)
+            .with_class(class)
+            .with_retryable(retryable);
+        if let ServerHint::RetryAfter(after) = c.hint() {
+            tool = tool.with_retry_after(after);
+        }
+        tool.with_source(other)
+    }
+}
+
 /// The first error in the chain that the table recognises, if any.
 pub(super) fn classify_chain(err: &(dyn Error + 'static)) -> Option<Classification> {
     let mut next = Some(err);
@@ -153,6 +195,18 @@ fn classify_one(e: &(dyn Error + 'static)) -> Option<Classification> {
     #[cfg(feature = "tonic")]
     if let Some(status) = e.downcast_ref::<tonic::Status>() {
         return Some(super::grpc::classify_status(status));
+    }
+    #[cfg(feature = "rmcp")]
+    if let Some(c) = super::mcp::classify_protocol_error(e) {
+        return Some(c);
+    }
+    #[cfg(feature = "http")]
+    if let Some(answer) = e.downcast_ref::<super::HttpStatusError>() {
+        // A 404 is an answer (`Empty`) even as an error; a success status proves nothing here.
+        let c = super::http::classify_response(answer.status(), answer.headers());
+        if c.verdict() != super::Verdict::Success {
+            return Some(c);
+        }
     }
     if e.is::<tower::timeout::error::Elapsed>() || e.is::<tokio::time::error::Elapsed>() {
         return Some(Classification::failure(

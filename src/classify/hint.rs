@@ -2,7 +2,17 @@
 //!
 //! A malformed `Retry-After` is ignored (`None`), never guessed at. A malformed
 //! `grpc-retry-pushback-ms` means "do not retry", as gRFC A6 says. Huge values are clamped to
-//! [`MAX_HINT`] here, and again by each retry policy's own maximum.
+//! [`MAX_HINT`] here, and again by each retry policy's own maximum. Value by value:
+//!
+//! | hint | a delay | huge (or infinite, where the syntax has it) | negative | otherwise malformed (NaN, text, a fraction where the syntax has none) |
+//! |---|---|---|---|---|
+//! | `Retry-After` (RFC 9110: digits or an HTTP date) | that delay; a past date is zero | clamped | ignored | ignored |
+//! | `retry-after-ms` (the model SDKs': a decimal number of milliseconds) | that delay | clamped (`1e400`, `inf`, `Infinity` too) | ignored | ignored |
+//! | `grpc-retry-pushback-ms` (gRFC A6: a 32-bit integer) | that delay | clamped up to `i32::MAX`; beyond it is malformed | do not retry | do not retry |
+//! | gRPC `RetryInfo` (a `google.protobuf.Duration`) | that delay | clamped | ignored | ignored |
+//!
+//! An ignored `retry-after-ms` leaves `Retry-After` to be read; an ignored `RetryInfo` leaves
+//! no hint. `tests/hint_values.rs` holds the whole table.
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
@@ -95,6 +105,37 @@ fn parse_http_date(value: &str, now: SystemTime) -> Option<Duration> {
 #[cfg(not(feature = "http"))]
 fn parse_http_date(_value: &str, _now: SystemTime) -> Option<Duration> {
     None
+}
+
+/// Parses the model SDKs' `retry-after-ms` (OpenAI's and Anthropic's): a decimal number of
+/// milliseconds, read first, before `Retry-After`.
+///
+/// Returns `None` for a value that is no delay (negative, NaN, not a number), so `Retry-After`
+/// is read instead; anything above [`MAX_HINT`] is clamped to it, an infinite value (`1e400`,
+/// `inf`, `Infinity`) included.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::classify::hint::{parse_retry_after_ms, MAX_HINT};
+///
+/// assert_eq!(parse_retry_after_ms("1500"), Some(Duration::from_millis(1_500)));
+/// assert_eq!(parse_retry_after_ms("12.5"), Some(Duration::from_micros(12_500)));
+/// assert_eq!(parse_retry_after_ms("1e400"), Some(MAX_HINT));
+/// assert_eq!(parse_retry_after_ms("Infinity"), Some(MAX_HINT));
+/// assert_eq!(parse_retry_after_ms("-5"), None);
+/// assert_eq!(parse_retry_after_ms("NaN"), None);
+/// ```
+pub fn parse_retry_after_ms(value: &str) -> Option<Duration> {
+    let ms = value.trim().parse::<f64>().ok()?;
+    if ms.is_nan() || ms < 0.0 {
+        return None;
+    }
+    // An infinite or huge value does not fit a `Duration`: it is the longest wait there is.
+    Some(
+        Duration::try_from_secs_f64(ms / 1000.0)
+            .unwrap_or(MAX_HINT)
+            .min(MAX_HINT),
+    )
 }
 
 /// Parses gRPC's `grpc-retry-pushback-ms` (gRFC A6): a non-negative 32-bit count of

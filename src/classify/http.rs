@@ -80,7 +80,9 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
     }
 }
 
-/// What an HTTP answer classified as a failure said, as the dependency's own error.
+/// What an HTTP answer classified as a failure said, as the dependency's own error: its code,
+/// class and server hint (a delay as `retry_after` where waiting can help, "do not retry" as
+/// `retryable: false`), with the status and headers as its source.
 pub(super) fn status_error(status: StatusCode, headers: &HeaderMap) -> Option<ToolError> {
     let c = classify_response(status, headers);
     let (class, code) = (c.failure_class()?, c.code()?);
@@ -88,11 +90,19 @@ pub(super) fn status_error(status: StatusCode, headers: &HeaderMap) -> Option<To
         Some(grpc) if status.is_success() => format!("gRPC status {grpc}"),
         _ => format!("HTTP {status}"),
     };
-    Some(
-        ToolError::new(code)
-            .with_class(class)
-            .with_hint(format!("the dependency answered {what}")),
-    )
+    let err = ToolError::new(code)
+        .with_class(class)
+        .with_hint(format!("the dependency answered {what}"));
+    let err = match c.hint() {
+        // A delay helps only a failure that waiting can fix, never a bad request.
+        ServerHint::RetryAfter(after) if class.is_dependency_failure() => {
+            err.with_retry_after(after)
+        }
+        ServerHint::RetryAfter(_) => err,
+        ServerHint::DoNotRetry => err.with_retryable(false),
+        ServerHint::None => err,
+    };
+    Some(err.with_source(super::HttpStatusError::new(status, headers.clone())))
 }
 
 pub(super) fn classify_response(status: StatusCode, headers: &HeaderMap) -> Classification {

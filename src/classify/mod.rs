@@ -8,7 +8,8 @@
 //! Unlike tower-http, the classifier sees the real error as `&(dyn Error + 'static)`
 //! ([`AsDynError`]), so it walks [`source()`](std::error::Error::source) and downcasts instead of
 //! parsing strings: [`classify_error`] finds a [`std::io::Error`], tower's or tokio's `Elapsed`,
-//! or a [`ToolError`] anywhere in the chain.
+//! a [`ToolError`], or (feature `http`) an `HttpStatusError` (a failure status a client turned
+//! into an error, its headers kept) anywhere in the chain.
 //!
 //! | verdict | meaning | retried? | counted by a breaker? |
 //! |---|---|---|---|
@@ -52,6 +53,8 @@ mod peek;
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 mod reqwest;
 mod retry_info;
+#[cfg(feature = "http")]
+mod status_error;
 mod stream;
 
 pub use answer::{Answer, OkIsSuccess};
@@ -73,6 +76,10 @@ pub use peek::{
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;
+#[cfg(feature = "http")]
+pub(crate) use status_error::answered;
+#[cfg(feature = "http")]
+pub use status_error::{HttpStatusError, MAX_BODY_EXCERPT};
 pub use stream::{StreamEnd, WatchStream};
 
 pub use crate::error::FailureClass;

@@ -7,7 +7,6 @@ use super::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
     NeverClassifyEos, ServerHint,
 };
-use crate::classify::hint::MAX_HINT;
 use crate::error::{ErrorCode, ToolError};
 use http::{HeaderMap, Response, StatusCode};
 use std::time::Duration;
@@ -26,9 +25,10 @@ use std::time::Duration;
 /// | anything else | as [`HttpClassifier`](super::HttpClassifier) | |
 ///
 /// The delay is `retry-after-ms` (milliseconds, as the SDKs read it first), else `Retry-After`
-/// (seconds or an HTTP date), both clamped to [`MAX_HINT`]. `x-should-retry: true` never makes
-/// an `Ambiguous` failure (a 500, a 503) look unprocessed: a write the server may have applied is
-/// still retried only if its class allows it.
+/// (seconds or an HTTP date), both clamped to [`MAX_HINT`](super::hint::MAX_HINT) (an infinite
+/// `retry-after-ms` too; the [`hint`](super::hint) module has every value's rule).
+/// `x-should-retry: true` never makes an `Ambiguous` failure (a 500, a 503) look unprocessed: a
+/// write the server may have applied is still retried only if its class allows it.
 ///
 /// The error body is read by a [`PeekErrorBodyLayer`](super::PeekErrorBodyLayer) below the
 /// classifying layers (bounded in size and time, the body still handed on whole); without one,
@@ -79,7 +79,7 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
                 resp.headers(),
                 resp.extensions().get::<ErrorBody>(),
             ),
-            Err(e) => classify_error(e.as_dyn_error()),
+            Err(e) => classify_model_error(e.as_dyn_error()),
         })
     }
 
@@ -90,6 +90,34 @@ impl<B, E: AsDynError> Classify<Response<B>, E> for ModelApiClassifier {
             resp.extensions().get::<ErrorBody>(),
         )
     }
+}
+
+/// An error, read as a model API's: a failure status a client turned into an
+/// [`HttpStatusError`](super::HttpStatusError) by this table (its body excerpt as the error
+/// body), anything else by [`classify_error`].
+pub(super) fn classify_model_error(err: &(dyn std::error::Error + 'static)) -> Classification {
+    model_status_error(err).unwrap_or_else(|| classify_error(err))
+}
+
+/// The first `HttpStatusError` in `err`'s chain, by this table, unless a `ToolError` (a layer's
+/// own word) comes before it.
+pub(super) fn model_status_error(
+    err: &(dyn std::error::Error + 'static),
+) -> Option<Classification> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<ToolError>() {
+            return None;
+        }
+        if let Some(answer) = e.downcast_ref::<super::HttpStatusError>() {
+            let body = answer.body_bytes().map(ErrorBody::parse);
+            let c = classify_model_response(answer.status(), answer.headers(), body.as_ref());
+            // A success status proves nothing: read as any other error.
+            return (c.verdict() != super::Verdict::Success).then_some(c);
+        }
+        next = e.source();
+    }
+    None
 }
 
 /// The error an operation that ends on this answer gives up with: the provider's own words.
@@ -167,19 +195,14 @@ fn hint(headers: &HeaderMap) -> ServerHint {
     delay(headers).map_or(ServerHint::None, ServerHint::RetryAfter)
 }
 
-/// The server's delay: `retry-after-ms`, else `Retry-After`, clamped to [`MAX_HINT`].
+/// The server's delay: `retry-after-ms`, else `Retry-After`, clamped to `MAX_HINT`.
 fn delay(headers: &HeaderMap) -> Option<Duration> {
     let ms = headers
         .get("retry-after-ms")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms >= 0.0);
-    if let Some(ms) = ms {
-        return Some(
-            Duration::try_from_secs_f64(ms / 1000.0)
-                .unwrap_or(MAX_HINT)
-                .min(MAX_HINT),
-        );
+        .and_then(super::hint::parse_retry_after_ms);
+    if ms.is_some() {
+        return ms;
     }
     match super::http::server_hint(headers) {
         ServerHint::RetryAfter(after) => Some(after),
@@ -190,6 +213,7 @@ fn delay(headers: &HeaderMap) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::classify::hint::MAX_HINT;
 
     fn c(status: u16, headers: &[(&str, &str)], body: Option<&str>) -> Classification {
         let mut map = HeaderMap::new();

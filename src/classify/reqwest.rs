@@ -1,6 +1,6 @@
 //! reqwest: its responses by status, its errors by what they say about the request's fate.
 
-use super::model_api::{classify_model_response, model_dependency_error};
+use super::model_api::{classify_model_response, model_dependency_error, model_status_error};
 use super::peek::ErrorBody;
 use super::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
@@ -79,7 +79,11 @@ macro_rules! reqwest_classifiers {
                         resp.headers(),
                         resp.extensions().get::<ErrorBody>(),
                     )),
-                    Err(_) => ReqwestClassifier::following_redirects().classify(result),
+                    // A failure status a client turned into an error: this table reads it.
+                    Err(e) => match model_status_error(e.as_dyn_error()) {
+                        Some(c) => ClassifiedResponse::Ready(c),
+                        None => ReqwestClassifier::following_redirects().classify(result),
+                    },
                 }
             }
 

@@ -1,15 +1,18 @@
 //! The hints of the errors a `Retry` ends an operation with, built in one place so that each one
 //! agrees with the error's `retryable: false`: none of them tells the reader to retry now.
+//!
+//! `may_have_acted` is true after an ambiguous failure of a write only: a read changes nothing,
+//! so its hint never asks the reader to check whether it took effect.
 
-use super::{ErrorCode, FailureClass};
+use super::ErrorCode;
 use std::borrow::Cow;
 use std::time::Duration;
 
 /// The operation's attempts are spent.
-pub(crate) fn attempts_spent(attempts: u32, code: ErrorCode, failure: FailureClass) -> String {
+pub(crate) fn attempts_spent(attempts: u32, code: ErrorCode, may_have_acted: bool) -> String {
     format!(
         "the call failed {attempts} times ({code}); the retries of this operation are spent, do not repeat it now: {}",
-        if failure == FailureClass::Ambiguous {
+        if may_have_acted {
             "the last attempt may have taken effect, check before acting again"
         } else {
             "report the failure instead of repeating the call"
@@ -18,18 +21,18 @@ pub(crate) fn attempts_spent(attempts: u32, code: ErrorCode, failure: FailureCla
 }
 
 /// The server asked not to be retried (a negative or malformed `grpc-retry-pushback-ms`).
-pub(crate) fn pushed_back(code: ErrorCode, failure: FailureClass) -> String {
+pub(crate) fn pushed_back(code: ErrorCode, may_have_acted: bool) -> String {
     format!(
         "the dependency failed ({code}) and asked not to be retried; do not repeat this call now{}",
-        ambiguous_tail(failure)
+        ambiguous_tail(may_have_acted)
     )
 }
 
 /// The request could not be copied for another attempt (a streaming body).
-pub(crate) fn not_replayable(code: ErrorCode, failure: FailureClass) -> String {
+pub(crate) fn not_replayable(code: ErrorCode, may_have_acted: bool) -> String {
     format!(
         "the call failed ({code}) and its request cannot be sent again automatically (its body is a stream); do not repeat it now{}",
-        ambiguous_tail(failure)
+        ambiguous_tail(may_have_acted)
     )
 }
 
@@ -47,15 +50,51 @@ pub(crate) fn throttled_budget(retry_after: Option<Duration>) -> String {
     )
 }
 
+/// The deadline passed while the call waited to be sent (a quota, a pool): it was not sent.
+pub(crate) fn deadline_before_sending() -> &'static str {
+    "the operation's deadline passed while the call waited to be sent (for a quota or a connection), so it was not sent; do not retry within this operation"
+}
+
+/// The error of a layer that waited inside its call (a keyed quota) past the operation's
+/// deadline and so sends nothing.
+pub(crate) fn not_sent_by_deadline() -> super::ToolError {
+    super::ToolError::new(ErrorCode::DeadlineExceeded)
+        .with_retryable(false)
+        .with_hint(deadline_before_sending())
+}
+
 /// The hint of a refusal or an escalation whose code says it all.
 pub(crate) fn of(code: ErrorCode) -> Cow<'static, str> {
     Cow::Borrowed(code.default_hint())
 }
 
-fn ambiguous_tail(failure: FailureClass) -> &'static str {
-    if failure == FailureClass::Ambiguous {
+fn ambiguous_tail(may_have_acted: bool) -> &'static str {
+    if may_have_acted {
         "; it may have taken effect, check before acting again"
     } else {
         ""
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_write_that_may_have_acted_is_told_to_check() {
+        let code = ErrorCode::Unavailable;
+        for may_have_acted in [false, true] {
+            for hint in [
+                attempts_spent(3, code, may_have_acted),
+                pushed_back(code, may_have_acted),
+                not_replayable(code, may_have_acted),
+            ] {
+                assert_eq!(
+                    hint.contains("may have taken effect"),
+                    may_have_acted,
+                    "{hint}"
+                );
+            }
+        }
     }
 }

@@ -1,11 +1,39 @@
 //! Structured errors a model can act on: [`ToolError`] and its stable [`ErrorCode`].
 //!
-//! Every failure that leaves a stormguard layer is a [`ToolError`]: a stable machine `code`, a
-//! `retryable` flag, a `hint` written for the model (or the person) who reads it, the
-//! [`FailureClass`] it was classified as, the number of attempts made, an optional `retry_after`,
-//! and the original error as its [`source`](std::error::Error::source).
+//! A [`ToolError`] is what a model reads: a stable machine `code`, a `retryable` flag, a `hint`
+//! written for the model (or the person) who reads it, the [`FailureClass`] it was classified
+//! as, the number of attempts made, an optional `retry_after`, and the original error as its
+//! [`source`](std::error::Error::source).
 //!
 //! The code is the contract; the hint text may change between releases.
+//!
+//! # What each layer returns
+//!
+//! | layer | its `Error` type | what it originates |
+//! |---|---|---|
+//! | [`Retry`](crate::retry::Retry) | `ToolError`, always (an inner error becomes one, kept as its source) | every ending: `outcome_unknown`, `retry_budget_exhausted`, `deadline_exceeded`, ... |
+//! | [`CircuitBreaker`](crate::breaker::CircuitBreaker), [`KeyedBreaker`](crate::breaker::KeyedBreaker) | [`BoxError`] | a boxed `ToolError` (`circuit_open`); the inner error otherwise, boxed |
+//! | [`Receipt`](crate::receipt::Receipt) (the receipt layer) | [`BoxError`] | a boxed `ToolError` (`in_progress`, `receipt_expired`, `store_unavailable`, `idempotency_key_reused`, ...); the inner error otherwise, boxed |
+//! | [`SetIdempotencyKey`](crate::key::SetIdempotencyKey) | [`BoxError`] | a boxed `ToolError` (`idempotency_key_changed`, `invalid_argument`); the inner error otherwise, boxed |
+//! | [`KeyedQuota`](crate::quota::KeyedQuota), the fleet's quota | [`BoxError`] | a boxed `ToolError` (`invalid_argument`: a call costlier than the burst) |
+//! | [`Quota`](crate::quota::Quota), [`Hedge`](crate::hedge::Hedge), the operation and body-peeking layers | the inner service's error, untouched | nothing |
+//!
+//! With a [`Retry`](crate::retry::Retry) outermost (the documented stack) the caller always gets
+//! a `ToolError`. Below it, or without one, turn a [`BoxError`] into a `ToolError` with
+//! `ToolError::from` (or `.into()`, or `?`): a layer's own refusal comes out as it is, any other
+//! error as [`classify_error`](crate::classify::classify_error) reads it, kept as the source.
+//!
+//! ```
+//! use stormguard::error::{BoxError, ErrorCode, ToolError};
+//!
+//! // What a circuit breaker's rejection looks like from outside: a boxed ToolError.
+//! let from_breaker: BoxError = Box::new(ToolError::new(ErrorCode::CircuitOpen));
+//! let err: ToolError = from_breaker.into();
+//! assert_eq!(err.code(), ErrorCode::CircuitOpen);
+//! // An inner error the breaker passed through: classified.
+//! let passed_through: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+//! assert_eq!(ToolError::from(passed_through).code(), ErrorCode::Unavailable);
+//! ```
 //!
 //! # JSON shape
 //!
@@ -18,7 +46,8 @@
 //! `retry_after_ms` is `null` when the server gave no hint; `class` is `null` for errors that were
 //! not classified (configuration or store errors). `cause` is the dependency's own structured
 //! error when it gave one (a `ToolError` in the source chain: an MCP tool's error read back, a
-//! classifier's [`dependency_error`](crate::classify::Classify::dependency_error)), as
+//! classifier's [`dependency_error`](crate::classify::Classify::dependency_error); else a
+//! failure status a client turned into an `HttpStatusError`, read by the HTTP status table), as
 //! `{"code", "retryable", "hint"}`, else `null`: the evidence a layer that gave up keeps.
 //!
 //! ```
@@ -35,12 +64,14 @@ mod code;
 mod config;
 mod failure;
 pub(crate) mod hint;
+mod json;
 #[cfg(feature = "rmcp")]
 mod mcp;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
 pub use failure::FailureClass;
+pub use json::{MAX_CAUSE_DEPTH, MAX_JSON_DEPTH};
 #[cfg(feature = "rmcp")]
 pub use mcp::MCP_META_KEY;
 
@@ -61,7 +92,11 @@ use std::time::Duration;
 /// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The error every stormguard layer returns: a stable code, a retryable flag and a hint.
+/// The error a model reads: a stable code, a retryable flag and a hint. [`Retry`] returns it;
+/// the layers that return a [`BoxError`] box one (see [what each layer
+/// returns](self#what-each-layer-returns); `ToolError::from` unboxes it).
+///
+/// [`Retry`]: crate::retry::Retry
 ///
 /// Build one with [`ToolError::new`] (the code decides the default `retryable` flag and hint) and
 /// the `with_*` methods.
@@ -247,84 +282,48 @@ impl Serialize for ToolError {
         s.serialize_field("retry_after_ms", &ms)?;
         s.serialize_field("attempts", &self.inner.attempts)?;
         s.serialize_field("class", &self.inner.class)?;
-        s.serialize_field("cause", &self.cause().map(Cause))?;
+        s.serialize_field("cause", &self.evidence())?;
         s.end()
     }
 }
 
 impl ToolError {
-    /// Reads the JSON shape back ([`to_json`](Self::to_json)'s), as a client does with a tool's
-    /// error (an MCP result, a tool server's answer): `code` is required and must be a known
-    /// code; `retryable` defaults to the code's, `hint` to the code's; `retry_after_ms`,
-    /// `attempts`, `class` and `cause` are read when present, and must have their types when
-    /// present (a `retry_after_ms` of `1.5` or a `retryable` of `"yes"` is not this shape).
-    /// `None` for anything else, so a caller can tell "a stormguard error" from "some JSON".
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard::error::{ErrorCode, ToolError};
-    ///
-    /// let sent = ToolError::new(ErrorCode::RateLimited).with_retry_after(Duration::from_millis(1500));
-    /// let back = ToolError::from_json(&sent.to_json()).unwrap();
-    /// assert_eq!((back.code(), back.retryable()), (ErrorCode::RateLimited, true));
-    /// assert_eq!(back.retry_after(), Some(Duration::from_millis(1500)));
-    /// assert!(ToolError::from_json(&serde_json::json!({"code": "no_such_code"})).is_none());
-    /// // And with serde.
-    /// let back: ToolError = serde_json::from_value(sent.to_json()).unwrap();
-    /// assert_eq!(back.to_json(), sent.to_json());
-    /// ```
-    pub fn from_json(value: &serde_json::Value) -> Option<ToolError> {
-        let code = ErrorCode::parse(value.get("code")?.as_str()?)?;
-        let mut err = ToolError::new(code);
-        // A field that is present must have its type: a wrong one is not this shape at all.
-        let field = |name: &str| value.get(name).filter(|v| !v.is_null());
-        if let Some(v) = field("retryable") {
-            err = err.with_retryable(v.as_bool()?);
+    /// What `cause` shows: the dependency's own `ToolError`, else (feature `http`) the failure
+    /// status a client turned into an [`HttpStatusError`](crate::classify::HttpStatusError).
+    fn evidence(&self) -> Option<Cause<'_>> {
+        if let Some(tool) = self.cause() {
+            return Some(Cause {
+                code: tool.code(),
+                retryable: tool.retryable(),
+                hint: Cow::Borrowed(tool.hint()),
+            });
         }
-        if let Some(v) = field("hint") {
-            err = err.with_hint(v.as_str()?.to_string());
+        #[cfg(feature = "http")]
+        if let Some(answered) = std::error::Error::source(self).and_then(crate::classify::answered)
+        {
+            return Some(Cause {
+                code: answered.code(),
+                retryable: answered.retryable(),
+                hint: Cow::Owned(answered.hint().to_string()),
+            });
         }
-        if let Some(v) = field("retry_after_ms") {
-            err = err.with_retry_after(Duration::from_millis(v.as_u64()?));
-        }
-        if let Some(v) = field("attempts") {
-            err = err.with_attempts(u32::try_from(v.as_u64()?).ok()?);
-        }
-        if let Some(v) = field("class") {
-            err = err.with_class(serde_json::from_value::<FailureClass>(v.clone()).ok()?);
-        }
-        if let Some(v) = field("cause") {
-            err = err.with_source(ToolError::from_json(v)?);
-        }
-        Some(err)
-    }
-
-    /// Whether `value` carries the whole shape [`to_json`](Self::to_json) writes (`code`,
-    /// `retryable` and `hint`), not just a field named `code` (another server's error JSON).
-    #[cfg(feature = "rmcp")]
-    pub(crate) fn is_whole_shape(value: &serde_json::Value) -> bool {
-        value.get("retryable").is_some_and(|v| v.is_boolean())
-            && value.get("hint").is_some_and(|v| v.is_string())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for ToolError {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(deserializer)?;
-        ToolError::from_json(&value)
-            .ok_or_else(|| serde::de::Error::custom("not a stormguard ToolError (no known `code`)"))
+        None
     }
 }
 
 /// The dependency's error as `cause` shows it: its code, flag and hint.
-struct Cause<'a>(&'a ToolError);
+struct Cause<'a> {
+    code: ErrorCode,
+    retryable: bool,
+    hint: Cow<'a, str>,
+}
 
 impl Serialize for Cause<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut s = serializer.serialize_struct("Cause", 3)?;
-        s.serialize_field("code", self.0.inner.code.as_str())?;
-        s.serialize_field("retryable", &self.0.inner.retryable)?;
-        s.serialize_field("hint", &*self.0.inner.hint)?;
+        s.serialize_field("code", self.code.as_str())?;
+        s.serialize_field("retryable", &self.retryable)?;
+        s.serialize_field("hint", &*self.hint)?;
         s.end()
     }
 }

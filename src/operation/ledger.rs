@@ -230,6 +230,19 @@ pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
     }
 }
 
+/// The deadline of the operation installed on this thread, if there is one and it has one.
+#[inline]
+pub(crate) fn current_deadline() -> Option<Instant> {
+    with_current(|op| op.deadline()).flatten()
+}
+
+/// Whether the deadline of the operation installed on this thread has come: a layer that waited
+/// inside its call (a keyed quota) sends nothing then.
+#[inline]
+pub(crate) fn current_deadline_passed() -> bool {
+    current_deadline().is_some_and(|d| Instant::now() >= d)
+}
+
 /// Joins the operation installed on this thread, if there is one (see [`OpState::join`]), for
 /// a layer on budget `budget`; the `bool` says whether the layer credits its budget on success.
 #[inline]

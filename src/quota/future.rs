@@ -97,6 +97,11 @@ where
                         *sleep = None;
                     }
                     ready!(service.poll_ready(cx)).map_err(Into::into)?;
+                    // The wait may have outlasted the operation's deadline: then nothing is sent.
+                    if crate::operation::ledger::current_deadline_passed() {
+                        let err = crate::error::hint::not_sent_by_deadline();
+                        return Poll::Ready(Err(Box::new(err)));
+                    }
                     let req = request.take().expect("polled after completion");
                     let future = service.call(req);
                     this.state.set(KeyedState::Calling { future });

@@ -23,8 +23,11 @@
 //! together). A retry's wait for the quota counts against the operation deadline of
 //! [`Retry`](crate::retry::Retry): a retry still waiting when the deadline passes ends as
 //! `deadline_exceeded`. The first attempt's wait happens before the `Retry` is called (in its
-//! `poll_ready`) and starts the deadline's clock there; bound the whole call with tower's
-//! `Timeout` if you need a hard limit.
+//! `poll_ready`) and starts the deadline's clock there: if the wait outlasts the deadline, the
+//! first attempt is not sent either (`deadline_exceeded`, its slot unused). A
+//! [`KeyedQuota`] waits inside its call (the key is in the request) and checks the deadline
+//! after its wait the same way. A wait counts from when it begins, so bound the whole call with
+//! tower's `Timeout` if you need a hard limit.
 //!
 //! Put it below the retrying layers, so retries wait for the quota too:
 //!
@@ -36,11 +39,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
+//! // One budget and one quota for the whole process, made once; every stack gets clones of the
+//! // same handles. (A `RetryBudget::default()` per stack, or per call, is a budget each: in an
+//! // outage every one of them pays for its own retries.)
+//! let budget = RetryBudget::default();
 //! let quota = QuotaLayer::new(Rate::builder().per_second(10).burst(2).build().unwrap());
 //! let model = service_fn(|prompt: &'static str| async move { Ok::<_, std::io::Error>(prompt.len()) });
 //! let mut svc = ServiceBuilder::new()
-//!     .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-//!     .layer(quota)
+//!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+//!     .layer(quota.clone())
 //!     .service(model);
 //! let start = tokio::time::Instant::now();
 //! for _ in 0..4 {

@@ -294,6 +294,13 @@ where
             }
             return Err(e.into());
         }
+        if crate::operation::ledger::current_deadline_passed() {
+            // The wait for readiness outlasted the operation's deadline: never sent, as above.
+            if let Some(outcome) = intent.abandon().await {
+                counted(outcome);
+            }
+            return Err(Box::new(crate::error::hint::not_sent_by_deadline()));
+        }
         intent.sent();
         let result = self.inner.call(req).await;
         let verdict = match self.shared.classifier.classify(&result) {

@@ -9,6 +9,7 @@ use crate::budget::Refusal;
 use crate::class::ToolClass;
 use crate::classify::{Classification, Classify, ServerHint};
 use crate::error::{hint, BoxError, ErrorCode, FailureClass, ToolError};
+use crate::operation::ledger::OpState;
 use crate::telemetry;
 use tower_service::Service;
 
@@ -107,10 +108,12 @@ where
             .and_then(|e| e.downcast_ref::<ToolError>())
             .and_then(ToolError::retry_after),
     };
+    // Only a write can have taken effect; a read's ambiguous failure changed nothing.
+    let may_have_acted = failure == FailureClass::Ambiguous && class != ToolClass::Read;
     let hint: std::borrow::Cow<'static, str> = match why {
-        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, failure).into(),
-        GiveUp::ServerPushback => hint::pushed_back(code, failure).into(),
-        GiveUp::NotReplayable => hint::not_replayable(code, failure).into(),
+        GiveUp::MaxAttempts => hint::attempts_spent(attempts, code, may_have_acted).into(),
+        GiveUp::ServerPushback => hint::pushed_back(code, may_have_acted).into(),
+        GiveUp::NotReplayable => hint::not_replayable(code, may_have_acted).into(),
         // Not an outage: the dependency is up and throttling this client.
         GiveUp::Budget(Refusal::RetryBudget) if last == ErrorCode::RateLimited => {
             hint::throttled_budget(retry_after).into()
@@ -147,6 +150,22 @@ pub(super) fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) ->
         err = err.with_class(failure);
     }
     err
+}
+
+/// The deadline passed before this layer's first attempt could be sent (it waited for its
+/// service to be ready, or behind a boundary): nothing was sent by it. Ends the operation `op`.
+#[cold]
+pub(super) fn not_sent<S, C, R>(kit: &Kit<S, C, R>, op: &mut OpState) -> ToolError {
+    let code = ErrorCode::DeadlineExceeded;
+    op.close(code);
+    // The ledger counts the attempt that was not sent (the first, or a retry granted above).
+    let attempts = op.attempts().saturating_sub(1);
+    telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
+    tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "not sent");
+    ToolError::new(code)
+        .with_attempts(attempts)
+        .with_retryable(false)
+        .with_hint(hint::deadline_before_sending())
 }
 
 /// A nested layer's own attempts are spent and the operation's are not: the failure goes to the

@@ -93,6 +93,8 @@ pin_project! {
         Backoff,
         /// Waiting for the inner service to be ready for the retry, within the deadline.
         Ready,
+        /// The deadline passed before the first attempt could be sent: nothing was.
+        Expired { error: Option<ToolError> },
     }
 }
 
@@ -163,6 +165,25 @@ where
         credits: bool,
     ) -> Self {
         Self::new(future, kit, request, None, credits, Span::none())
+    }
+
+    /// The operation's deadline passed before this layer's first attempt was sent (it waited
+    /// for readiness): the future ends with `deadline_exceeded` and sends nothing.
+    pub(super) fn expired(kit: Arc<Kit<S, C, R>>, error: ToolError) -> Self {
+        ResponseFuture {
+            state: State::Expired { error: Some(error) },
+            kit,
+            request: None,
+            service: None,
+            track: Track {
+                ledger: None,
+                attempts: 0,
+                credits: false,
+                retry: None,
+            },
+            span: Span::none(),
+            run: None,
+        }
     }
 
     fn new(
@@ -243,6 +264,12 @@ where
                     this.track.sleep_until(deadline);
                     this.state.set(State::Ready);
                 }
+                StateProj::Expired { error } => {
+                    let error = error.take().unwrap_or_else(|| {
+                        ToolError::new(ErrorCode::DeadlineExceeded).with_retryable(false)
+                    });
+                    return Poll::Ready(Err(error));
+                }
                 StateProj::Ready => {
                     let kit = &**this.kit;
                     let service = this.service.get_or_insert_with(|| kit.service());
@@ -258,6 +285,12 @@ where
                             return Poll::Pending;
                         }
                     };
+                    // Ready at or after the deadline (the service and the deadline's sleep
+                    // woke together): the retry is not sent.
+                    let deadline = this.track.op(kit, |op| op.deadline());
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Poll::Ready(Err(deadline_passed(kit, this.track)));
+                    }
                     if let Err(e) = ready {
                         let attempts = this.track.op(kit, |op| {
                             op.close(ErrorCode::Unavailable);

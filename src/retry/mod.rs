@@ -41,9 +41,10 @@
 //!
 //! Each layer's [`deadline`](crate::class::ClassPolicyBuilder::deadline) joins the operation; the
 //! earliest wins. It counts from the layer's `call`, or from when its `poll_ready` first waited.
-//! A retry whose delay would end past it is refused, and a granted retry that is still waiting
-//! for its service to be ready (a quota, a pool) when it passes is abandoned: both end as
-//! `deadline_exceeded`. An attempt in flight is not cut off; put a `tower::timeout` layer below
+//! No attempt starts at or after it, the first included: a first attempt whose wait for
+//! readiness (a quota, a pool, a layer behind a `Buffer`) outlasted it is not sent; a retry whose
+//! delay would end past it is refused, and a granted retry that is still waiting for its service
+//! to be ready when it passes is abandoned. Each ends as `deadline_exceeded`. An attempt in flight is not cut off; put a `tower::timeout` layer below
 //! the `Retry` for that (a timeout is then an ambiguous failure, decided as above).
 //!
 //! # Classes of nested layers
@@ -136,7 +137,9 @@ use crate::budget::RetryBudget;
 use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
-use crate::operation::ledger::{join_current, Installed, Joined, Ledger, OpState};
+use crate::operation::ledger::{
+    current_deadline, join_current, with_current, Installed, Joined, Ledger, OpState,
+};
 use crate::operation::Operation;
 use crate::telemetry;
 use std::borrow::Cow;
@@ -360,12 +363,20 @@ where
                 let mut ledger = Some(op.ledger());
                 // The run the operation acts for decides which account this layer draws on.
                 let mut run = op.run();
-                let (future, credits) = in_run(&mut run, || {
+                let joined = in_run(&mut run, || {
                     let budget = kit.budget.id();
-                    let (joined, credits) = op.with(|op| op.join(class, keyed, deadline, budget));
-                    note_join(kit, joined);
+                    op.with(|op| op.join(class, keyed, deadline, budget))
+                });
+                let (joined, credits) = joined;
+                note_join(kit, joined);
+                // The operation's deadline may have passed on the way (a queue, a spawn).
+                if passed(op.with(|op| op.deadline())) {
+                    let err = op.with(|op| ending::not_sent(kit, op));
+                    return ResponseFuture::expired(self.kit.clone(), err);
+                }
+                let future = in_run(&mut run, || {
                     let _installed = Installed::new(&mut ledger);
-                    (self.inner.call(req), credits)
+                    self.inner.call(req)
                 });
                 let kit = self.kit.clone();
                 return ResponseFuture::carried(future, kit, copy, ledger, credits, run);
@@ -382,6 +393,15 @@ where
                         }
                     }
                     let copy = kit.replay.replay(&req);
+                    // The operation's deadline (the earliest) may have passed while this layer
+                    // waited to be ready, or behind a boundary: then nothing is sent.
+                    if passed(current_deadline()) {
+                        let err = with_current(|op| ending::not_sent(kit, op));
+                        let err =
+                            err.unwrap_or_else(|| ToolError::new(ErrorCode::DeadlineExceeded));
+                        return ResponseFuture::expired(self.kit.clone(), err);
+                    }
+                    // Nested: the operation's owner has installed its ledger on this thread.
                     let future = self.inner.call(req);
                     return ResponseFuture::nested(future, self.kit.clone(), copy, credits);
                 }
@@ -392,7 +412,12 @@ where
         // request that can carry it takes it along (one allocation per operation).
         telemetry::operation_opened(class);
         let max_attempts = kit.policy.max_attempts();
-        let state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
+        let mut state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
+        if since.is_some() && passed(deadline) {
+            // The wait for readiness (a quota, a pool) outlasted the deadline: nothing is sent.
+            let err = ending::not_sent(kit, &mut state);
+            return ResponseFuture::expired(self.kit.clone(), err);
+        }
         let copy = kit.replay.replay(&req);
         let mut ledger = Some(if kit.replay.can_carry() {
             let op = Operation::open(state);
@@ -443,6 +468,12 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
         });
         self.stale = false;
     }
+}
+
+/// Whether `deadline` has come: no attempt starts at or after it.
+#[inline]
+fn passed(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
 }
 
 /// A layer joined an operation with a stricter class: the operation is now decided as that

@@ -143,9 +143,10 @@ impl ClassPolicyBuilder {
     /// waiting for its inner service to be ready), at most one day.
     ///
     /// Every layer's deadline holds: a nested layer's deadline joins the operation, and the
-    /// earliest one wins. No attempt starts after it: a retry whose backoff would end after it is
-    /// not granted, and a retry still waiting for its service to be ready (a quota, a pool) when
-    /// it passes is abandoned; both end the operation with `deadline_exceeded`. An attempt in
+    /// earliest one wins. No attempt starts at or after it: a first attempt whose wait for
+    /// readiness outlasted it is not sent, a retry whose backoff would end after it is not
+    /// granted, and a retry still waiting for its service to be ready (a quota, a pool) when it
+    /// passes is abandoned; each ends the operation with `deadline_exceeded`. An attempt in
     /// flight is not cut off (its outcome would become unknown): put a `tower::timeout` layer
     /// below the `Retry` to bound each attempt.
     pub fn deadline(mut self, d: Duration) -> Self {
