@@ -15,7 +15,7 @@ use stormguard::classify::{HttpClassifier, NotProcessed};
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
+    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, NotStored, PostgresOptions,
     PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptConfigBuilder, ReceiptLayer,
     ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
@@ -941,8 +941,9 @@ impl ReceiptStore for Faulty {
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<stormguard::receipt::InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.store.release(key, owner)
+        self.store.release(key, owner, in_doubt)
     }
     fn complete(
         &self,
@@ -1253,4 +1254,53 @@ async fn an_intent_recorded_after_a_lost_take_over_is_this_calls_own() {
         store.store.pending(10).await.unwrap().is_empty(),
         "its own intent was removed"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 20, items 16b and 17b.
+
+/// 17b: a retry answered from a stored receipt never reached the dependency; the error counts
+/// only the attempts that did.
+#[tokio::test]
+async fn an_answer_from_a_stored_receipt_is_not_counted_as_an_attempt() {
+    let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
+    // A receipt layer whose classifier disagrees with the Retry's: it stores the 503.
+    let receipts = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
+        .classifier(stormguard::classify::DefaultClassifier)
+        .codec(StatusCodec);
+    let tool = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(receipts)
+        .service(status_client());
+    let err = tool.oneshot(email(addr)).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one request");
+    assert_eq!(err.attempts(), 1, "{err}");
+}
+
+/// 16b: a receipt layer over a streamed answer (decided at its end, never stored) needs no codec
+/// that could store it: `NotStored` says so.
+#[tokio::test]
+async fn a_receipt_layer_runs_over_a_streaming_body() {
+    use http_body_util::BodyExt;
+    let (addr, calls) =
+        server::serve(|_| http::Response::new(Body::from("a stream of tokens"))).await;
+    let store = InMemoryStore::new();
+    let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, email_action)
+        .classifier(stormguard::classify::GrpcClassifier)
+        .codec(NotStored)
+        .layer(HttpClient::new());
+    let resp = tool.clone().oneshot(email(addr)).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"a stream of tokens");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // No receipt: the intent stays pending, its lease given up; a keyed repeat is sent again
+    // with the same key (the provider deduplicates it).
+    assert_eq!(store.pending(10).await.unwrap()[0].lease_left_ms, 0);
+    let again = tool.oneshot(email(addr)).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

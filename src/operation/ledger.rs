@@ -20,6 +20,9 @@ use tokio::time::Instant;
 pub(crate) struct OpState {
     /// Retries granted so far, by any layer; attempts = retries + 1.
     retries: u32,
+    /// Attempts answered without reaching the dependency (a stored receipt, a refusal of the
+    /// receipt layer): they count against the cap, not in the attempts an error reports.
+    local: u32,
     /// The cap on attempts, set by the layer that opened the operation.
     max_attempts: u32,
     /// The strictest class any layer has declared for it.
@@ -58,6 +61,7 @@ impl OpState {
     ) -> Self {
         OpState {
             retries: 0,
+            local: 0,
             max_attempts,
             class,
             keyed,
@@ -77,6 +81,16 @@ impl OpState {
     /// Attempts made so far, by every layer.
     pub(crate) fn attempts(&self) -> u32 {
         self.retries.saturating_add(1)
+    }
+
+    /// Attempts that reached the dependency: what an error reports.
+    pub(crate) fn sent_attempts(&self) -> u32 {
+        self.attempts().saturating_sub(self.local)
+    }
+
+    /// The attempt under way was answered without reaching the dependency.
+    pub(crate) fn answered_locally(&mut self) {
+        self.local = self.local.saturating_add(1).min(self.attempts());
     }
 
     pub(crate) fn max_attempts(&self) -> u32 {
@@ -222,19 +236,26 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
 // is a couple of register moves: no destructor runs, nothing is allocated, no lock is taken.
 //
 // word: bits 0-7 retries, 8-15 max_attempts (both at most `MAX_ATTEMPTS_LIMIT` = 100),
-//       16-23 class, 24 keyed, 25 has a deadline (in `DEADLINE`), 26 has a key fingerprint (in
-//       `KEY`), 27-34 closed code + 1 (0 = open), 35-58 the caller's budget id, 62-63 tag.
+//       16-19 class, 20 keyed, 21 has a deadline (in `DEADLINE`), 22 has a key fingerprint (in
+//       `KEY`), 23-28 closed code + 1 (0 = open), 29-35 attempts answered locally (at most the
+//       attempts), 36-59 the caller's budget id, 62-63 tag.
 const TAG_SHIFT: u32 = 62;
 const EMPTY: u64 = 0;
 const INLINE: u64 = 1;
 const SHARED_TAG: u64 = 2;
 const CLASS_SHIFT: u32 = 16;
-const CLASS: u64 = 0xff << CLASS_SHIFT;
-const KEYED: u64 = 1 << 24;
-const HAS_DEADLINE: u64 = 1 << 25;
-const HAS_KEY: u64 = 1 << 26;
-const CLOSED_SHIFT: u32 = 27;
-const CALLER_SHIFT: u32 = 35;
+const CLASS: u64 = 0xf << CLASS_SHIFT;
+const KEYED: u64 = 1 << 20;
+const HAS_DEADLINE: u64 = 1 << 21;
+const HAS_KEY: u64 = 1 << 22;
+const CLOSED_SHIFT: u32 = 23;
+const CLOSED: u64 = 0x3f;
+const LOCAL_SHIFT: u32 = 29;
+const LOCAL: u64 = 0x7f;
+const CALLER_SHIFT: u32 = 36;
+// Every class and every closing code fits its bits.
+const _: () = assert!(ToolClass::ALL.len() <= 0xf && ErrorCode::ALL.len() < CLOSED as usize);
+
 /// Budget ids are 24 bits (see `RetryBudget::id`).
 pub(crate) const BUDGET_ID_MASK: u32 = 0xff_ffff;
 const CALLER: u64 = (BUDGET_ID_MASK as u64) << CALLER_SHIFT;
@@ -254,7 +275,8 @@ fn pack(state: &OpState) -> u64 {
         | flag(state.keyed, KEYED)
         | flag(state.deadline.is_some(), HAS_DEADLINE)
         | flag(state.key != 0, HAS_KEY)
-        | closed << CLOSED_SHIFT
+        | (closed & CLOSED) << CLOSED_SHIFT
+        | u64::from(state.local).min(LOCAL) << LOCAL_SHIFT
         | u64::from(state.caller & BUDGET_ID_MASK) << CALLER_SHIFT
         | INLINE << TAG_SHIFT
 }
@@ -265,7 +287,7 @@ fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
         .get(((word & CLASS) >> CLASS_SHIFT) as usize)
         .copied()
         .unwrap_or(ToolClass::MultiStep);
-    let closed = match ((word >> CLOSED_SHIFT) & 0xff) as usize {
+    let closed = match ((word >> CLOSED_SHIFT) & CLOSED) as usize {
         0 => None,
         n => Some(
             ErrorCode::ALL
@@ -276,6 +298,7 @@ fn unpack(word: u64, deadline: Option<Instant>, key: u64) -> OpState {
     };
     OpState {
         retries: (word & 0xff) as u32,
+        local: ((word >> LOCAL_SHIFT) & LOCAL) as u32,
         max_attempts: ((word >> 8) & 0xff) as u32,
         class,
         keyed: word & KEYED != 0,

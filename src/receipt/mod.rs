@@ -161,7 +161,7 @@ mod store;
 
 pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use codec::{Codec, JsonCodec};
+pub use codec::{Codec, JsonCodec, NotStored};
 pub use config::{ReceiptConfig, ReceiptConfigBuilder};
 pub use layer::{Receipt, ReceiptLayer};
 pub use memory::InMemoryStore;
@@ -171,5 +171,6 @@ pub use read_back::{Consistency, NoReadBack, ReadBack, ReadBackResult};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use store::{
-    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+    Begin, Durability, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved,
+    StoreError,
 };

@@ -8,7 +8,8 @@
 
 use super::clock::{Clock, StoreClock};
 use super::store::{
-    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+    Begin, Durability, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved,
+    StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 use std::fmt;
@@ -68,10 +69,102 @@ CREATE TABLE IF NOT EXISTS stormguard_receipts (
     since_ms INTEGER NOT NULL,
     lease_until_ms INTEGER NOT NULL,
     receipt BLOB,
-    done_ms INTEGER
+    done_ms INTEGER,
+    taken_ms INTEGER,
+    sent_ms INTEGER,
+    lands_by_ms INTEGER
 );
 CREATE INDEX IF NOT EXISTS stormguard_receipts_since ON stormguard_receipts (since_ms);
 ";
+
+/// Columns added after the first release: a file written by an earlier version gets them when it
+/// is opened (NULL in its old rows, read as "unknown").
+const ADDED: [&str; 3] = ["taken_ms", "sent_ms", "lands_by_ms"];
+
+/// Adds the columns an older file lacks, in one write transaction (two processes opening one old
+/// file add them once).
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let missing = |conn: &Connection| -> rusqlite::Result<Vec<&'static str>> {
+        let mut st = conn.prepare("SELECT name FROM pragma_table_info('stormguard_receipts')")?;
+        let have = st
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(ADDED
+            .into_iter()
+            .filter(|c| !have.iter().any(|h| h == c))
+            .collect())
+    };
+    if missing(conn)?.is_empty() {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let added = missing(conn).and_then(|columns| {
+        columns.iter().try_for_each(|c| {
+            conn.execute_batch(&format!(
+                "ALTER TABLE stormguard_receipts ADD COLUMN {c} INTEGER"
+            ))
+        })
+    });
+    match added {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
+/// The columns a [`Record`] is read from, in the order [`row_record`] reads them.
+const RECORD_COLUMNS: &str =
+    "fingerprint, owner, since_ms, lease_until_ms, receipt, COALESCE(taken_ms, since_ms), sent_ms, COALESCE(lands_by_ms, 0)";
+
+/// A row of [`RECORD_COLUMNS`], owned.
+type Row = (
+    String,
+    String,
+    i64,
+    i64,
+    Option<Vec<u8>>,
+    i64,
+    Option<i64>,
+    i64,
+);
+
+fn read_row(r: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Row> {
+    Ok((
+        r.get(at)?,
+        r.get(at + 1)?,
+        r.get(at + 2)?,
+        r.get(at + 3)?,
+        r.get(at + 4)?,
+        r.get(at + 5)?,
+        r.get(at + 6)?,
+        r.get(at + 7)?,
+    ))
+}
+
+fn row_record(row: &Row) -> Record<'_> {
+    let (fp, owner, since, lease_until, receipt, taken, sent, lands_by) = row;
+    Record {
+        fingerprint: fp,
+        owner,
+        since_ms: *since as u64,
+        lease_until_ms: *lease_until as u64,
+        receipt: receipt.as_deref(),
+        taken_ms: *taken as u64,
+        sent_ms: sent.map(|s| s as u64),
+        lands_by_ms: *lands_by as u64,
+    }
+}
+
+/// The record of `key`, if there is one.
+fn read_record(conn: &Connection, key: &str) -> Result<Option<Row>, StoreError> {
+    conn.prepare_cached(&format!(
+        "SELECT {RECORD_COLUMNS} FROM stormguard_receipts WHERE key = ?1"
+    ))
+    .and_then(|mut st| st.query_row(params![key], |r| read_row(r, 0)).optional())
+    .map_err(err("read the record"))
+}
 
 fn err(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::from_source(what, e)
@@ -159,6 +252,7 @@ impl SqliteStore {
         }
         conn.execute_batch(SCHEMA)
             .map_err(err("create the table"))?;
+        migrate(&conn).map_err(err("add the columns of this version"))?;
         let id = file_id(path).ok_or_else(|| StoreError::new("the store file vanished at open"))?;
         let (jobs, queue) = mpsc::channel();
         let watched = path.to_path_buf();
@@ -308,8 +402,8 @@ impl ReceiptStore for SqliteStore {
             for _ in 0..8 {
                 let inserted = conn
                     .prepare_cached(
-                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-                         VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
+                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms, taken_ms)
+                         VALUES (?1, ?2, ?5, ?3, ?4, ?3) ON CONFLICT (key) DO NOTHING",
                     )
                     .and_then(|mut st| {
                         st.execute(params![key, fingerprint, ms(now), until(now, lease), owner])
@@ -318,30 +412,15 @@ impl ReceiptStore for SqliteStore {
                 if inserted == 1 {
                     return Ok(Begin::Fresh);
                 }
-                type Row = (String, String, i64, i64, Option<Vec<u8>>);
-                let row: Option<Row> = conn
-                    .prepare_cached(
-                        "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt
-                         FROM stormguard_receipts WHERE key = ?1",
-                    )
-                    .and_then(|mut st| {
-                        st.query_row(params![key], |r| {
-                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                        })
-                        .optional()
-                    })
-                    .map_err(err("read the record"))?;
-                let Some((fp, holder, since, lease_until, receipt)) = row else {
+                let Some(row) = read_record(conn, &key)? else {
                     continue;
                 };
-                let record = Record {
-                    fingerprint: &fp,
-                    owner: &holder,
-                    since_ms: since as u64,
-                    lease_until_ms: lease_until as u64,
-                    receipt: receipt.as_deref(),
-                };
-                return Ok(Begin::decide(Some(record), &fingerprint, &owner, now));
+                return Ok(Begin::decide(
+                    Some(row_record(&row)),
+                    &fingerprint,
+                    &owner,
+                    now,
+                ));
             }
             Err(StoreError::new("record the intent: the record kept vanishing"))
         })
@@ -357,7 +436,7 @@ impl ReceiptStore for SqliteStore {
         self.with(move |conn, now| {
             let n = conn
                 .prepare_cached(
-                    "UPDATE stormguard_receipts SET lease_until_ms = ?3, owner = ?4
+                    "UPDATE stormguard_receipts SET lease_until_ms = ?3, owner = ?4, taken_ms = ?2
                      WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
                 )
                 .and_then(|mut st| st.execute(params![key, ms(now), until(now, lease), owner]))
@@ -370,14 +449,27 @@ impl ReceiptStore for SqliteStore {
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let (key, owner) = (key.to_string(), owner.to_string());
         self.with(move |conn, now| {
-            conn.prepare_cached(
-                "UPDATE stormguard_receipts SET lease_until_ms = MIN(lease_until_ms, ?2)
-                 WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
-            )
-            .and_then(|mut st| st.execute(params![key, ms(now), owner]))
+            match in_doubt.map(|d| d.at(now)) {
+                None => conn
+                    .prepare_cached(
+                        "UPDATE stormguard_receipts SET lease_until_ms = MIN(lease_until_ms, ?2)
+                     WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
+                    )
+                    .and_then(|mut st| st.execute(params![key, ms(now), owner])),
+                Some((sent, lands_by)) => conn
+                    .prepare_cached(
+                        "UPDATE stormguard_receipts SET lease_until_ms = MIN(lease_until_ms, ?2),
+                        sent_ms = ?4, lands_by_ms = MAX(COALESCE(lands_by_ms, 0), ?5)
+                     WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
+                    )
+                    .and_then(|mut st| {
+                        st.execute(params![key, ms(now), owner, ms(sent), ms(lands_by)])
+                    }),
+            }
             .map_err(err("release the intent"))?;
             Ok(())
         })
@@ -429,30 +521,36 @@ impl ReceiptStore for SqliteStore {
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
         let key = key.to_string();
         self.with(move |conn, now| {
-            let done: Option<bool> = conn
-                .prepare_cached(
-                    "SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = ?1",
-                )
-                .and_then(|mut st| st.query_row(params![key], |r| r.get(0)).optional())
-                .map_err(err("read the record"))?;
-            match (done, resolution) {
-                (None, _) => Ok(Resolved::NoRecord),
-                (Some(true), _) => Ok(Resolved::AlreadyDone),
-                (Some(false), Resolution::Done(receipt)) => {
-                    conn.prepare_cached(
-                        "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
-                    )
-                    .and_then(|mut st| st.execute(params![key, receipt, ms(now)]))
-                    .map_err(err("record the receipt"))?;
-                    Ok(Resolved::Settled)
-                }
-                (Some(false), Resolution::NotDone) => {
-                    conn.prepare_cached("DELETE FROM stormguard_receipts WHERE key = ?1")
-                        .and_then(|mut st| st.execute(params![key]))
-                        .map_err(err("remove the intent"))?;
-                    Ok(Resolved::Settled)
+            // Each statement re-checks what the record allowed, so another process changing it
+            // in between (a take-over) is never settled over; a few rounds are plenty.
+            for _ in 0..8 {
+                let Some(row) = read_record(conn, &key)? else {
+                    return Ok(Resolved::NoRecord);
+                };
+                let settled = match (row_record(&row).resolve(&resolution, now), &resolution) {
+                    (Resolved::Settled, Resolution::Done(receipt)) => conn
+                        .prepare_cached(
+                            "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3
+                             WHERE key = ?1 AND receipt IS NULL",
+                        )
+                        .and_then(|mut st| st.execute(params![key, receipt, ms(now)]))
+                        .map_err(err("record the receipt"))?,
+                    (Resolved::Settled, Resolution::NotDone) => conn
+                        .prepare_cached(
+                            "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL
+                             AND lease_until_ms <= ?2 AND COALESCE(lands_by_ms, 0) <= ?2",
+                        )
+                        .and_then(|mut st| st.execute(params![key, ms(now)]))
+                        .map_err(err("remove the intent"))?,
+                    (refused, _) => return Ok(refused),
+                };
+                if settled == 1 {
+                    return Ok(Resolved::Settled);
                 }
             }
+            Err(StoreError::new(
+                "settle the intent: the record kept changing",
+            ))
         })
     }
 
@@ -463,19 +561,15 @@ impl ReceiptStore for SqliteStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.with(move |conn, now| {
             let mut st = conn
-                .prepare_cached(
-                    "SELECT key, since_ms, lease_until_ms FROM stormguard_receipts
-                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1",
-                )
+                .prepare_cached(&format!(
+                    "SELECT key, {RECORD_COLUMNS} FROM stormguard_receipts
+                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1"
+                ))
                 .map_err(err("list the pending intents"))?;
             let rows = st
                 .query_map(params![limit], |r| {
-                    let (key, since, lease): (String, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-                    Ok(PendingIntent {
-                        key,
-                        age_ms: now.saturating_sub(since as u64),
-                        lease_left_ms: (lease as u64).saturating_sub(now),
-                    })
+                    let key: String = r.get(0)?;
+                    Ok(row_record(&read_row(r, 1)?).pending(key, now))
                 })
                 .map_err(err("list the pending intents"))?;
             rows.collect::<Result<Vec<_>, _>>()

@@ -21,7 +21,7 @@ use std::time::Duration;
 /// clock.advance_ms(1);
 /// let again = store.begin("k", "fp", "you", lease).await.unwrap();
 /// assert_eq!(again, Begin::Pending { age_ms: 1, lease_left_ms: 29_999 });
-/// assert_eq!(store.begin("k", "other-args", "you", lease).await.unwrap(), Begin::Mismatch);
+/// assert_eq!(store.begin("k", "other-args", "you", lease).await.unwrap(), Begin::Mismatch { done: false });
 /// store.complete("k", "me", b"msg-4471").await.unwrap();
 /// let done = store.begin("k", "fp", "you", lease).await.unwrap();
 /// assert_eq!(done, Begin::Done { age_ms: 1, receipt: b"msg-4471".to_vec() });
@@ -48,20 +48,34 @@ pub enum Begin {
         receipt: Vec<u8>,
     },
     /// The key was recorded with other arguments (a different fingerprint).
-    Mismatch,
+    Mismatch {
+        /// Whether the action recorded under the key has its receipt (it completed); `false`:
+        /// it is still pending.
+        done: bool,
+    },
 }
 
-/// A stored record as a store reads it, for [`Begin::decide`]: the one place every store turns
-/// a row into an answer.
+/// A stored record as a store reads it, for [`Begin::decide`] and [`Record::pending`]: the one
+/// place every store turns a row into an answer.
+///
+/// Every remainder it computes is clamped to the length it was granted for, so a store clock
+/// (or a second handle's clock) stepped back never lengthens a lease or an in-flight bound: an
+/// hour's step back shows at most the 5 s of a 5 s lease, not 3,605 s. (A step forward ends
+/// them early; keep leases longer than the largest step your time sync makes.)
 ///
 /// ```
 /// use stormguard::receipt::{Begin, Record};
 ///
-/// let row = Record { fingerprint: "fp", owner: "me", since_ms: 1_000, lease_until_ms: 31_000, receipt: None };
+/// let row = Record {
+///     fingerprint: "fp", owner: "me", since_ms: 1_000, lease_until_ms: 31_000, receipt: None,
+///     taken_ms: 1_000, sent_ms: None, lands_by_ms: 0,
+/// };
 /// assert_eq!(Begin::decide(Some(row), "fp", "you", 2_000), Begin::Pending { age_ms: 1_000, lease_left_ms: 29_000 });
 /// assert_eq!(Begin::decide(Some(row), "fp", "me", 2_000), Begin::Fresh); // my own intent
-/// assert_eq!(Begin::decide(Some(row), "other", "you", 2_000), Begin::Mismatch);
+/// assert_eq!(Begin::decide(Some(row), "other", "you", 2_000), Begin::Mismatch { done: false });
 /// assert_eq!(Begin::decide(None, "fp", "you", 2_000), Begin::Fresh);
+/// // Read on a clock far behind the one that granted it: never more than the 30 s lease.
+/// assert_eq!(row.lease_left_ms(0), 30_000);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Record<'a> {
@@ -69,12 +83,116 @@ pub struct Record<'a> {
     pub fingerprint: &'a str,
     /// The caller holding the intent.
     pub owner: &'a str,
-    /// When the intent was recorded (ms since the Unix epoch, store clock).
+    /// When the intent was first recorded (ms since the Unix epoch, store clock).
     pub since_ms: u64,
     /// Until when its owner holds it (ms since the Unix epoch, store clock).
     pub lease_until_ms: u64,
     /// The receipt, once the action completed.
     pub receipt: Option<&'a [u8]>,
+    /// When its owner took it (its `begin` or `claim`, store clock): the lease was granted for
+    /// `lease_until_ms - taken_ms`. A record written before this was kept reads `since_ms`.
+    pub taken_ms: u64,
+    /// When the request of the last attempt that ended in doubt was sent (store clock), if one
+    /// did ([`ReceiptStore::release`] with an [`InDoubt`]).
+    pub sent_ms: Option<u64>,
+    /// Until when that request may still land at the provider (store clock; 0: none in doubt).
+    pub lands_by_ms: u64,
+}
+
+impl Record<'_> {
+    /// What is left of the owner's lease at `now`, at most the length it was granted for.
+    pub fn lease_left_ms(&self, now_ms: u64) -> u64 {
+        let granted = self.lease_until_ms.saturating_sub(self.taken_ms);
+        self.lease_until_ms.saturating_sub(now_ms).min(granted)
+    }
+
+    /// How long a request of this intent may still land at the provider: while its owner holds
+    /// the lease it may still send; after an attempt ended in doubt, until the in-flight bound
+    /// after that attempt's send has passed (each clamped as above). 0 once neither holds, and
+    /// for a record with a receipt.
+    pub fn may_land_for_ms(&self, now_ms: u64) -> u64 {
+        if self.receipt.is_some() {
+            return 0;
+        }
+        let in_flight = match self.sent_ms {
+            Some(sent) => {
+                let bound = self.lands_by_ms.saturating_sub(sent);
+                self.lands_by_ms.saturating_sub(now_ms).min(bound)
+            }
+            None => 0,
+        };
+        self.lease_left_ms(now_ms).max(in_flight)
+    }
+
+    /// The record as an operator's listing shows it ([`ReceiptStore::pending`]).
+    pub fn pending(&self, key: String, now_ms: u64) -> PendingIntent {
+        let last_sent = self
+            .sent_ms
+            .map_or(self.taken_ms, |sent| sent.max(self.taken_ms));
+        PendingIntent {
+            key,
+            age_ms: now_ms.saturating_sub(self.since_ms),
+            last_sent_ms_ago: now_ms.saturating_sub(last_sent),
+            lease_left_ms: self.lease_left_ms(now_ms),
+            may_still_land_for_ms: self.may_land_for_ms(now_ms),
+        }
+    }
+
+    /// What a [`ReceiptStore::resolve`] of this record at `now` does: [`Resolved::Settled`] if
+    /// it may go ahead, else what it answers instead (`AlreadyDone`, or `InFlight` for a
+    /// `NotDone` while a request may still land).
+    pub fn resolve(&self, resolution: &Resolution, now_ms: u64) -> Resolved {
+        if self.receipt.is_some() {
+            return Resolved::AlreadyDone;
+        }
+        match (resolution, self.may_land_for_ms(now_ms)) {
+            (Resolution::NotDone, may_land_for_ms @ 1..) => Resolved::InFlight { may_land_for_ms },
+            _ => Resolved::Settled,
+        }
+    }
+}
+
+/// An attempt that ended in doubt (an ambiguous failure, a call dropped after its send): its
+/// request may still land at the provider. Given to [`ReceiptStore::release`], which records
+/// when it was sent and until when it may land, so that [`ReceiptStore::pending`] shows it and
+/// [`ReceiptStore::resolve`] refuses a `NotDone` until then.
+///
+/// ```
+/// use std::time::Duration;
+/// use stormguard::receipt::{InDoubt, InMemoryStore, ManualClock, ReceiptStore, Resolution, Resolved};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let clock = ManualClock::new(1_000_000);
+/// let store = InMemoryStore::with_clock(clock.clone());
+/// store.begin("k", "fp", "me", Duration::from_secs(30)).await.unwrap();
+/// clock.advance_ms(2_000);
+/// // Sent 2 s ago, timed out now; it may land up to 30 s after its send.
+/// let doubt = InDoubt { sent_ago: Duration::from_secs(2), lands_within: Duration::from_secs(30) };
+/// store.release("k", "me", Some(doubt)).await.unwrap();
+/// let listed = &store.pending(10).await.unwrap()[0];
+/// assert_eq!((listed.lease_left_ms, listed.may_still_land_for_ms, listed.last_sent_ms_ago), (0, 28_000, 2_000));
+/// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::InFlight { may_land_for_ms: 28_000 });
+/// clock.advance_ms(28_000);
+/// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::Settled);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InDoubt {
+    /// How long ago the request was handed to the provider.
+    pub sent_ago: Duration,
+    /// How long after its send it may still land: the layer's lease, the in-flight bound.
+    pub lands_within: Duration,
+}
+
+impl InDoubt {
+    /// `(sent_ms, lands_by_ms)` at the store's time `now_ms`.
+    pub fn at(&self, now_ms: u64) -> (u64, u64) {
+        let sent =
+            now_ms.saturating_sub(u64::try_from(self.sent_ago.as_millis()).unwrap_or(u64::MAX));
+        let within = u64::try_from(self.lands_within.as_millis()).unwrap_or(u64::MAX);
+        (sent, sent.saturating_add(within))
+    }
 }
 
 impl Begin {
@@ -86,7 +204,9 @@ impl Begin {
         };
         let age_ms = now_ms.saturating_sub(row.since_ms);
         match row.receipt {
-            _ if row.fingerprint != fingerprint => Begin::Mismatch,
+            _ if row.fingerprint != fingerprint => Begin::Mismatch {
+                done: row.receipt.is_some(),
+            },
             Some(receipt) => Begin::Done {
                 age_ms,
                 receipt: receipt.to_vec(),
@@ -95,7 +215,7 @@ impl Begin {
             None if row.owner == owner && row.lease_until_ms > now_ms => Begin::Fresh,
             None => Begin::Pending {
                 age_ms,
-                lease_left_ms: row.lease_until_ms.saturating_sub(now_ms),
+                lease_left_ms: row.lease_left_ms(now_ms),
             },
         }
     }
@@ -123,6 +243,11 @@ pub enum Resolution {
 
 /// An intent without a receipt, as an operator's listing shows it ([`ReceiptStore::pending`]).
 ///
+/// **Check with the provider only once `may_still_land_for_ms` is 0.** Before that, a request
+/// of this intent may still land (its caller holds the lease and may still send, or an attempt
+/// timed out and its request may still commit), so an empty provider log proves nothing, and
+/// [`ReceiptStore::resolve`] refuses a [`Resolution::NotDone`] with [`Resolved::InFlight`].
+///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::receipt::{InMemoryStore, ReceiptStore};
@@ -134,17 +259,26 @@ pub enum Resolution {
 /// let pending = store.pending(10).await.unwrap();
 /// assert_eq!(pending[0].key, "run-1:step-2:send:ab12");
 /// assert!(pending[0].lease_left_ms > 0); // its caller may still be running
+/// assert!(pending[0].may_still_land_for_ms > 0); // so do not settle it yet
 /// # }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingIntent {
     /// The action's idempotency key.
     pub key: String,
-    /// How long ago the intent was recorded (store clock).
+    /// How long ago the intent was first recorded, by the first attempt (store clock).
     pub age_ms: u64,
-    /// What is left of its caller's lease (0: the caller is gone; a later attempt decides, or
-    /// an operator settles it).
+    /// How long ago its last attempt was sent (store clock): the moment an attempt that ended
+    /// in doubt was sent, or, for an attempt running (or crashed), when it took the intent.
+    pub last_sent_ms_ago: u64,
+    /// What is left of its caller's lease (0: the caller is gone or gave it up; a later attempt
+    /// decides, or an operator settles it).
     pub lease_left_ms: u64,
+    /// How long a request of this intent may still land at the provider: the lease left, or
+    /// the in-flight bound after the send of an attempt that ended in doubt, whichever is
+    /// later. Settle it only once this is 0.
+    pub may_still_land_for_ms: u64,
 }
 
 /// What [`ReceiptStore::resolve`] found.
@@ -161,8 +295,12 @@ pub struct PendingIntent {
 /// // The operator checked: the effect happened. Its receipt is recorded.
 /// assert_eq!(store.resolve("k", Resolution::Done(b"sent".to_vec())).await.unwrap(), Resolved::Settled);
 /// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::AlreadyDone);
+/// // A caller holds this one's lease: it may still send, so "not done" is refused.
+/// store.begin("k2", "fp", "running", Duration::from_secs(30)).await.unwrap();
+/// assert!(matches!(store.resolve("k2", Resolution::NotDone).await.unwrap(), Resolved::InFlight { .. }));
 /// # }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolved {
     /// A pending intent was settled as asked.
@@ -171,6 +309,14 @@ pub enum Resolved {
     AlreadyDone,
     /// There is no record for the key; nothing was changed.
     NoRecord,
+    /// A [`Resolution::NotDone`] refused, nothing changed: a request of this intent may still
+    /// land at the provider for this long (its caller holds the lease, or an attempt that
+    /// ended in doubt is within its in-flight bound). An empty provider log proves nothing
+    /// yet: check again once it has passed.
+    InFlight {
+        /// How long it may still land (store clock).
+        may_land_for_ms: u64,
+    },
 }
 
 /// What a committed intent or receipt survives, for the stores that let you choose.
@@ -300,6 +446,7 @@ impl std::error::Error for StoreError {
 /// store.complete("k", "resumed", b"r").await.unwrap();
 /// // An operator settles an escalated intent after checking with the provider.
 /// store.begin("k2", "fp", "crashed", lease).await.unwrap();
+/// clock.advance_ms(1_000); // its caller's lease has passed: nothing of it can still land
 /// assert_eq!(store.resolve("k2", Resolution::NotDone).await.unwrap(), Resolved::Settled);
 /// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::AlreadyDone);
 /// clock.advance_ms(10_000);
@@ -328,10 +475,14 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives up the lease of a pending intent (the outcome is unknown; a later caller decides).
+    /// With `in_doubt`, the attempt's request was sent and may still land: the store records
+    /// when it was sent and until when it may land (the later of that and any earlier bound),
+    /// which [`pending`](Self::pending) shows and [`resolve`](Self::resolve) honours.
     fn release(
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the receipt of `key`, if `owner` still holds its intent and it has no receipt
@@ -350,8 +501,11 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Settles a pending intent whatever its owner and lease: for an operator who checked with
-    /// the provider what became of an `outcome_unknown` call. A receipt already there is kept.
+    /// Settles a pending intent whatever its owner: for an operator who checked with the
+    /// provider what became of an `outcome_unknown` call. A receipt already there is kept. A
+    /// [`Resolution::NotDone`] is refused ([`Resolved::InFlight`]) while a request of the intent
+    /// may still land ([`Record::may_land_for_ms`]): its caller's lease is live, or an attempt
+    /// that ended in doubt is within its in-flight bound. `Done` is recorded at any time.
     fn resolve(
         &self,
         key: &str,

@@ -17,12 +17,16 @@ fn pack_round_trips_every_class_and_code() {
                     .with_retries(99)
                     .with_caller(BUDGET_ID_MASK);
                 state.closed = closed;
+                for _ in 0..100 {
+                    state.answered_locally();
+                }
                 let back = unpack(pack(&state), None, 0);
                 assert_eq!(back.class, class);
                 assert_eq!(back.closed, closed);
                 assert_eq!(back.keyed, keyed);
                 assert_eq!((back.retries, back.max_attempts), (99, 100));
                 assert_eq!(back.caller, BUDGET_ID_MASK);
+                assert_eq!((back.local, back.sent_attempts()), (100, 0));
             }
         }
     }
@@ -149,4 +153,20 @@ fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
         join_current(ToolClass::Read, false, None, 1),
         (Joined::No, true)
     );
+}
+
+#[test]
+fn attempts_answered_locally_are_not_reported_as_sent() {
+    let mut state = OpState::new(3, ToolClass::KeyedWrite, true, None);
+    state.grant_retry();
+    state.grant_retry();
+    state.answered_locally();
+    assert_eq!((state.attempts(), state.sent_attempts()), (3, 2));
+    let back = unpack(pack(&state), None, 0);
+    assert_eq!((back.attempts(), back.sent_attempts()), (3, 2));
+    // Never more local answers than attempts.
+    for _ in 0..10 {
+        state.answered_locally();
+    }
+    assert_eq!(state.sent_attempts(), 0);
 }
