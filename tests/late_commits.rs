@@ -734,3 +734,92 @@ async fn a_reworded_reissue_under_the_same_key_is_told_idempotency_key_reused() 
     assert!(store.pending(10).await.unwrap().is_empty());
     assert_eq!(stripe.charges.load(Ordering::SeqCst), 1);
 }
+
+/// Without a receipt layer: the key layer stamps the key and the `Retry` decides. A 409 is
+/// retried for a keyed write carrying its key, and stays a permanent conflict for anything else;
+/// a 422 under a key ends as `idempotency_key_reused`, without one as `invalid_argument`.
+#[tokio::test(start_paused = true)]
+async fn a_409_is_retried_only_for_a_keyed_write_carrying_its_key_and_a_422_under_a_key_is_key_reused(
+) {
+    use stormguard::classify::{Classification, FailureClass, KeyConflict};
+    use stormguard::key::SetIdempotencyKeyLayer;
+    use stormguard::retry::HttpReplay;
+    let key_of = |req: &http::Request<String>| Action::new("run-1", "step-3", "charge", req.body());
+    let request = || {
+        http::Request::post("/charges")
+            .body("4471".to_string())
+            .unwrap()
+    };
+    for (class, keyed, calls, status) in [
+        (ToolClass::KeyedWrite, true, 2, 200),
+        (ToolClass::KeyedWrite, false, 1, 409),
+        (ToolClass::UnkeyedWrite, true, 1, 409),
+        (ToolClass::IdempotentWrite, true, 1, 409),
+        (ToolClass::Read, true, 1, 409),
+    ] {
+        let (count, provider) = support::http_script(409, &[], 1);
+        let provider = ServiceBuilder::new()
+            .map_err(BoxError::from)
+            .service(provider);
+        let inner = if keyed {
+            tower::util::BoxCloneSyncService::new(
+                SetIdempotencyKeyLayer::new(key_of).layer(provider),
+            )
+        } else {
+            tower::util::BoxCloneSyncService::new(provider)
+        };
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(class, RetryBudget::default())
+                    .classifier(HttpClassifier)
+                    .replay(HttpReplay),
+            )
+            .service(inner);
+        let resp = svc.oneshot(request()).await.unwrap();
+        assert_eq!(
+            (resp.status().as_u16(), count.load(Ordering::SeqCst)),
+            (status, calls),
+            "{class:?} keyed {keyed}"
+        );
+    }
+    // A client that reports the provider's 422 as an error its classifier marks.
+    let reused = |r: &Result<u32, BoxError>| match r {
+        Ok(_) => Classification::success(),
+        Err(_) => {
+            Classification::failure(FailureClass::ModelRecoverable, ErrorCode::InvalidArgument)
+                .with_key_conflict(KeyConflict::Reused)
+        }
+    };
+    for (keyed, code) in [
+        (true, ErrorCode::IdempotencyKeyReused),
+        (false, ErrorCode::InvalidArgument),
+    ] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let provider = tower::service_fn(move |_: http::Request<String>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Err::<u32, BoxError>("HTTP 422".into()) }
+        });
+        let inner = if keyed {
+            tower::util::BoxCloneSyncService::new(
+                SetIdempotencyKeyLayer::new(key_of).layer(provider),
+            )
+        } else {
+            tower::util::BoxCloneSyncService::new(provider)
+        };
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                    .classifier(reused)
+                    .replay(HttpReplay),
+            )
+            .service(inner);
+        let err = svc.oneshot(request()).await.unwrap_err();
+        assert_eq!(
+            (err.code(), err.retryable()),
+            (code, false),
+            "keyed {keyed}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}

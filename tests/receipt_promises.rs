@@ -1304,3 +1304,90 @@ async fn a_receipt_layer_runs_over_a_streaming_body() {
     assert_eq!(again.status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A charge: the key covers the order, the fingerprint the order and the amount.
+#[derive(Clone)]
+struct Amount {
+    order: u64,
+    amount: u32,
+    key: Option<String>,
+}
+
+impl KeyStamp for Amount {
+    fn stamped_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        self.key = Some(key.to_string());
+    }
+}
+
+fn amount(order: u64, amount: u32) -> Amount {
+    Amount {
+        order,
+        amount,
+        key: None,
+    }
+}
+
+fn amount_action(req: &Amount) -> Result<Action, stormguard::key::KeyError> {
+    Action::task(
+        "run-1",
+        "step-3",
+        "charge",
+        &serde_json::json!({"order": req.order, "amount": req.amount}),
+        &["order"],
+        &["order", "amount"],
+    )
+}
+
+/// Item 7: the same key with other arguments (another fingerprint) is refused with a hint that
+/// names the key, says whether the first request has its receipt, and tells the model not to
+/// reword a repeated action; nothing is sent, and the first request's record stays.
+#[tokio::test]
+async fn a_key_reused_with_other_arguments_is_refused_with_what_became_of_the_first() {
+    let store = InMemoryStore::new();
+    let sent = Arc::new(AtomicU32::new(0));
+    let counter = sent.clone();
+    let provider = tower::service_fn(move |req: Amount| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, std::io::Error>(format!("ch-{}", req.order)) }
+    });
+    let tool =
+        ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, amount_action).layer(provider);
+    // Pending: a crashed run recorded the order with amount 100.
+    let first = amount_action(&amount(7, 100)).unwrap();
+    store
+        .begin(
+            first.key().as_str(),
+            first.fingerprint(),
+            "crashed",
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let err = code_and_hint(tool.clone().oneshot(amount(7, 120)).await.unwrap_err());
+    assert_eq!(err.0, ErrorCode::IdempotencyKeyReused);
+    assert!(err.1.contains(first.key().as_str()), "{}", err.1);
+    assert!(err.1.contains("pending"), "{}", err.1);
+    assert!(err.1.contains("do not reword"), "{}", err.1);
+    // Done: the first request's receipt holds the result.
+    let done = amount_action(&amount(8, 100)).unwrap();
+    assert_eq!(tool.clone().oneshot(amount(8, 100)).await.unwrap(), "ch-8");
+    let err = code_and_hint(tool.clone().oneshot(amount(8, 120)).await.unwrap_err());
+    assert_eq!(err.0, ErrorCode::IdempotencyKeyReused);
+    assert!(err.1.contains(done.key().as_str()), "{}", err.1);
+    assert!(err.1.contains("receipt"), "{}", err.1);
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.pending(10).await.unwrap().len(),
+        1,
+        "the crashed one's"
+    );
+}
+
+fn code_and_hint(err: BoxError) -> (ErrorCode, String) {
+    let err = err.downcast::<ToolError>().unwrap();
+    assert!(!err.retryable());
+    (err.code(), err.hint().to_string())
+}

@@ -840,6 +840,18 @@ async fn a_cancelled_call_gives_up_its_lease_at_once() {
             .is_err()
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
+    // Its request may still land (for up to the 30 s lease after its send): listed so, and
+    // no operator can settle it "not done" yet.
+    let listed = &store.pending(10).await.unwrap()[0];
+    assert_eq!(listed.lease_left_ms, 0);
+    assert!(listed.may_still_land_for_ms > 29_000, "{listed:?}");
+    assert!(matches!(
+        store
+            .resolve(&listed.key, Resolution::NotDone)
+            .await
+            .unwrap(),
+        Resolved::InFlight { .. }
+    ));
     // Without the lease given back this would wait for the 30 s lease and answer in_progress.
     let started = std::time::Instant::now();
     call(&mut svc, send(40)).await.unwrap();
@@ -988,6 +1000,19 @@ async fn clock_steps<St: ReceiptStore>(first: St, second: St, clock: Stepped) {
     let listed = &second.pending(10).await.unwrap()[0];
     assert!(listed.may_still_land_for_ms <= 5_000, "{listed:?}");
     assert!(listed.lease_left_ms <= 5_000, "{listed:?}");
+    // A lease given up (nothing in doubt) stays given up on a clock behind: every store settles
+    // "not done" alike.
+    clock.set(T0 + HOUR_MS);
+    assert_eq!(
+        second.begin("k2", "fp", "two", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    second.release("k2", "two", None).await.unwrap();
+    clock.set(T0);
+    assert_eq!(
+        second.resolve("k2", Resolution::NotDone).await.unwrap(),
+        Resolved::Settled
+    );
 }
 
 #[tokio::test]
@@ -1122,4 +1147,40 @@ async fn a_postgres_schema_of_the_first_release_migrates_and_keeps_working() {
         .unwrap();
     store.migrate().await.unwrap();
     an_old_store_keeps_working(store, clock).await;
+}
+
+#[tokio::test]
+async fn an_attempt_in_doubt_survives_a_restart_of_the_sqlite_store() {
+    let path = temp_db("doubt");
+    let clock = ManualClock::new(T0);
+    let store = SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()).unwrap();
+    let reset = Provider {
+        fail_with: Some(std::io::ErrorKind::ConnectionReset),
+        ..Provider::default()
+    };
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(reset);
+    assert!(call(&mut svc, send(50)).await.is_err());
+    drop((svc, store));
+    // Another process opens the file: the request of that attempt may still land.
+    clock.advance_ms(1_000);
+    let reopened = SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()).unwrap();
+    let listed = &reopened.pending(10).await.unwrap()[0];
+    // (The send is timed on the runtime's clock: a millisecond or so before the failure.)
+    assert_eq!(listed.lease_left_ms, 0);
+    assert!(
+        (1_000..1_100).contains(&listed.last_sent_ms_ago),
+        "{listed:?}"
+    );
+    assert!(
+        (28_900..=29_000).contains(&listed.may_still_land_for_ms),
+        "{listed:?}"
+    );
+    clock.advance_ms(29_000);
+    assert_eq!(
+        reopened
+            .resolve(&listed.key, Resolution::NotDone)
+            .await
+            .unwrap(),
+        Resolved::Settled
+    );
 }

@@ -84,7 +84,9 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     /// [`DefaultClassifier`], counts every `Ok` as a success and stores it as the receipt: over
     /// an HTTP client, whose 5xx answers are `Ok` responses, give it
     /// [`HttpClassifier`](crate::classify::HttpClassifier) (as the `Retry` above has), or a 503
-    /// would be stored as the receipt and the write never sent again.
+    /// would be stored as the receipt and the write never sent again. `HttpClassifier` also
+    /// tells a provider's 409 and 422 under the key apart
+    /// ([`KeyConflict`](crate::classify::KeyConflict)).
     pub fn classifier<C2>(self, classifier: C2) -> ReceiptLayer<St, F, C2, Cd, RB> {
         ReceiptLayer {
             store: self.store,
@@ -96,7 +98,8 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
         }
     }
 
-    /// Replaces how results are stored.
+    /// Replaces how results are stored (JSON by default). Over a streamed response, which no
+    /// receipt holds, give it [`NotStored`](super::NotStored).
     pub fn codec<Cd2>(self, codec: Cd2) -> ReceiptLayer<St, F, C, Cd2, RB> {
         ReceiptLayer {
             store: self.store,

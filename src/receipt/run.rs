@@ -1,6 +1,7 @@
 //! One call through the receipt layer: `begin`, then execute, resume, read back, wait or refuse.
 
 use super::codec::Codec;
+use super::decide::{plan, stale, Plan, Stale};
 use super::intent::Intent;
 use super::read_back::{Consistency, ReadBack, ReadBackResult};
 use super::store::{Begin, ReceiptStore, StoreError};
@@ -55,36 +56,6 @@ pub(super) struct Run<S, Req, St, C, Cd, RB> {
     pub(super) shared: Arc<Shared<St, C, Cd, RB>>,
     pub(super) action: Action,
     pub(super) _req: PhantomData<fn(Req)>,
-}
-
-/// What the stale intent of this class calls for.
-enum Stale {
-    /// Send again with the same key: the provider (or the call's nature) deduplicates it.
-    Resume,
-    /// Ask the provider whether the effect is there.
-    ReadBack,
-    /// Nobody can tell: escalate.
-    Escalate,
-}
-
-/// The decision for an intent whose executor is gone (a crash, an ambiguous failure), by class,
-/// the intent's age and the provider's key window: a keyed write older than the window is no
-/// longer deduplicated by the provider, so it counts as unkeyed.
-fn stale(settings: &Settings, age_ms: u64) -> Stale {
-    let keyed = match settings.class {
-        ToolClass::Read | ToolClass::IdempotentWrite => true,
-        ToolClass::KeyedWrite => u128::from(age_ms) <= settings.key_window.as_millis(),
-        ToolClass::UnkeyedWrite | ToolClass::MultiStep => false,
-    };
-    match settings.class {
-        _ if keyed => Stale::Resume,
-        ToolClass::UnkeyedWrite | ToolClass::KeyedWrite
-            if settings.consistency == Consistency::Immediate =>
-        {
-            Stale::ReadBack
-        }
-        _ => Stale::Escalate,
-    }
 }
 
 fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
@@ -146,8 +117,8 @@ fn key_reused(key: &IdempotencyKey, done: bool, provider: bool) -> ToolError {
         ))
 }
 
-const UNKNOWN_HINT: &str = "a crash or an ambiguous failure left this write's outcome unknown and it cannot be repeated safely; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
-const KEY_WINDOW_HINT: &str = "this keyed write's outcome is unknown and is older than the provider's idempotency-key window, so the key no longer protects a repeat; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
+const UNKNOWN_HINT: &str = "a crash or an ambiguous failure left this write's outcome unknown and it cannot be repeated safely; do not retry: once its request can no longer land (ReceiptStore::pending), check with the provider, then settle it (ReceiptStore::resolve)";
+const KEY_WINDOW_HINT: &str = "this keyed write's outcome is unknown and is older than the provider's idempotency-key window, so the key no longer protects a repeat; do not retry: once its request can no longer land (ReceiptStore::pending), check with the provider, then settle it (ReceiptStore::resolve)";
 const EXPIRED_HINT: &str = "this action's intent is older than the receipt retention and its outcome was never recorded; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
 
 /// A token unique to one call of the layer (process, a counter and a random seed, hashed).
@@ -410,47 +381,6 @@ where
             }
         }
         result.map_err(Into::into)
-    }
-}
-
-/// What a call's result does to its intent.
-#[derive(Debug, PartialEq, Eq)]
-enum Plan {
-    /// A success: these bytes are its receipt.
-    Record(Vec<u8>),
-    /// A success whose result could not be encoded (why): no receipt, the intent stays.
-    NotEncoded(String),
-    /// A success the codec stores nothing of (a streamed answer): the intent stays.
-    NoReceipt,
-    /// The provider holds the key from an earlier request (409, 422): the intent stays.
-    KeyHeld(KeyConflict),
-    /// It may have taken effect (an ambiguous failure, a streamed answer), and may still land.
-    InDoubt,
-    /// It provably did not take effect.
-    Abandon,
-}
-
-/// The plan for a result, by its verdict, any key conflict and whether the codec stores it.
-fn plan<Res, E, Cd: Codec<Res>>(
-    result: &Result<Res, E>,
-    verdict: Verdict,
-    conflict: Option<KeyConflict>,
-    codec: &Cd,
-) -> Plan {
-    match (result, verdict, conflict) {
-        (Ok(res), Verdict::Success | Verdict::Empty, _) if codec.stores() => {
-            match codec.encode(res) {
-                Ok(bytes) => Plan::Record(bytes),
-                Err(e) => Plan::NotEncoded(e.to_string()),
-            }
-        }
-        (Ok(_), Verdict::Success | Verdict::Empty, _) => Plan::NoReceipt,
-        (_, Verdict::Failure(_), Some(conflict)) => Plan::KeyHeld(conflict),
-        // An `Err` called a success: nothing to store, and it may have taken effect.
-        (_, Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty, _) => {
-            Plan::InDoubt
-        }
-        _ => Plan::Abandon,
     }
 }
 

@@ -259,11 +259,13 @@ const SETTLE_DONE: &str = "UPDATE stormguard_receipts SET receipt = $2,
      done_ms = COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
      WHERE key = $1 AND receipt IS NULL";
 /// Only once nothing of the intent can still land (its caller's lease and any in-flight bound
-/// have passed), as `Record::resolve` decided: re-checked here against a take-over in between.
+/// have passed, as `Record::may_land_for_ms` judges them): re-checked here, so a take-over in
+/// between is never settled over.
 const SETTLE_NOT_DONE: &str = "DELETE FROM stormguard_receipts
      USING (SELECT COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
      WHERE key = $1 AND receipt IS NULL
-       AND lease_until_ms <= now.ms AND COALESCE(lands_by_ms, 0) <= now.ms";
+       AND (lease_until_ms <= now.ms OR lease_until_ms <= COALESCE(taken_ms, since_ms))
+       AND (sent_ms IS NULL OR lands_by_ms <= now.ms OR lands_by_ms <= sent_ms)";
 const PRUNE: &str = "DELETE FROM stormguard_receipts WHERE key IN (
      SELECT key FROM stormguard_receipts
      WHERE since_ms < COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) - $1
