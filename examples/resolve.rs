@@ -29,7 +29,7 @@ use stormguard::key::Action;
 use stormguard::receipt::{
     Durability, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore,
 };
-use stormguard::retry::RetryLayer;
+use stormguard::retry::{CloneReplay, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt};
 
 fn secs(ms: u64) -> String {
@@ -105,10 +105,7 @@ async fn demo() -> Result<(), BoxError> {
         .lease(Duration::from_secs(1))
         .build()?;
     let tool = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            ToolClass::UnkeyedWrite,
-            RetryBudget::default(),
-        ))
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default()).replay(CloneReplay))
         .layer(ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).config(config))
         .timeout(Duration::from_millis(100))
         .service(provider);

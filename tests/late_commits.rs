@@ -236,7 +236,7 @@ use std::sync::Mutex;
 use stormguard::budget::RetryBudget;
 use stormguard::error::ErrorCode;
 use stormguard::receipt::{ManualClock, ReceiptStore, Resolution, Resolved};
-use stormguard::retry::RetryLayer;
+use stormguard::retry::{CloneReplay, RetryLayer};
 use tower::ServiceBuilder;
 
 /// A ticket desk on 127.0.0.1 that takes no idempotency key. Its first request is held until
@@ -350,10 +350,7 @@ async fn a_late_commit_after_outcome_unknown_never_leads_the_operator_into_a_sec
         );
     // The run's tool: its client gives up after 200 ms; the desk has the request by then.
     let tool = ServiceBuilder::new()
-        .layer(RetryLayer::new(
-            ToolClass::UnkeyedWrite,
-            RetryBudget::default(),
-        ))
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default()).replay(CloneReplay))
         .layer(receipts)
         .timeout(Duration::from_millis(200))
         .service(DeskClient(desk.addr, support::server::HttpClient::new()));
@@ -489,6 +486,8 @@ struct Stripe {
     charges: Arc<AtomicU32>,
     requests: Arc<AtomicU32>,
     statuses: Arc<Mutex<Vec<u16>>>,
+    /// Whether a key's first request runs until the test commits it, whatever is asked meanwhile.
+    slow: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Stripe {
@@ -543,7 +542,9 @@ impl Stripe {
                 Some(Entry::Done { charge, .. }) => return (200, charge.clone()),
                 Some(Entry::Executing { .. }) => {
                     drop(keys);
-                    self.commit(&key);
+                    if !self.slow.load(Ordering::SeqCst) {
+                        self.commit(&key);
+                    }
                     return (409, r#"{"error":"idempotency_key_in_use"}"#.into());
                 }
                 None => {
@@ -664,7 +665,8 @@ async fn a_keyed_write_whose_first_attempt_commits_late_is_retried_through_409_k
     let tool = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .classifier(HttpClassifier),
+                .classifier(HttpClassifier)
+                .replay(CloneReplay),
         )
         .layer(charges(&store))
         .timeout(Duration::from_millis(200))
@@ -690,6 +692,51 @@ async fn a_keyed_write_whose_first_attempt_commits_late_is_retried_through_409_k
     );
 }
 
+/// The first request is still running when the attempts run out: the run is told `in_progress`
+/// (not `conflict`), the intent stays, and the run's reissue once it has finished gets the
+/// charge, made once.
+#[tokio::test]
+async fn a_keyed_write_still_running_after_its_attempts_is_in_progress_and_its_reissue_gets_the_charge(
+) {
+    let (stripe, addr) = Stripe::start().await;
+    stripe.slow.store(true, Ordering::SeqCst);
+    let store = InMemoryStore::new();
+    let tool = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(CloneReplay),
+        )
+        .layer(charges(&store))
+        .timeout(Duration::from_millis(200))
+        .service(StripeClient(addr, support::server::HttpClient::new()));
+    let err = tool
+        .clone()
+        .oneshot(charge("for order 4471"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.retryable()),
+        (ErrorCode::InProgress, false),
+        "{err}"
+    );
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(*stripe.statuses.lock().unwrap(), [409, 409]);
+    assert_eq!(store.pending(10).await.unwrap().len(), 1);
+    // The reissue while it still runs: told so again; once it has finished: the charge.
+    let err = tool
+        .clone()
+        .oneshot(charge("for order 4471"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InProgress);
+    stripe.commit_all();
+    let resp = tool.oneshot(charge("for order 4471")).await.unwrap();
+    assert_eq!(resp.body(), r#"{"charge":"ch_1"}"#);
+    assert_eq!(stripe.charges.load(Ordering::SeqCst), 1);
+    assert!(store.pending(10).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn a_reworded_reissue_under_the_same_key_is_told_idempotency_key_reused() {
     let (stripe, addr) = Stripe::start().await;
@@ -710,7 +757,8 @@ async fn a_reworded_reissue_under_the_same_key_is_told_idempotency_key_reused() 
     let tool = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .classifier(HttpClassifier),
+                .classifier(HttpClassifier)
+                .replay(CloneReplay),
         )
         .layer(charges(&store))
         .service(client());

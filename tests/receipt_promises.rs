@@ -1265,8 +1265,10 @@ async fn an_intent_recorded_after_a_lost_take_over_is_this_calls_own() {
 async fn an_answer_from_a_stored_receipt_is_not_counted_as_an_attempt() {
     let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
     // A receipt layer whose classifier disagrees with the Retry's: it stores the 503.
+    let every_answer_a_success =
+        |_: &Result<http::Response<()>, BoxError>| stormguard::classify::Classification::success();
     let receipts = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
-        .classifier(stormguard::classify::DefaultClassifier)
+        .classifier(every_answer_a_success)
         .codec(StatusCodec);
     let tool = ServiceBuilder::new()
         .layer(

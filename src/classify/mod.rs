@@ -123,7 +123,7 @@ pub struct Classification {
 ///
 /// | answer | a keyed write carrying its key | anything else |
 /// |---|---|---|
-/// | `InProgress` (HTTP 409) | `Transient` `conflict`: retried with backoff, within the attempts | as classified (`Permanent` `conflict`) |
+/// | `InProgress` (HTTP 409) | `Transient` `in_progress`: retried with backoff, within the attempts | as classified (`Permanent` `conflict`) |
 /// | `Reused` (HTTP 422) | `Permanent` `idempotency_key_reused` (any request carrying a key) | as classified (`ModelRecoverable` `invalid_argument`) |
 ///
 /// ```

@@ -111,21 +111,21 @@ pub(crate) enum Next {
 ///
 /// | key conflict | `KeyedWrite` carrying its key | any class carrying a key | otherwise |
 /// |---|---|---|---|
-/// | `InProgress` (409: a request with the key is still being processed) | `Transient` `conflict` | as classified | as classified |
+/// | `InProgress` (409: a request with the key is still being processed) | `Transient` `in_progress` | as classified | as classified |
 /// | `Reused` (422: the key came back with another payload) | `Permanent` `idempotency_key_reused` | `Permanent` `idempotency_key_reused` | as classified |
 ///
 /// A 409 under the key is the same action, not done yet: retried with backoff, bounded by the
-/// attempts. A 422 is a reworded repeat of an action the provider already has: no retry helps,
+/// attempts, and if they run out the error says `in_progress` (ask for its result later, do not
+/// start it again), not `conflict`. A 422 is a reworded repeat of an action the provider already has: no retry helps,
 /// and `invalid_argument` would tell a model to reword it once more.
 pub(crate) fn under_key(class: ToolClass, keyed: bool, c: Classification) -> Classification {
     let Verdict::Failure(_) = c.verdict() else {
         return c;
     };
     let (failure, code) = match c.key_conflict() {
-        Some(KeyConflict::InProgress) if keyed && class == ToolClass::KeyedWrite => (
-            FailureClass::Transient,
-            c.code().unwrap_or(ErrorCode::Conflict),
-        ),
+        Some(KeyConflict::InProgress) if keyed && class == ToolClass::KeyedWrite => {
+            (FailureClass::Transient, ErrorCode::InProgress)
+        }
         Some(KeyConflict::Reused) if keyed => {
             (FailureClass::Permanent, ErrorCode::IdempotencyKeyReused)
         }

@@ -248,7 +248,7 @@ fn key_conflicts_by_class_and_key() {
                 (m.failure_class(), m.code())
             };
             let expected_409 = if keyed && class == ToolClass::KeyedWrite {
-                (Some(Transient), Some(ErrorCode::Conflict))
+                (Some(Transient), Some(ErrorCode::InProgress))
             } else {
                 (Some(Permanent), Some(ErrorCode::Conflict))
             };
@@ -289,6 +289,7 @@ proptest! {
         let next = settle(decide(&c.view, &mapped, &policy, || c.backoff), c.budget);
         let mut transient = c;
         transient.verdict = Verdict::Failure(FailureClass::Transient);
+        transient.code = ErrorCode::InProgress;
         if c.view.keyed && c.view.class == ToolClass::KeyedWrite {
             prop_assert_eq!(next, model(&transient));
         } else {
