@@ -437,8 +437,8 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
     use stormguard::receipt::{ReceiptStore, Resolution, Resolved};
 
     for intent in store.pending(100).await? {
-        if intent.lease_left_ms > 0 {
-            continue; // its caller may still be running
+        if intent.may_still_land_for_ms > 0 {
+            continue; // a request may still land: an empty log proves nothing yet
         }
         // Check with the provider: its sent log, its dashboard, a support ticket.
         let resolution = match provider_log.message_id_for(&intent.key) {

@@ -15,7 +15,7 @@ use stormguard::classify::{HttpClassifier, NotProcessed};
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
+    Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, NotStored, PostgresOptions,
     PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptConfigBuilder, ReceiptLayer,
     ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
@@ -941,8 +941,9 @@ impl ReceiptStore for Faulty {
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<stormguard::receipt::InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.store.release(key, owner)
+        self.store.release(key, owner, in_doubt)
     }
     fn complete(
         &self,
@@ -1253,4 +1254,142 @@ async fn an_intent_recorded_after_a_lost_take_over_is_this_calls_own() {
         store.store.pending(10).await.unwrap().is_empty(),
         "its own intent was removed"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 20, items 16b and 17b.
+
+/// 17b: a retry answered from a stored receipt never reached the dependency; the error counts
+/// only the attempts that did.
+#[tokio::test]
+async fn an_answer_from_a_stored_receipt_is_not_counted_as_an_attempt() {
+    let (addr, calls) = server::serve(|_| server::status(503, &[])).await;
+    // A receipt layer whose classifier disagrees with the Retry's: it stores the 503.
+    let every_answer_a_success =
+        |_: &Result<http::Response<()>, BoxError>| stormguard::classify::Classification::success();
+    let receipts = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
+        .classifier(every_answer_a_success)
+        .codec(StatusCodec);
+    let tool = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .layer(receipts)
+        .service(status_client());
+    let err = tool.oneshot(email(addr)).await.unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one request");
+    assert_eq!(err.attempts(), 1, "{err}");
+}
+
+/// 16b: a receipt layer over a streamed answer (decided at its end, never stored) needs no codec
+/// that could store it: `NotStored` says so.
+#[tokio::test]
+async fn a_receipt_layer_runs_over_a_streaming_body() {
+    use http_body_util::BodyExt;
+    let (addr, calls) =
+        server::serve(|_| http::Response::new(Body::from("a stream of tokens"))).await;
+    let store = InMemoryStore::new();
+    let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, email_action)
+        .classifier(stormguard::classify::GrpcClassifier)
+        .codec(NotStored)
+        .layer(HttpClient::new());
+    let resp = tool.clone().oneshot(email(addr)).await.unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"a stream of tokens");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // No receipt: the intent stays pending, its lease given up; a keyed repeat is sent again
+    // with the same key (the provider deduplicates it).
+    assert_eq!(store.pending(10).await.unwrap()[0].lease_left_ms, 0);
+    let again = tool.oneshot(email(addr)).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// A charge: the key covers the order, the fingerprint the order and the amount.
+#[derive(Clone)]
+struct Amount {
+    order: u64,
+    amount: u32,
+    key: Option<String>,
+}
+
+impl KeyStamp for Amount {
+    fn stamped_key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+    fn stamp_key(&mut self, key: &IdempotencyKey) {
+        self.key = Some(key.to_string());
+    }
+}
+
+fn amount(order: u64, amount: u32) -> Amount {
+    Amount {
+        order,
+        amount,
+        key: None,
+    }
+}
+
+fn amount_action(req: &Amount) -> Result<Action, stormguard::key::KeyError> {
+    Action::task(
+        "run-1",
+        "step-3",
+        "charge",
+        &serde_json::json!({"order": req.order, "amount": req.amount}),
+        &["order"],
+        &["order", "amount"],
+    )
+}
+
+/// Item 7: the same key with other arguments (another fingerprint) is refused with a hint that
+/// names the key, says whether the first request has its receipt, and tells the model not to
+/// reword a repeated action; nothing is sent, and the first request's record stays.
+#[tokio::test]
+async fn a_key_reused_with_other_arguments_is_refused_with_what_became_of_the_first() {
+    let store = InMemoryStore::new();
+    let sent = Arc::new(AtomicU32::new(0));
+    let counter = sent.clone();
+    let provider = tower::service_fn(move |req: Amount| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, std::io::Error>(format!("ch-{}", req.order)) }
+    });
+    let tool =
+        ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, amount_action).layer(provider);
+    // Pending: a crashed run recorded the order with amount 100.
+    let first = amount_action(&amount(7, 100)).unwrap();
+    store
+        .begin(
+            first.key().as_str(),
+            first.fingerprint(),
+            "crashed",
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    let err = code_and_hint(tool.clone().oneshot(amount(7, 120)).await.unwrap_err());
+    assert_eq!(err.0, ErrorCode::IdempotencyKeyReused);
+    assert!(err.1.contains(first.key().as_str()), "{}", err.1);
+    assert!(err.1.contains("pending"), "{}", err.1);
+    assert!(err.1.contains("do not reword"), "{}", err.1);
+    // Done: the first request's receipt holds the result.
+    let done = amount_action(&amount(8, 100)).unwrap();
+    assert_eq!(tool.clone().oneshot(amount(8, 100)).await.unwrap(), "ch-8");
+    let err = code_and_hint(tool.clone().oneshot(amount(8, 120)).await.unwrap_err());
+    assert_eq!(err.0, ErrorCode::IdempotencyKeyReused);
+    assert!(err.1.contains(done.key().as_str()), "{}", err.1);
+    assert!(err.1.contains("receipt"), "{}", err.1);
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.pending(10).await.unwrap().len(),
+        1,
+        "the crashed one's"
+    );
+}
+
+fn code_and_hint(err: BoxError) -> (ErrorCode, String) {
+    let err = err.downcast::<ToolError>().unwrap();
+    assert!(!err.retryable());
+    (err.code(), err.hint().to_string())
 }

@@ -5,7 +5,7 @@ mod support;
 
 use serde::{Deserialize, Serialize};
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::class::ToolClass;
@@ -167,7 +167,7 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
     );
     assert_eq!(
         store.begin("a", "other", "two", LEASE).await.unwrap(),
-        Begin::Mismatch
+        Begin::Mismatch { done: false }
     );
     clock.advance_ms(49);
     assert!(
@@ -185,7 +185,7 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
     );
     // The caller that lost the lease can neither release, abandon nor complete it.
     clock.advance_ms(50);
-    store.release("a", "one").await.unwrap();
+    store.release("a", "one", None).await.unwrap();
     store.abandon("a", "one").await.unwrap();
     assert!(store.complete("a", "one", b"late").await.is_err());
     assert_eq!(
@@ -226,7 +226,7 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
         Begin::Fresh
     );
     // Release ends a lease at once.
-    store.release("b", "one").await.unwrap();
+    store.release("b", "one", None).await.unwrap();
     assert!(store.claim("b", "two", LEASE).await.unwrap());
     // An operator settles what is pending, whoever holds it.
     assert_eq!(
@@ -244,6 +244,14 @@ async fn begin_answers<St: ReceiptStore>(store: St, clock: ManualClock) {
         store.begin("c", "fp", "one", LEASE).await.unwrap(),
         Begin::Fresh
     );
+    // Its caller holds the lease and may still send: "not done" is refused until it passes.
+    assert_eq!(
+        store.resolve("c", Resolution::NotDone).await.unwrap(),
+        Resolved::InFlight {
+            may_land_for_ms: 100
+        }
+    );
+    clock.advance_ms(100);
     assert_eq!(
         store.resolve("c", Resolution::NotDone).await.unwrap(),
         Resolved::Settled
@@ -519,6 +527,91 @@ async fn a_failure_without_effect_forgets_the_intent<St: ReceiptStore>(
     );
 }
 
+/// An attempt that ended in doubt: the store records when it was sent and until when it may
+/// land; `pending` shows it, `resolve` refuses "not done" until then, a later doubt never
+/// shortens the bound, and "done" is recorded at any time.
+async fn an_attempt_in_doubt_may_still_land<St: ReceiptStore>(store: St, clock: ManualClock) {
+    let lease = Duration::from_secs(5);
+    let doubt = |sent_ago_ms, within_ms| stormguard::receipt::InDoubt {
+        sent_ago: Duration::from_millis(sent_ago_ms),
+        lands_within: Duration::from_millis(within_ms),
+    };
+    assert_eq!(
+        store.begin("k", "fp", "one", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    clock.advance_ms(1_000);
+    // Its request was sent 800 ms ago and timed out: it may land until 5 s after its send.
+    store
+        .release("k", "one", Some(doubt(800, 5_000)))
+        .await
+        .unwrap();
+    let listed = &store.pending(10).await.unwrap()[0];
+    assert_eq!(
+        (
+            listed.age_ms,
+            listed.last_sent_ms_ago,
+            listed.lease_left_ms,
+            listed.may_still_land_for_ms
+        ),
+        (1_000, 800, 0, 4_200)
+    );
+    assert_eq!(
+        store.resolve("k", Resolution::NotDone).await.unwrap(),
+        Resolved::InFlight {
+            may_land_for_ms: 4_200
+        }
+    );
+    // A resumed attempt takes it, and ends in doubt with a shorter bound: the first one's
+    // request may still land, so the longer bound stays.
+    assert!(matches!(
+        store.begin("k", "fp", "two", lease).await.unwrap(),
+        Begin::Pending {
+            lease_left_ms: 0,
+            ..
+        }
+    ));
+    assert!(store.claim("k", "two", lease).await.unwrap());
+    clock.advance_ms(200);
+    store
+        .release("k", "two", Some(doubt(100, 1_000)))
+        .await
+        .unwrap();
+    let listed = &store.pending(10).await.unwrap()[0];
+    assert_eq!(
+        (listed.last_sent_ms_ago, listed.may_still_land_for_ms),
+        (100, 4_000)
+    );
+    clock.advance_ms(3_999);
+    assert!(matches!(
+        store.resolve("k", Resolution::NotDone).await.unwrap(),
+        Resolved::InFlight { may_land_for_ms: 1 }
+    ));
+    clock.advance_ms(1);
+    assert_eq!(store.pending(10).await.unwrap()[0].may_still_land_for_ms, 0);
+    assert_eq!(
+        store.resolve("k", Resolution::NotDone).await.unwrap(),
+        Resolved::Settled
+    );
+    // "Done" needs no waiting: the effect is there.
+    assert_eq!(
+        store.begin("d", "fp", "one", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    store
+        .release("d", "one", Some(doubt(0, 5_000)))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .resolve("d", Resolution::Done(b"found".to_vec()))
+            .await
+            .unwrap(),
+        Resolved::Settled
+    );
+    assert!(store.pending(10).await.unwrap().is_empty());
+}
+
 macro_rules! suite {
     ($module:ident, $make:expr) => {
         mod $module {
@@ -549,6 +642,7 @@ macro_rules! suite {
             case!(a_crashed_unkeyed_write_reads_back_or_escalates);
             case!(an_old_intent_is_refused_loudly);
             case!(a_failure_without_effect_forgets_the_intent);
+            case!(an_attempt_in_doubt_may_still_land);
         }
     };
 }
@@ -685,7 +779,12 @@ impl ReceiptStore for Broken {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         down()
     }
-    fn release(&self, _: &str, _: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+    fn release(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<stormguard::receipt::InDoubt>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         down()
     }
     fn complete(
@@ -748,6 +847,18 @@ async fn a_cancelled_call_gives_up_its_lease_at_once() {
             .is_err()
     );
     tokio::time::sleep(Duration::from_millis(20)).await;
+    // Its request may still land (for up to the 30 s lease after its send): listed so, and
+    // no operator can settle it "not done" yet.
+    let listed = &store.pending(10).await.unwrap()[0];
+    assert_eq!(listed.lease_left_ms, 0);
+    assert!(listed.may_still_land_for_ms > 29_000, "{listed:?}");
+    assert!(matches!(
+        store
+            .resolve(&listed.key, Resolution::NotDone)
+            .await
+            .unwrap(),
+        Resolved::InFlight { .. }
+    ));
     // Without the lease given back this would wait for the 30 s lease and answer in_progress.
     let started = std::time::Instant::now();
     call(&mut svc, send(40)).await.unwrap();
@@ -825,4 +936,258 @@ async fn retry_above_receipts_retries_an_ambiguous_keyed_write() {
     assert_eq!(sent.message_id, "msg-42-1");
     assert_eq!(resets.load(Ordering::SeqCst), 2);
     assert_eq!(provider.deliveries(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// A clock stepped back never lengthens a lease (issue 20, item 11): a store handle whose clock is
+// an hour behind the one that recorded the intent, and one an hour ahead.
+
+/// A clock the test sets, forward or back.
+#[derive(Clone)]
+struct Stepped(Arc<AtomicU64>);
+
+impl Stepped {
+    fn at(ms: u64) -> Self {
+        Stepped(Arc::new(AtomicU64::new(ms)))
+    }
+    fn set(&self, ms: u64) {
+        self.0.store(ms, Ordering::SeqCst);
+    }
+}
+
+impl stormguard::receipt::Clock for Stepped {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// `first` records an intent with a 5 s lease at T0; `second` (another handle on the same
+/// records, on `clock`) reads it with its clock an hour behind, then an hour ahead.
+async fn clock_steps<St: ReceiptStore>(first: St, second: St, clock: Stepped) {
+    let lease = Duration::from_secs(5);
+    assert_eq!(
+        first.begin("k", "fp", "one", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    clock.set(T0 - HOUR_MS);
+    let Begin::Pending { lease_left_ms, .. } = second.begin("k", "fp", "two", lease).await.unwrap()
+    else {
+        panic!("pending")
+    };
+    assert!(
+        lease_left_ms <= 5_000,
+        "{lease_left_ms} ms left of a 5 s lease"
+    );
+    let listed = &second.pending(10).await.unwrap()[0];
+    assert!(listed.lease_left_ms <= 5_000, "{listed:?}");
+    assert!(listed.may_still_land_for_ms <= 5_000, "{listed:?}");
+    assert!(matches!(
+        second.resolve("k", Resolution::NotDone).await.unwrap(),
+        Resolved::InFlight { may_land_for_ms } if may_land_for_ms <= 5_000
+    ));
+    // An hour ahead: the lease has passed (a step forward ends it early, as documented).
+    clock.set(T0 + HOUR_MS);
+    assert_eq!(
+        second.begin("k", "fp", "two", lease).await.unwrap(),
+        Begin::Pending {
+            age_ms: HOUR_MS,
+            lease_left_ms: 0
+        }
+    );
+    // An attempt that ended in doubt, its 5 s in-flight bound read an hour behind: at most 5 s.
+    assert!(second.claim("k", "two", lease).await.unwrap());
+    let doubt = stormguard::receipt::InDoubt {
+        sent_ago: Duration::ZERO,
+        lands_within: lease,
+    };
+    second.release("k", "two", Some(doubt)).await.unwrap();
+    clock.set(T0);
+    let listed = &second.pending(10).await.unwrap()[0];
+    assert!(listed.may_still_land_for_ms <= 5_000, "{listed:?}");
+    assert!(listed.lease_left_ms <= 5_000, "{listed:?}");
+    // A lease given up (nothing in doubt) stays given up on a clock behind: every store settles
+    // "not done" alike.
+    clock.set(T0 + HOUR_MS);
+    assert_eq!(
+        second.begin("k2", "fp", "two", lease).await.unwrap(),
+        Begin::Fresh
+    );
+    second.release("k2", "two", None).await.unwrap();
+    clock.set(T0);
+    assert_eq!(
+        second.resolve("k2", Resolution::NotDone).await.unwrap(),
+        Resolved::Settled
+    );
+}
+
+#[tokio::test]
+async fn a_clock_stepped_back_never_lengthens_a_lease_in_memory() {
+    let clock = Stepped::at(T0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    clock_steps(store.clone(), store, clock).await;
+}
+
+#[tokio::test]
+async fn a_clock_stepped_back_never_lengthens_a_lease_in_sqlite() {
+    let path = temp_db("steps");
+    let first = SqliteStore::open_with_clock(&path, Durability::Process, Stepped::at(T0)).unwrap();
+    let clock = Stepped::at(T0);
+    let second = SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()).unwrap();
+    clock_steps(first, second, clock).await;
+}
+
+#[tokio::test]
+async fn a_clock_stepped_back_never_lengthens_a_lease_in_postgres() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let on = |clock: Stepped| {
+        let url = url.clone();
+        async move {
+            let store = PostgresOptions::builder(&url)
+                .clock(clock)
+                .build()
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            store.migrate().await.unwrap();
+            store
+        }
+    };
+    let clock = Stepped::at(T0);
+    let (first, second) = (on(Stepped::at(T0)).await, on(clock.clone()).await);
+    clock_steps(first, second, clock).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A store written by an earlier version opens, gets the new columns, and keeps working.
+
+/// The table as the first release created it, with one intent a crashed run left in it.
+const OLD_SCHEMA: &str = "
+CREATE TABLE stormguard_receipts (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    since_ms BIGINT NOT NULL,
+    lease_until_ms BIGINT NOT NULL,
+    receipt BLOB,
+    done_ms BIGINT
+);
+CREATE INDEX stormguard_receipts_since ON stormguard_receipts (since_ms);";
+
+async fn an_old_store_keeps_working<St: ReceiptStore>(store: St, clock: ManualClock) {
+    // The old row: recorded at T0 with a 30 s lease, by a run that crashed.
+    let listed = &store.pending(10).await.unwrap()[0];
+    assert_eq!(
+        (
+            listed.key.as_str(),
+            listed.age_ms,
+            listed.last_sent_ms_ago,
+            listed.lease_left_ms
+        ),
+        ("old", 10_000, 10_000, 20_000)
+    );
+    assert_eq!(listed.may_still_land_for_ms, 20_000);
+    clock.advance_ms(20_000);
+    assert!(store.claim("old", "resumed", LEASE).await.unwrap());
+    store.complete("old", "resumed", b"r").await.unwrap();
+    assert!(matches!(
+        store.begin("old", "fp", "again", LEASE).await.unwrap(),
+        Begin::Done { .. }
+    ));
+    assert_eq!(
+        store.begin("new", "fp", "one", LEASE).await.unwrap(),
+        Begin::Fresh
+    );
+}
+
+#[tokio::test]
+async fn a_sqlite_file_of_the_first_release_opens_and_keeps_working() {
+    let path = temp_db("old");
+    let old = rusqlite::Connection::open(&path).unwrap();
+    old.execute_batch(&OLD_SCHEMA.replace("BIGINT", "INTEGER"))
+        .unwrap();
+    old.execute(
+        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+         VALUES ('old', 'fp', 'crashed', ?1, ?2)",
+        rusqlite::params![T0 as i64, (T0 + 30_000) as i64],
+    )
+    .unwrap();
+    drop(old);
+    let clock = ManualClock::new(T0 + 10_000);
+    // Two processes opening the old file at once add the columns once.
+    let (a, b) = tokio::join!(
+        async { SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()) },
+        async { SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()) },
+    );
+    drop(a.unwrap());
+    an_old_store_keeps_working(b.unwrap(), clock).await;
+    assert!(SqliteStore::open_existing(&path, Durability::Process).is_ok());
+}
+
+#[tokio::test]
+async fn a_postgres_schema_of_the_first_release_migrates_and_keeps_working() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    let raw = support::stores::raw_pg(&url).await;
+    raw.batch_execute(&OLD_SCHEMA.replace("BLOB", "BYTEA"))
+        .await
+        .unwrap();
+    raw.execute(
+        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
+         VALUES ('old', 'fp', 'crashed', $1, $2)",
+        &[&(T0 as i64), &((T0 + 30_000) as i64)],
+    )
+    .await
+    .unwrap();
+    let clock = ManualClock::new(T0 + 10_000);
+    let store = PostgresOptions::builder(&url)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    an_old_store_keeps_working(store, clock).await;
+}
+
+#[tokio::test]
+async fn an_attempt_in_doubt_survives_a_restart_of_the_sqlite_store() {
+    let path = temp_db("doubt");
+    let clock = ManualClock::new(T0);
+    let store = SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()).unwrap();
+    let reset = Provider {
+        fail_with: Some(std::io::ErrorKind::ConnectionReset),
+        ..Provider::default()
+    };
+    let mut svc = layer(&store, ToolClass::UnkeyedWrite).layer(reset);
+    assert!(call(&mut svc, send(50)).await.is_err());
+    drop((svc, store));
+    // Another process opens the file: the request of that attempt may still land.
+    clock.advance_ms(1_000);
+    let reopened = SqliteStore::open_with_clock(&path, Durability::Process, clock.clone()).unwrap();
+    let listed = &reopened.pending(10).await.unwrap()[0];
+    // (The send is timed on the runtime's clock: a millisecond or so before the failure.)
+    assert_eq!(listed.lease_left_ms, 0);
+    assert!(
+        (1_000..1_100).contains(&listed.last_sent_ms_ago),
+        "{listed:?}"
+    );
+    assert!(
+        (28_900..=29_000).contains(&listed.may_still_land_for_ms),
+        "{listed:?}"
+    );
+    clock.advance_ms(29_000);
+    assert_eq!(
+        reopened
+            .resolve(&listed.key, Resolution::NotDone)
+            .await
+            .unwrap(),
+        Resolved::Settled
+    );
 }

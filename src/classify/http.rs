@@ -1,6 +1,6 @@
 use super::{
     classify_error, classify_grpc_code, AsDynError, Classification, ClassifiedResponse, Classify,
-    FailureClass, NeverClassifyEos, ServerHint,
+    FailureClass, KeyConflict, NeverClassifyEos, ServerHint,
 };
 use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
 use crate::error::{ErrorCode, ToolError};
@@ -20,9 +20,18 @@ use std::time::SystemTime;
 /// | other 5xx | `Failure(Ambiguous)` | `internal` |
 /// | 401 | `Failure(Permanent)` | `unauthenticated` |
 /// | 403 | `Failure(Permanent)` | `permission_denied` |
-/// | 409 | `Failure(Permanent)` | `conflict` |
+/// | 409 | `Failure(Permanent)`, [`KeyConflict::InProgress`] | `conflict` |
 /// | 451 | `Failure(Policy)` | `policy_violation` |
-/// | 400, 422 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
+/// | 422 | `Failure(ModelRecoverable)`, [`KeyConflict::Reused`] | `invalid_argument` |
+/// | 400 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
+///
+/// **409 and 422 under an idempotency key.** A provider that checks keys (Stripe, the IETF
+/// `Idempotency-Key` draft) answers 409 while a request with the same key is still being
+/// processed and 422 when the key comes back with another payload. The classifier cannot tell
+/// whether the request carried a key; it marks both ([`KeyConflict`]) and the
+/// [`Retry`](crate::retry::Retry) decides: for a keyed write carrying its key a 409 is retried
+/// (with backoff, within its attempts), and a 422 under a key ends as `idempotency_key_reused`,
+/// not `invalid_argument` (which tells a model to reword and try again).
 ///
 /// **503 is ambiguous.** A provider may document 503 as "not processed", but a proxy in front of
 /// it (Envoy, a load balancer) answers 503 after an upstream reset on a request it had already
@@ -150,7 +159,14 @@ pub fn classify_status(status: StatusCode) -> Classification {
         504 => (Ambiguous, ErrorCode::Timeout),
         401 => (Permanent, ErrorCode::Unauthenticated),
         403 => (Permanent, ErrorCode::PermissionDenied),
-        409 => (Permanent, ErrorCode::Conflict),
+        409 => {
+            return Classification::failure(Permanent, ErrorCode::Conflict)
+                .with_key_conflict(KeyConflict::InProgress)
+        }
+        422 => {
+            return Classification::failure(ModelRecoverable, ErrorCode::InvalidArgument)
+                .with_key_conflict(KeyConflict::Reused)
+        }
         451 => (Policy, ErrorCode::PolicyViolation),
         400..=499 => (ModelRecoverable, ErrorCode::InvalidArgument),
         _ => (Ambiguous, ErrorCode::Internal),

@@ -122,6 +122,35 @@ pub struct Classification {
     verdict: Verdict,
     code: Option<ErrorCode>,
     hint: ServerHint,
+    key_conflict: Option<KeyConflict>,
+}
+
+/// What a failure means if the request carried an idempotency key, in the words of the IETF
+/// `Idempotency-Key` header draft (and of Stripe): a classifier that sees the answer says which;
+/// the retry decision, which knows the tool's class and whether the request carried its key,
+/// acts on it (see [`Retry`](crate::retry::Retry)).
+///
+/// | answer | a keyed write carrying its key | anything else |
+/// |---|---|---|
+/// | `InProgress` (HTTP 409) | `Transient` `in_progress`: retried with backoff, within the attempts | as classified (`Permanent` `conflict`) |
+/// | `Reused` (HTTP 422) | `Permanent` `idempotency_key_reused` (any request carrying a key) | as classified (`ModelRecoverable` `invalid_argument`) |
+///
+/// ```
+/// use stormguard::classify::{classify_status, KeyConflict};
+///
+/// assert_eq!(classify_status(http::StatusCode::CONFLICT).key_conflict(), Some(KeyConflict::InProgress));
+/// assert_eq!(classify_status(http::StatusCode::UNPROCESSABLE_ENTITY).key_conflict(), Some(KeyConflict::Reused));
+/// assert_eq!(classify_status(http::StatusCode::BAD_REQUEST).key_conflict(), None);
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyConflict {
+    /// A request with this key is still being processed (HTTP 409): the same action, not done
+    /// yet; asked again later, the provider answers its result.
+    InProgress,
+    /// The key was used before with another payload (HTTP 422): this request is a reworded
+    /// repeat of an action the provider already has under the key.
+    Reused,
 }
 
 impl Classification {
@@ -131,6 +160,7 @@ impl Classification {
             verdict: Verdict::Success,
             code: None,
             hint: ServerHint::None,
+            key_conflict: None,
         }
     }
 
@@ -140,6 +170,7 @@ impl Classification {
             verdict: Verdict::Empty,
             code: Some(ErrorCode::NotFound),
             hint: ServerHint::None,
+            key_conflict: None,
         }
     }
 
@@ -149,6 +180,7 @@ impl Classification {
             verdict: Verdict::Failure(class),
             code: Some(code),
             hint: ServerHint::None,
+            key_conflict: None,
         }
     }
 
@@ -156,6 +188,18 @@ impl Classification {
     pub const fn with_hint(mut self, hint: ServerHint) -> Self {
         self.hint = hint;
         self
+    }
+
+    /// Says what the failure means for a request that carried an idempotency key.
+    pub const fn with_key_conflict(mut self, conflict: KeyConflict) -> Self {
+        self.key_conflict = Some(conflict);
+        self
+    }
+
+    /// What the failure means for a request that carried an idempotency key, if the classifier
+    /// could tell.
+    pub const fn key_conflict(&self) -> Option<KeyConflict> {
+        self.key_conflict
     }
 
     /// The verdict.

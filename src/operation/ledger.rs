@@ -19,6 +19,9 @@ use tokio::time::Instant;
 pub(crate) struct OpState {
     /// Retries granted so far, by any layer; attempts = retries + 1.
     retries: u32,
+    /// Attempts answered without reaching the dependency (a stored receipt, a refusal of the
+    /// receipt layer): they count against the cap, not in the attempts an error reports.
+    local: u32,
     /// The cap on attempts, set by the layer that opened the operation.
     max_attempts: u32,
     /// The strictest class any layer has declared for it.
@@ -57,6 +60,7 @@ impl OpState {
     ) -> Self {
         OpState {
             retries: 0,
+            local: 0,
             max_attempts,
             class,
             keyed,
@@ -76,6 +80,16 @@ impl OpState {
     /// Attempts made so far, by every layer.
     pub(crate) fn attempts(&self) -> u32 {
         self.retries.saturating_add(1)
+    }
+
+    /// Attempts that reached the dependency: what an error reports.
+    pub(crate) fn sent_attempts(&self) -> u32 {
+        self.attempts().saturating_sub(self.local)
+    }
+
+    /// The attempt under way was answered without reaching the dependency.
+    pub(crate) fn answered_locally(&mut self) {
+        self.local = self.local.saturating_add(1).min(self.attempts());
     }
 
     pub(crate) fn max_attempts(&self) -> u32 {

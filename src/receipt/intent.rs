@@ -2,8 +2,9 @@
 //! error, a dropped future), the intent is settled once, the way tower's concurrency limit moves
 //! its permit into the response future.
 
-use super::store::{ReceiptStore, StoreError};
+use super::store::{InDoubt, ReceiptStore, StoreError};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Where the call stands with its intent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,11 +33,15 @@ pub(super) struct Intent<St: ReceiptStore> {
     /// giving it up: the next attempt would read back, and a read-back must not run while the
     /// request may still land.
     hold: bool,
+    /// The lease: how long a request may take to land after its send (the in-flight bound).
+    lease: Duration,
+    /// When the request was handed to the dependency.
+    sent_at: Option<Instant>,
 }
 
 impl<St: ReceiptStore> Intent<St> {
-    /// A guard for `key` held by `owner`, made before `begin` is sent.
-    pub(super) fn new(store: St, key: &str, owner: String) -> Self {
+    /// A guard for `key` held by `owner` for `lease`, made before `begin` is sent.
+    pub(super) fn new(store: St, key: &str, owner: String, lease: Duration) -> Self {
         Intent {
             store,
             key: key.to_string(),
@@ -44,6 +49,8 @@ impl<St: ReceiptStore> Intent<St> {
             stage: Stage::Unsent,
             fresh: true,
             hold: false,
+            lease,
+            sent_at: None,
         }
     }
 
@@ -96,6 +103,16 @@ impl<St: ReceiptStore> Intent<St> {
     /// The request is about to be handed over.
     pub(super) fn sent(&mut self) {
         self.stage = Stage::Sent;
+        self.sent_at = Some(Instant::now());
+    }
+
+    /// The request sent, as the store records an attempt in doubt: it may land until the lease
+    /// (the in-flight bound) after its send has passed.
+    fn in_doubt(&self) -> Option<InDoubt> {
+        self.sent_at.map(|at| InDoubt {
+            sent_ago: at.elapsed(),
+            lands_within: self.lease,
+        })
     }
 
     /// Records the receipt. On failure the lease is given up, so the next attempt decides at
@@ -110,11 +127,24 @@ impl<St: ReceiptStore> Intent<St> {
         result
     }
 
-    /// Keeps the intent and gives up its lease: the outcome is unknown. `true` if the store
-    /// answered.
+    /// Keeps the intent and gives up its lease: the outcome is unknown, but this call's request
+    /// cannot land any more (it was answered, or never sent). `true` if the store answered.
     pub(super) async fn release(mut self) -> bool {
         self.stage = Stage::Settled;
-        self.store.release(&self.key, &self.owner).await.is_ok()
+        self.store
+            .release(&self.key, &self.owner, None)
+            .await
+            .is_ok()
+    }
+
+    /// Keeps the intent and gives up its lease after an attempt that ended in doubt: its
+    /// request may still land, and the store records until when (see
+    /// [`InDoubt`]). `true` if the store answered.
+    pub(super) async fn release_in_doubt(mut self) -> bool {
+        self.stage = Stage::Settled;
+        let doubt = self.in_doubt();
+        let released = self.store.release(&self.key, &self.owner, doubt).await;
+        released.is_ok()
     }
 
     /// Removes the intent: this call provably did not take effect. An intent taken over from a
@@ -124,7 +154,7 @@ impl<St: ReceiptStore> Intent<St> {
     pub(super) async fn abandon(mut self) -> Option<&'static str> {
         self.stage = Stage::Settled;
         if !self.fresh {
-            let kept = self.store.release(&self.key, &self.owner).await;
+            let kept = self.store.release(&self.key, &self.owner, None).await;
             return kept.is_ok().then_some("left_pending");
         }
         let removed = self.store.abandon(&self.key, &self.owner).await;
@@ -150,6 +180,8 @@ impl<St: ReceiptStore> Drop for Intent<St> {
         } else {
             "not_sent"
         });
+        // Sent and dropped: its request may still land.
+        let doubt = self.in_doubt().filter(|_| sent);
         let (store, key, owner) = (
             self.store.clone(),
             std::mem::take(&mut self.key),
@@ -159,7 +191,7 @@ impl<St: ReceiptStore> Drop for Intent<St> {
             let _ = if remove {
                 store.abandon(&key, &owner).await
             } else {
-                store.release(&key, &owner).await
+                store.release(&key, &owner, doubt).await
             };
         };
         match tokio::runtime::Handle::try_current() {

@@ -95,7 +95,8 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
         }
     }
 
-    /// Replaces how results are stored.
+    /// Replaces how results are stored (JSON by default). Over a streamed response, which no
+    /// receipt holds, give it [`NotStored`](super::NotStored).
     pub fn codec<Cd2>(self, codec: Cd2) -> ReceiptLayer<St, F, C, Cd2, RB> {
         ReceiptLayer {
             store: self.store,
@@ -253,6 +254,7 @@ where
         let action = match self.action.make_key(&req) {
             Ok(action) => action,
             Err(e) => {
+                super::run::answered_here();
                 let err = ToolError::new(ErrorCode::InvalidArgument)
                     .with_hint("the action's idempotency key could not be derived; fix the run, step or tool name, or the identity fields")
                     .with_retryable(false)
@@ -261,6 +263,7 @@ where
             }
         };
         if let Err(err) = crate::key::check_stamped(&req, action.key()) {
+            super::run::answered_here();
             return refused(err);
         }
         req.stamp_key(action.key());

@@ -1,5 +1,7 @@
 use super::clock::{Clock, StoreClock};
-use super::store::{Begin, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError};
+use super::store::{
+    Begin, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::{ready, Future};
@@ -16,6 +18,9 @@ struct Row {
     since_ms: u64,
     lease_until_ms: u64,
     receipt: Option<Box<[u8]>>,
+    taken_ms: u64,
+    sent_ms: Option<u64>,
+    lands_by_ms: u64,
 }
 
 impl Row {
@@ -26,6 +31,9 @@ impl Row {
             since_ms: self.since_ms,
             lease_until_ms: self.lease_until_ms,
             receipt: self.receipt.as_deref(),
+            taken_ms: self.taken_ms,
+            sent_ms: self.sent_ms,
+            lands_by_ms: self.lands_by_ms,
         }
     }
 }
@@ -55,7 +63,7 @@ struct Shared {
 /// assert_eq!(store.begin("k", "fp", "me", lease).await.unwrap(), Begin::Fresh);
 /// store.complete("k", "me", b"sent").await.unwrap();
 /// assert!(matches!(store.begin("k", "fp", "you", lease).await.unwrap(), Begin::Done { .. }));
-/// assert_eq!(store.begin("k", "other", "you", lease).await.unwrap(), Begin::Mismatch);
+/// assert_eq!(store.begin("k", "other", "you", lease).await.unwrap(), Begin::Mismatch { done: true });
 /// assert_eq!(store.len(), 1);
 /// # }
 /// ```
@@ -151,6 +159,9 @@ impl ReceiptStore for InMemoryStore {
                         since_ms: now,
                         lease_until_ms: until(now, lease),
                         receipt: None,
+                        taken_ms: now,
+                        sent_ms: None,
+                        lands_by_ms: 0,
                     },
                 );
                 Begin::Fresh
@@ -170,6 +181,7 @@ impl ReceiptStore for InMemoryStore {
             Some(row) if row.receipt.is_none() && row.lease_until_ms <= now => {
                 row.owner = owner.into();
                 row.lease_until_ms = until(now, lease);
+                row.taken_ms = now;
                 true
             }
             _ => false,
@@ -181,11 +193,17 @@ impl ReceiptStore for InMemoryStore {
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let now = self.now();
         if let Some(row) = self.shard(key).get_mut(key) {
             if row.receipt.is_none() && &*row.owner == owner {
                 row.lease_until_ms = row.lease_until_ms.min(now);
+                if let Some(doubt) = in_doubt {
+                    let (sent, lands_by) = doubt.at(now);
+                    row.sent_ms = Some(sent);
+                    row.lands_by_ms = row.lands_by_ms.max(lands_by);
+                }
             }
         }
         ready(Ok(()))
@@ -227,18 +245,21 @@ impl ReceiptStore for InMemoryStore {
         key: &str,
         resolution: Resolution,
     ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
+        let now = self.now();
         let mut rows = self.shard(key);
-        let resolved = match (rows.get_mut(key), resolution) {
-            (None, _) => Resolved::NoRecord,
-            (Some(row), _) if row.receipt.is_some() => Resolved::AlreadyDone,
-            (Some(row), Resolution::Done(receipt)) => {
-                row.receipt = Some(receipt.into());
-                Resolved::Settled
-            }
-            (Some(_), Resolution::NotDone) => {
-                rows.remove(key);
-                Resolved::Settled
-            }
+        let resolved = match rows.get_mut(key) {
+            None => Resolved::NoRecord,
+            Some(row) => match (row.record().resolve(&resolution, now), resolution) {
+                (Resolved::Settled, Resolution::Done(receipt)) => {
+                    row.receipt = Some(receipt.into());
+                    Resolved::Settled
+                }
+                (Resolved::Settled, Resolution::NotDone) => {
+                    rows.remove(key);
+                    Resolved::Settled
+                }
+                (refused, _) => refused,
+            },
         };
         ready(Ok(resolved))
     }
@@ -248,22 +269,19 @@ impl ReceiptStore for InMemoryStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send {
         let now = self.now();
-        let mut out: Vec<PendingIntent> = Vec::new();
+        let mut out: Vec<(u64, PendingIntent)> = Vec::new();
         for shard in self.shared.shards.iter() {
             out.extend(
                 lock(shard)
                     .iter()
                     .filter(|(_, r)| r.receipt.is_none())
-                    .map(|(k, r)| PendingIntent {
-                        key: k.to_string(),
-                        age_ms: now.saturating_sub(r.since_ms),
-                        lease_left_ms: r.lease_until_ms.saturating_sub(now),
-                    }),
+                    .map(|(k, r)| (r.since_ms, r.record().pending(k.to_string(), now))),
             );
         }
-        out.sort_by(|a, b| b.age_ms.cmp(&a.age_ms).then_with(|| a.key.cmp(&b.key)));
+        // Oldest first, as the SQL stores order them.
+        out.sort_by(|(a, pa), (b, pb)| a.cmp(b).then_with(|| pa.key.cmp(&pb.key)));
         out.truncate(limit);
-        ready(Ok(out))
+        ready(Ok(out.into_iter().map(|(_, p)| p).collect()))
     }
 
     fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {

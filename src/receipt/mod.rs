@@ -16,7 +16,7 @@
 //! |---|---|
 //! | nothing | the intent is recorded and the call executes |
 //! | a receipt | the stored result is returned, whatever its age; the dependency is not called |
-//! | the key with other arguments | `idempotency_key_reused` (Stripe's rule) |
+//! | the key with other arguments | `idempotency_key_reused` (Stripe's rule), its hint naming the key and whether the first request has its receipt |
 //! | an intent whose lease is live (a parallel duplicate in flight) | wait, bounded by the layer's `wait`, for its receipt; then `in_progress` |
 //! | an intent whose lease has passed (a crash, an ambiguous failure) | `Read`, `IdempotentWrite`: execute again. `KeyedWrite` younger than the provider's key window (24 h by default, [`ReceiptConfigBuilder::key_window`]): execute again with the same key (the provider deduplicates). `UnkeyedWrite`, or a `KeyedWrite` older than the window: a read-back if one is declared consistent, else `outcome_unknown`. `MultiStep`: `outcome_unknown`. A caller that loses the take-over to another waits for that one's receipt |
 //! | an intent without a receipt, older than the retention | `receipt_expired`: refused loudly, never silently repeated |
@@ -26,12 +26,16 @@
 //! store, the host's. Two machines whose clocks disagree cannot take over each other's live
 //! calls. What remains is a step of the host clock (a time sync jumping forward by more than
 //! what is left of a lease ends it early): keep leases longer than the largest step you expect.
+//! A step back never lengthens one: what is left of a lease, or of an in-flight bound, is
+//! clamped to the length it was granted for ([`Record`]).
 //!
 //! **What a failure means for the intent.** A success (or an empty answer) stores the receipt;
 //! if the receipt cannot be stored, the lease is given up so the next attempt decides at once. A
 //! failure that provably did not take effect (refused, a rejected argument) removes the intent.
-//! An ambiguous failure keeps it and gives up its lease, so the next attempt decides at once;
-//! except where that attempt would read back (an unkeyed write with a read-back declared, a
+//! An ambiguous failure keeps it and gives up its lease, so the next attempt decides at once,
+//! and records when its request was sent and until when it may still land (the lease after the
+//! send: the lease is the in-flight bound), which [`ReceiptStore::pending`] shows and
+//! [`ReceiptStore::resolve`] honours; except where that attempt would read back (an unkeyed write with a read-back declared, a
 //! keyed one that is older than the key window, or will be by the time its lease runs out):
 //! there the lease runs out first, so no read-back runs
 //! while the request may still land (found by `examples/episodes`: a parallel duplicate read
@@ -41,14 +45,36 @@
 //! [`HttpClassifier`](crate::classify::HttpClassifier); a provider documented to mean "not
 //! processed" by it is declared with [`NotProcessed`](crate::classify::NotProcessed)). A call
 //! dropped before its request was sent (cancelled during `begin`, or while the service below
-//! was not ready) removes its intent; one dropped after gives up its lease (or, where the next
-//! attempt would read back, keeps it running until it passes).
+//! was not ready) removes its intent; one dropped after gives up its lease, recorded as in doubt
+//! like an ambiguous failure (or, where the next attempt would read back, keeps it running until
+//! it passes).
+//!
+//! **A provider that checks keys.** A provider that honours idempotency keys (Stripe, the IETF
+//! `Idempotency-Key` draft) answers 409 while a request with the key is still being processed,
+//! and 422 when the key comes back with other arguments. Under a receipt layer the request
+//! always carries its key, so either keeps the intent (lease given up): the provider has an
+//! earlier request under it, which may have taken effect. A 409 goes up as it came, and a
+//! [`Retry`](crate::retry::Retry) above retries it for a keyed write
+//! ([`KeyConflict`](crate::classify::KeyConflict)); a 422 (a resumed run that reworded the
+//! arguments a task-shaped key leaves out) is answered `idempotency_key_reused`, with a hint
+//! telling the model to repeat the action as it was first sent rather than reword it. The
+//! layer's classifier must be one that tells them ([`HttpClassifier`](crate::classify::HttpClassifier)
+//! does).
+//!
+//! **Streamed answers.** A response the layer hands on before its end (a body of tokens, a gRPC
+//! stream) is not a receipt: give the layer [`NotStored`] as its codec, and no codec is asked for
+//! a response nobody could store. The intent is still recorded and the key stamped; a success
+//! leaves it pending, lease given up.
 //!
 //! **Settling an `outcome_unknown`.** An escalated intent stays until an operator checks with
 //! the provider and settles it with [`ReceiptStore::resolve`]: [`Resolution::Done`] with the
 //! provider's answer as the receipt (the next attempt is answered from it), or
 //! [`Resolution::NotDone`] (the next attempt sends). Each store lists what is pending
-//! (`pending`); `examples/resolve.rs` is a small command line for a SQLite store.
+//! (`pending`: when each intent was first recorded, when its last attempt was sent, and how long
+//! a request of it may still land). Check with the provider only once nothing can still land: a
+//! request that timed out at the client may still commit at the provider, and an empty log
+//! before then proves nothing; `resolve` refuses `NotDone` until then ([`Resolved::InFlight`]).
+//! `examples/resolve.rs` is a small command line for a SQLite store.
 //!
 //! **Retention and pruning.** [`ReceiptStore::prune`] deletes records (in bounded batches), and
 //! a deleted record cannot be told from one that never existed: a resume that arrives after its
@@ -67,7 +93,7 @@
 //! | `resumed_with_key` | a pending intent whose lease passed: executed again (same key) |
 //! | `read_back_found` / `read_back_absent` | a read-back found the effect / did not |
 //! | `recorded` | the receipt was stored after the call |
-//! | `left_pending` | an ambiguous failure: the intent stays, a later attempt decides |
+//! | `left_pending` | an ambiguous failure, a 409 or 422 under the key, a streamed answer: the intent stays, a later attempt decides |
 //! | `abandoned` | a failure that did not take effect: the intent was removed |
 //! | `receipt_not_stored` | the effect happened but its receipt could not be stored or encoded |
 //! | `cancelled_after_send` | the call was dropped after it was sent: the intent stays, its lease given up (kept running where the next attempt would read back) |
@@ -150,12 +176,14 @@
 mod clock;
 mod codec;
 mod config;
+mod decide;
 mod intent;
 mod layer;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod read_back;
+mod record;
 mod run;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -163,7 +191,7 @@ mod store;
 
 pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use codec::{Codec, JsonCodec};
+pub use codec::{Codec, JsonCodec, NotStored};
 #[cfg(feature = "http")]
 pub use codec::{HttpCodec, StoredBody};
 pub use config::{ReceiptConfig, ReceiptConfigBuilder};
@@ -175,5 +203,6 @@ pub use read_back::{Consistency, NoReadBack, ReadBack, ReadBackResult};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use store::{
-    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+    Begin, Durability, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved,
+    StoreError,
 };

@@ -1,11 +1,12 @@
 //! One call through the receipt layer: `begin`, then execute, resume, read back, wait or refuse.
 
 use super::codec::Codec;
+use super::decide::{plan, stale, Plan, Stale};
 use super::intent::Intent;
 use super::read_back::{Consistency, ReadBack, ReadBackResult};
 use super::store::{Begin, ReceiptStore, StoreError};
 use crate::class::ToolClass;
-use crate::classify::{ClassifiedResponse, Classify, FailureClass, Verdict};
+use crate::classify::{ClassifiedResponse, Classify, FailureClass, KeyConflict, Verdict};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::key::{Action, IdempotencyKey};
 use std::marker::PhantomData;
@@ -57,45 +58,17 @@ pub(super) struct Run<S, Req, St, C, Cd, RB> {
     pub(super) _req: PhantomData<fn(Req)>,
 }
 
-/// What the stale intent of this class calls for.
-enum Stale {
-    /// Send again with the same key: the provider (or the call's nature) deduplicates it.
-    Resume,
-    /// Ask the provider whether the effect is there.
-    ReadBack,
-    /// Nobody can tell: escalate.
-    Escalate,
-}
-
-/// The decision for an intent whose executor is gone (a crash, an ambiguous failure), by class,
-/// the intent's age and the provider's key window: a keyed write older than the window is no
-/// longer deduplicated by the provider, so it counts as unkeyed.
-fn stale(settings: &Settings, age_ms: u64) -> Stale {
-    let keyed = match settings.class {
-        ToolClass::Read | ToolClass::IdempotentWrite => true,
-        ToolClass::KeyedWrite => u128::from(age_ms) <= settings.key_window.as_millis(),
-        ToolClass::UnkeyedWrite | ToolClass::MultiStep => false,
-    };
-    match settings.class {
-        _ if keyed => Stale::Resume,
-        ToolClass::UnkeyedWrite | ToolClass::KeyedWrite
-            if settings.consistency == Consistency::Immediate =>
-        {
-            Stale::ReadBack
-        }
-        _ => Stale::Escalate,
-    }
-}
-
 fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
     counted(code.as_str());
+    answered_here();
     Box::new(ToolError::new(code).with_retryable(code.default_retryable()))
 }
 
 fn refused(code: ErrorCode, key: &IdempotencyKey, hint: &'static str) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
     counted(code.as_str());
+    answered_here();
     Box::new(
         ToolError::new(code)
             .with_retryable(code.default_retryable())
@@ -107,14 +80,45 @@ fn counted(outcome: &'static str) {
     crate::telemetry::receipt_outcome(outcome);
 }
 
+/// This attempt was answered here without reaching the dependency (a receipt, a refusal): a
+/// `Retry` above counts it against the operation's attempts, but does not report it as one.
+pub(super) fn answered_here() {
+    crate::operation::ledger::with_current(|op| op.answered_locally());
+}
+
 fn store_down(e: StoreError) -> BoxError {
     counted("store_unavailable");
+    answered_here();
     tracing::warn!(error = %e, "receipt store unavailable; the call was not executed");
     Box::new(ToolError::new(ErrorCode::StoreUnavailable).with_source(e))
 }
 
-const UNKNOWN_HINT: &str = "a crash or an ambiguous failure left this write's outcome unknown and it cannot be repeated safely; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
-const KEY_WINDOW_HINT: &str = "this keyed write's outcome is unknown and is older than the provider's idempotency-key window, so the key no longer protects a repeat; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
+/// The key came back with other arguments: the same action, reworded. `done`: whether its
+/// first request has a receipt; `provider`: the provider refused this repeat (its 422), else the
+/// fingerprint recorded here differed.
+fn key_reused(key: &IdempotencyKey, done: bool, provider: bool) -> ToolError {
+    tracing::info!(key = %key, done, provider, "the key came back with other arguments; refused");
+    counted(ErrorCode::IdempotencyKeyReused.as_str());
+    let outcome = if done {
+        "it completed and its receipt holds the result: ask for it with the arguments it was first sent with"
+    } else {
+        "its outcome is pending (not recorded yet): repeat it with the arguments it was first sent with, or wait for an operator to settle it"
+    };
+    let who = if provider {
+        "; the provider refused this repeat"
+    } else {
+        ""
+    };
+    ToolError::new(ErrorCode::IdempotencyKeyReused)
+        .with_class(FailureClass::Permanent)
+        .with_retryable(false)
+        .with_hint(format!(
+            "this action was already requested under key {key} with other arguments{who}; {outcome}; do not reword a repeated action (a different action needs a step of its own)"
+        ))
+}
+
+const UNKNOWN_HINT: &str = "a crash or an ambiguous failure left this write's outcome unknown and it cannot be repeated safely; do not retry: once its request can no longer land (ReceiptStore::pending), check with the provider, then settle it (ReceiptStore::resolve)";
+const KEY_WINDOW_HINT: &str = "this keyed write's outcome is unknown and is older than the provider's idempotency-key window, so the key no longer protects a repeat; do not retry: once its request can no longer land (ReceiptStore::pending), check with the provider, then settle it (ReceiptStore::resolve)";
 const EXPIRED_HINT: &str = "this action's intent is older than the receipt retention and its outcome was never recorded; do not retry: check with the provider, then settle it (ReceiptStore::resolve)";
 
 /// A token unique to one call of the layer (process, a counter and a random seed, hashed).
@@ -142,7 +146,7 @@ where
         let key = self.action.key().clone();
         let settings = self.shared.settings;
         let store = &self.shared.store;
-        let mut intent = Intent::new(store.clone(), key.as_str(), owner_token());
+        let mut intent = Intent::new(store.clone(), key.as_str(), owner_token(), settings.lease);
         let deadline = tokio::time::Instant::now() + settings.wait;
         loop {
             intent.recording();
@@ -161,19 +165,26 @@ where
                     tracing::debug!(key = %key, "intent recorded; executing");
                     return self.execute(intent, req, false, 0).await;
                 }
-                Begin::Mismatch => {
+                Begin::Mismatch { done } => {
                     intent.disown();
-                    return Err(refusal(ErrorCode::IdempotencyKeyReused, &key));
+                    answered_here();
+                    return Err(Box::new(key_reused(&key, done, false)));
                 }
                 Begin::Done { receipt, .. } => {
                     // A receipt on hand answers whatever its age: nothing is repeated.
                     intent.disown();
                     counted("receipt");
+                    answered_here();
                     tracing::debug!(key = %key, "receipt found; not executing");
+                    let hint = if self.shared.codec.stores() {
+                        "the stored receipt could not be decoded; escalate"
+                    } else {
+                        "this action completed (its receipt is recorded) but its answer was a stream, which is not stored; do not repeat it"
+                    };
                     return self.shared.codec.decode(&receipt).map_err(|e| {
                         Box::new(
                             ToolError::new(ErrorCode::Internal)
-                                .with_hint("the stored receipt could not be decoded; escalate")
+                                .with_hint(hint)
                                 .with_retryable(false)
                                 .with_source(e),
                         ) as BoxError
@@ -238,6 +249,7 @@ where
         match self.shared.read_back.read_back(&req).await {
             ReadBackResult::Found(res) => {
                 counted("read_back_found");
+                answered_here();
                 tracing::info!(key = %key, "read-back found the effect; recording its receipt");
                 match self.shared.codec.encode(&res) {
                     Ok(bytes) => {
@@ -289,6 +301,7 @@ where
         let key = self.action.key().clone();
         if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
             // Never sent: forget the intent (keep one taken over, lease given up).
+            answered_here();
             if let Some(outcome) = intent.abandon().await {
                 counted(outcome);
             }
@@ -303,38 +316,69 @@ where
         }
         intent.sent();
         let result = self.inner.call(req).await;
-        let verdict = match self.shared.classifier.classify(&result) {
-            ClassifiedResponse::Ready(c) => c.verdict(),
+        let (verdict, conflict) = match self.shared.classifier.classify(&result) {
+            ClassifiedResponse::Ready(c) => (c.verdict(), c.key_conflict()),
             // A streamed answer's outcome comes at its end, after this layer has handed it on:
             // it is not a receipt. The intent stays pending (lease given up) for a read-back
             // or `resolve` to settle.
-            ClassifiedResponse::RequiresEos(_) => Verdict::Failure(FailureClass::Ambiguous),
+            ClassifiedResponse::RequiresEos(_) => (Verdict::Failure(FailureClass::Ambiguous), None),
         };
-        match (&result, verdict) {
-            (Ok(res), Verdict::Success | Verdict::Empty) => match self.shared.codec.encode(res) {
-                Ok(bytes) => {
-                    if record(intent, &key, &bytes).await {
-                        tracing::debug!(key = %key, resumed, "receipt recorded");
-                    }
-                }
-                Err(e) => not_stored(intent, &key, e.to_string()).await,
-            },
-            (_, Verdict::Failure(FailureClass::Ambiguous) | Verdict::Success | Verdict::Empty) => {
-                if intent.holds_lease() {
-                    // It may have taken effect, and may still: the next attempt reads back, so
-                    // the lease runs out first (it outlasts the provider's in-flight time).
-                    intent.keep();
-                    counted("left_pending");
-                    tracing::info!(key = %key, "ambiguous failure; the intent stays pending, its lease running until a read-back is safe");
-                } else {
-                    // It may have taken effect: keep the intent, give up the lease.
-                    if intent.release().await {
-                        counted("left_pending");
-                    }
-                    tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
+        match plan(&result, verdict, conflict, &self.shared.codec) {
+            Plan::Record(bytes) => {
+                if record(intent, &key, &bytes).await {
+                    tracing::debug!(key = %key, resumed, "receipt recorded");
                 }
             }
-            _ => {
+            Plan::NotEncoded(why) => not_stored(intent, &key, why).await,
+            Plan::NoReceipt => {
+                // Done, but its codec stores no receipt (a streamed answer): the intent stays
+                // pending, its lease given up, as for any streamed answer.
+                if intent.release().await {
+                    counted("left_pending");
+                }
+                tracing::debug!(key = %key, "answered; its codec stores no receipt, the intent stays pending");
+            }
+            Plan::KeyHeld(conflict) => {
+                // The provider holds this key from an earlier request (409: still running; 422:
+                // with other arguments): that one may have taken effect, whatever became of this
+                // one. Keep the intent (lease given up) for the next attempt or an operator.
+                if intent.release().await {
+                    counted("left_pending");
+                }
+                tracing::info!(key = %key, ?conflict, "the provider holds this key from an earlier request; the intent stays pending");
+                if conflict == KeyConflict::Reused {
+                    let theirs = match result {
+                        Err(e) => Some(e.into()),
+                        Ok(res) => self
+                            .shared
+                            .classifier
+                            .dependency_error(&res)
+                            .map(|e| Box::new(e) as BoxError),
+                    };
+                    let err = key_reused(&key, false, true);
+                    return Err(Box::new(match theirs {
+                        Some(theirs) => err.with_source(theirs),
+                        None => err,
+                    }));
+                }
+            }
+            Plan::InDoubt if intent.holds_lease() => {
+                // It may have taken effect, and may still: the next attempt reads back, so the
+                // lease runs out first (it outlasts the provider's in-flight time).
+                intent.keep();
+                counted("left_pending");
+                tracing::info!(key = %key, "ambiguous failure; the intent stays pending, its lease running until a read-back is safe");
+            }
+            Plan::InDoubt => {
+                // It may have taken effect, and may still land: keep the intent, give up the
+                // lease, and record until when its request may land (no operator settles it
+                // "not done" before that).
+                if intent.release_in_doubt().await {
+                    counted("left_pending");
+                }
+                tracing::info!(key = %key, "ambiguous failure; the intent stays pending");
+            }
+            Plan::Abandon => {
                 // This call did not take effect: forget the intent, so a later call starts
                 // fresh (one taken over from a crashed caller stays, lease given up).
                 if let Some(outcome) = intent.abandon().await {

@@ -1,3 +1,4 @@
+pub use super::record::{InDoubt, Record};
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -21,7 +22,7 @@ use std::time::Duration;
 /// clock.advance_ms(1);
 /// let again = store.begin("k", "fp", "you", lease).await.unwrap();
 /// assert_eq!(again, Begin::Pending { age_ms: 1, lease_left_ms: 29_999 });
-/// assert_eq!(store.begin("k", "other-args", "you", lease).await.unwrap(), Begin::Mismatch);
+/// assert_eq!(store.begin("k", "other-args", "you", lease).await.unwrap(), Begin::Mismatch { done: false });
 /// store.complete("k", "me", b"msg-4471").await.unwrap();
 /// let done = store.begin("k", "fp", "you", lease).await.unwrap();
 /// assert_eq!(done, Begin::Done { age_ms: 1, receipt: b"msg-4471".to_vec() });
@@ -48,57 +49,11 @@ pub enum Begin {
         receipt: Vec<u8>,
     },
     /// The key was recorded with other arguments (a different fingerprint).
-    Mismatch,
-}
-
-/// A stored record as a store reads it, for [`Begin::decide`]: the one place every store turns
-/// a row into an answer.
-///
-/// ```
-/// use stormguard::receipt::{Begin, Record};
-///
-/// let row = Record { fingerprint: "fp", owner: "me", since_ms: 1_000, lease_until_ms: 31_000, receipt: None };
-/// assert_eq!(Begin::decide(Some(row), "fp", "you", 2_000), Begin::Pending { age_ms: 1_000, lease_left_ms: 29_000 });
-/// assert_eq!(Begin::decide(Some(row), "fp", "me", 2_000), Begin::Fresh); // my own intent
-/// assert_eq!(Begin::decide(Some(row), "other", "you", 2_000), Begin::Mismatch);
-/// assert_eq!(Begin::decide(None, "fp", "you", 2_000), Begin::Fresh);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Record<'a> {
-    /// The fingerprint the intent was recorded with.
-    pub fingerprint: &'a str,
-    /// The caller holding the intent.
-    pub owner: &'a str,
-    /// When the intent was recorded (ms since the Unix epoch, store clock).
-    pub since_ms: u64,
-    /// Until when its owner holds it (ms since the Unix epoch, store clock).
-    pub lease_until_ms: u64,
-    /// The receipt, once the action completed.
-    pub receipt: Option<&'a [u8]>,
-}
-
-impl Begin {
-    /// What `begin` answers for the record found (`None`: there was none and one was inserted)
-    /// at the store's time `now_ms`.
-    pub fn decide(found: Option<Record<'_>>, fingerprint: &str, owner: &str, now_ms: u64) -> Begin {
-        let Some(row) = found else {
-            return Begin::Fresh;
-        };
-        let age_ms = now_ms.saturating_sub(row.since_ms);
-        match row.receipt {
-            _ if row.fingerprint != fingerprint => Begin::Mismatch,
-            Some(receipt) => Begin::Done {
-                age_ms,
-                receipt: receipt.to_vec(),
-            },
-            // A retried `begin` whose first try was recorded (a lost reply): still ours.
-            None if row.owner == owner && row.lease_until_ms > now_ms => Begin::Fresh,
-            None => Begin::Pending {
-                age_ms,
-                lease_left_ms: row.lease_until_ms.saturating_sub(now_ms),
-            },
-        }
-    }
+    Mismatch {
+        /// Whether the action recorded under the key has its receipt (it completed); `false`:
+        /// it is still pending.
+        done: bool,
+    },
 }
 
 /// How an operator settles an intent whose outcome was escalated (`outcome_unknown`), after
@@ -123,6 +78,11 @@ pub enum Resolution {
 
 /// An intent without a receipt, as an operator's listing shows it ([`ReceiptStore::pending`]).
 ///
+/// **Check with the provider only once `may_still_land_for_ms` is 0.** Before that, a request
+/// of this intent may still land (its caller holds the lease and may still send, or an attempt
+/// timed out and its request may still commit), so an empty provider log proves nothing, and
+/// [`ReceiptStore::resolve`] refuses a [`Resolution::NotDone`] with [`Resolved::InFlight`].
+///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::receipt::{InMemoryStore, ReceiptStore};
@@ -134,17 +94,26 @@ pub enum Resolution {
 /// let pending = store.pending(10).await.unwrap();
 /// assert_eq!(pending[0].key, "run-1:step-2:send:ab12");
 /// assert!(pending[0].lease_left_ms > 0); // its caller may still be running
+/// assert!(pending[0].may_still_land_for_ms > 0); // so do not settle it yet
 /// # }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PendingIntent {
     /// The action's idempotency key.
     pub key: String,
-    /// How long ago the intent was recorded (store clock).
+    /// How long ago the intent was first recorded, by the first attempt (store clock).
     pub age_ms: u64,
-    /// What is left of its caller's lease (0: the caller is gone; a later attempt decides, or
-    /// an operator settles it).
+    /// How long ago its last attempt was sent (store clock): the moment an attempt that ended
+    /// in doubt was sent, or, for an attempt running (or crashed), when it took the intent.
+    pub last_sent_ms_ago: u64,
+    /// What is left of its caller's lease (0: the caller is gone or gave it up; a later attempt
+    /// decides, or an operator settles it).
     pub lease_left_ms: u64,
+    /// How long a request of this intent may still land at the provider: the lease left, or
+    /// the in-flight bound after the send of an attempt that ended in doubt, whichever is
+    /// later. Settle it only once this is 0.
+    pub may_still_land_for_ms: u64,
 }
 
 /// What [`ReceiptStore::resolve`] found.
@@ -161,8 +130,12 @@ pub struct PendingIntent {
 /// // The operator checked: the effect happened. Its receipt is recorded.
 /// assert_eq!(store.resolve("k", Resolution::Done(b"sent".to_vec())).await.unwrap(), Resolved::Settled);
 /// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::AlreadyDone);
+/// // A caller holds this one's lease: it may still send, so "not done" is refused.
+/// store.begin("k2", "fp", "running", Duration::from_secs(30)).await.unwrap();
+/// assert!(matches!(store.resolve("k2", Resolution::NotDone).await.unwrap(), Resolved::InFlight { .. }));
 /// # }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolved {
     /// A pending intent was settled as asked.
@@ -171,6 +144,14 @@ pub enum Resolved {
     AlreadyDone,
     /// There is no record for the key; nothing was changed.
     NoRecord,
+    /// A [`Resolution::NotDone`] refused, nothing changed: a request of this intent may still
+    /// land at the provider for this long (its caller holds the lease, or an attempt that
+    /// ended in doubt is within its in-flight bound). An empty provider log proves nothing
+    /// yet: check again once it has passed.
+    InFlight {
+        /// How long it may still land (store clock).
+        may_land_for_ms: u64,
+    },
 }
 
 /// What a committed intent or receipt survives, for the stores that let you choose.
@@ -300,6 +281,7 @@ impl std::error::Error for StoreError {
 /// store.complete("k", "resumed", b"r").await.unwrap();
 /// // An operator settles an escalated intent after checking with the provider.
 /// store.begin("k2", "fp", "crashed", lease).await.unwrap();
+/// clock.advance_ms(1_000); // its caller's lease has passed: nothing of it can still land
 /// assert_eq!(store.resolve("k2", Resolution::NotDone).await.unwrap(), Resolved::Settled);
 /// assert_eq!(store.resolve("k", Resolution::NotDone).await.unwrap(), Resolved::AlreadyDone);
 /// clock.advance_ms(10_000);
@@ -328,10 +310,14 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Gives up the lease of a pending intent (the outcome is unknown; a later caller decides).
+    /// With `in_doubt`, the attempt's request was sent and may still land: the store records
+    /// when it was sent and until when it may land (the later of that and any earlier bound),
+    /// which [`pending`](Self::pending) shows and [`resolve`](Self::resolve) honours.
     fn release(
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Records the receipt of `key`, if `owner` still holds its intent and it has no receipt
@@ -350,8 +336,11 @@ pub trait ReceiptStore: Clone + Send + Sync + 'static {
         owner: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Settles a pending intent whatever its owner and lease: for an operator who checked with
-    /// the provider what became of an `outcome_unknown` call. A receipt already there is kept.
+    /// Settles a pending intent whatever its owner: for an operator who checked with the
+    /// provider what became of an `outcome_unknown` call. A receipt already there is kept. A
+    /// [`Resolution::NotDone`] is refused ([`Resolved::InFlight`]) while a request of the intent
+    /// may still land ([`Record::may_land_for_ms`]): its caller's lease is live, or an attempt
+    /// that ended in doubt is within its in-flight bound. `Done` is recorded at any time.
     fn resolve(
         &self,
         key: &str,

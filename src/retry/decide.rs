@@ -21,7 +21,7 @@
 use super::policy::ClassPolicy;
 use crate::budget::Refusal;
 use crate::class::{Decision, ToolClass};
-use crate::classify::{Classification, ServerHint, Verdict};
+use crate::classify::{Classification, FailureClass, KeyConflict, ServerHint, Verdict};
 use crate::error::ErrorCode;
 use std::time::Duration;
 
@@ -104,6 +104,38 @@ pub(crate) enum Next {
     /// Retry after `delay`; `throttled` when the server scheduled it after throttling the call
     /// (it costs the ratio budget less, see `RetryBudget::try_withdraw_throttled`).
     Retry { delay: Duration, throttled: bool },
+}
+
+/// The classification as the operation's class and key make it: what a [`KeyConflict`] means
+/// (the classifier cannot know the class, nor whether the request carried a key; this can).
+///
+/// | key conflict | `KeyedWrite` carrying its key | any class carrying a key | otherwise |
+/// |---|---|---|---|
+/// | `InProgress` (409: a request with the key is still being processed) | `Transient` `in_progress` | as classified | as classified |
+/// | `Reused` (422: the key came back with another payload) | `Permanent` `idempotency_key_reused` | `Permanent` `idempotency_key_reused` | as classified |
+///
+/// A 409 under the key is the same action, not done yet: retried with backoff, bounded by the
+/// attempts, and if they run out the error says `in_progress` (ask for its result later, do not
+/// start it again), not `conflict`. A 422 is a reworded repeat of an action the provider already has: no retry helps,
+/// and `invalid_argument` would tell a model to reword it once more.
+pub(crate) fn under_key(class: ToolClass, keyed: bool, c: Classification) -> Classification {
+    let Verdict::Failure(_) = c.verdict() else {
+        return c;
+    };
+    let (failure, code) = match c.key_conflict() {
+        Some(KeyConflict::InProgress) if keyed && class == ToolClass::KeyedWrite => {
+            (FailureClass::Transient, ErrorCode::InProgress)
+        }
+        Some(KeyConflict::Reused) if keyed => {
+            (FailureClass::Permanent, ErrorCode::IdempotencyKeyReused)
+        }
+        _ => return c,
+    };
+    let mut mapped = Classification::failure(failure, code).with_hint(c.hint());
+    if let Some(conflict) = c.key_conflict() {
+        mapped = mapped.with_key_conflict(conflict);
+    }
+    mapped
 }
 
 /// The retry decision for one result, before the budget is asked. `backoff` gives the class's

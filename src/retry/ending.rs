@@ -44,7 +44,7 @@ where
     let code = why.code(last);
     let mut attempts = track.op(kit, |op| {
         op.close(code);
-        op.attempts()
+        op.sent_attempts()
     });
     match why {
         GiveUp::Escalate(code) => telemetry::escalated(class, code.as_str()),
@@ -139,7 +139,7 @@ pub(super) fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) ->
     let code = ErrorCode::DeadlineExceeded;
     let attempts = track.op(kit, |op| {
         op.close(code);
-        op.attempts()
+        op.sent_attempts()
     });
     telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
     tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "giving up");

@@ -25,7 +25,7 @@
 //! # }
 //! ```
 
-use super::decide::{decide, settle, Next, OperationView};
+use super::decide::{decide, settle, under_key, Next, OperationView};
 use super::ending::{deadline_passed, give_up, hand_back, pass_up, Ending};
 use super::{into_tool_error, Kit, Replay};
 use crate::backoff::BackoffState;
@@ -294,7 +294,7 @@ where
                     if let Err(e) = ready {
                         let attempts = this.track.op(kit, |op| {
                             op.close(ErrorCode::Unavailable);
-                            op.attempts()
+                            op.sent_attempts()
                         });
                         let err = into_tool_error(e, ErrorCode::Unavailable)
                             .with_retryable(false)
@@ -427,7 +427,7 @@ fn answered_err<S, C, R, E: Into<BoxError>>(
     e: E,
     classification: &Classification,
 ) -> ToolError {
-    let attempts = track.op(kit, |op| op.attempts());
+    let attempts = track.op(kit, |op| op.sent_attempts());
     hand_back(e, classification, None, attempts)
 }
 
@@ -449,16 +449,24 @@ where
 {
     let (own_class, layer_attempts) = (kit.policy.class(), track.attempts);
     let now = Instant::now();
-    let view = track.op(kit, |op| OperationView {
-        class: op.class().strictest(own_class),
-        keyed: op.keyed(),
-        closed: op.closed().is_some(),
-        attempts: op.attempts(),
-        max_attempts: op.max_attempts(),
-        layer_attempts,
-        replayable: has_request,
-        time_left: op.deadline().map(|d| d.saturating_duration_since(now)),
+    let (view, sent) = track.op(kit, |op| {
+        let view = OperationView {
+            class: op.class().strictest(own_class),
+            keyed: op.keyed(),
+            closed: op.closed().is_some(),
+            attempts: op.attempts(),
+            max_attempts: op.max_attempts(),
+            layer_attempts,
+            replayable: has_request,
+            time_left: op.deadline().map(|d| d.saturating_duration_since(now)),
+        };
+        // What an error reports: the attempts that reached the dependency (one answered from
+        // a stored receipt did not).
+        (view, op.sent_attempts())
     });
+    // A 409 or 422 under an idempotency key means what the class and the key make of it.
+    let classification = under_key(view.class, view.keyed, classification);
+    let failure = classification.failure_class().unwrap_or(failure);
     let retrying = track.retrying();
     let next = decide(&view, &classification, &kit.policy, || {
         retrying
@@ -487,17 +495,9 @@ where
                 // provider's error body) hands it back too.
                 track.op(kit, |op| op.close(code));
             }
-            Step::Done(
-                result.map_err(|e| hand_back(e, &classification, Some(failure), view.attempts)),
-            )
+            Step::Done(result.map_err(|e| hand_back(e, &classification, Some(failure), sent)))
         }
-        Next::PassUp => Step::Done(Err(pass_up(
-            kit,
-            result,
-            &classification,
-            failure,
-            view.attempts,
-        ))),
+        Next::PassUp => Step::Done(Err(pass_up(kit, result, &classification, failure, sent))),
         Next::GiveUp(why) => {
             let ending = Ending {
                 why,

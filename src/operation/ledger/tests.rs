@@ -19,6 +19,7 @@ fn an_installed_ledger_comes_back_with_every_change_made_while_it_was_lent() {
                     op.note_key(7);
                     op.close(closed);
                     op.set_caller(BUDGET_ID_MASK);
+                    op.answered_locally();
                 })
             });
             let state = slot.as_mut().unwrap().with(|op| *op);
@@ -30,6 +31,7 @@ fn an_installed_ledger_comes_back_with_every_change_made_while_it_was_lent() {
                 (state.retries, state.key, state.caller),
                 (1, 7, BUDGET_ID_MASK)
             );
+            assert_eq!((state.local, state.sent_attempts()), (1, 1));
             assert!(with_current(|_| ()).is_none(), "nothing is left installed");
         }
     }
@@ -156,4 +158,22 @@ fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
         join_current(ToolClass::Read, false, None, 1),
         (Joined::No, true)
     );
+}
+
+#[test]
+fn attempts_answered_locally_are_not_reported_as_sent() {
+    let mut state = OpState::new(3, ToolClass::KeyedWrite, true, None);
+    state.grant_retry();
+    state.grant_retry();
+    state.answered_locally();
+    assert_eq!((state.attempts(), state.sent_attempts()), (3, 2));
+    let mut slot = Some(Ledger::inline(state));
+    in_scope(&mut slot, || with_current(|op| op.grant_retry()));
+    let back = slot.as_mut().unwrap().with(|op| *op);
+    assert_eq!((back.attempts(), back.sent_attempts()), (4, 3));
+    // Never more local answers than attempts.
+    for _ in 0..10 {
+        state.answered_locally();
+    }
+    assert_eq!(state.sent_attempts(), 0);
 }

@@ -3,7 +3,7 @@
 
 use super::{err, ms, open, PostgresStore, PRUNE_STEP};
 use crate::receipt::store::{
-    Begin, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
+    Begin, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
 };
 use std::future::Future;
 use std::sync::Arc;
@@ -41,18 +41,8 @@ impl ReceiptStore for PostgresStore {
                     let Some(row) = row else {
                         continue; // removed in between (an abandoned intent): try again
                     };
-                    let (fp, holder, receipt): (String, String, Option<Vec<u8>>) =
-                        (row.get(0), row.get(1), row.get(4));
-                    let (since, lease_until, at): (i64, i64, i64) =
-                        (row.get(2), row.get(3), row.get(5));
-                    let record = Record {
-                        fingerprint: &fp,
-                        owner: &holder,
-                        since_ms: since as u64,
-                        lease_until_ms: lease_until as u64,
-                        receipt: receipt.as_deref(),
-                    };
-                    return Ok(Begin::decide(Some(record), fingerprint, owner, at as u64));
+                    let (owned, at) = Owned::read(&row);
+                    return Ok(Begin::decide(Some(owned.record()), fingerprint, owner, at));
                 }
             }
         })
@@ -84,15 +74,18 @@ impl ReceiptStore for PostgresStore {
         &self,
         key: &str,
         owner: &str,
+        in_doubt: Option<InDoubt>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let args = Arc::new((key.to_string(), owner.to_string()));
+        let sent_ago = in_doubt.map(|d| ms(d.sent_ago));
+        let within = in_doubt.map_or(0, |d| ms(d.lands_within));
         self.pool.submit(key, move |conn, now| {
             let args = args.clone();
             async move {
                 let (key, owner) = &*args;
                 let st = conn.statements().await?;
                 conn.client
-                    .execute(&st.release, &[key, owner, &now])
+                    .execute(&st.release, &[key, owner, &now, &sent_ago, &within])
                     .await
                     .map_err(err("release the intent"))?;
                 Ok(())
@@ -157,30 +150,41 @@ impl ReceiptStore for PostgresStore {
             async move {
                 let (key, resolution) = &*args;
                 let st = conn.statements().await?;
-                let n = match resolution {
-                    Resolution::Done(receipt) => conn
+                // Each statement checks what `Record::resolve` allows, so a record changed in
+                // between (a take-over) is never settled over; a few rounds are plenty.
+                for _ in 0..8 {
+                    let n = match resolution {
+                        Resolution::Done(receipt) => conn
+                            .client
+                            .execute(&st.settle_done, &[key, receipt, &now])
+                            .await
+                            .map_err(err("record the receipt"))?,
+                        Resolution::NotDone => conn
+                            .client
+                            .execute(&st.settle_not_done, &[key, &now])
+                            .await
+                            .map_err(err("remove the intent"))?,
+                    };
+                    if n == 1 {
+                        return Ok(Resolved::Settled);
+                    }
+                    let row = conn
                         .client
-                        .execute(&st.settle_done, &[key, receipt, &now])
+                        .query_opt(&st.select, &[key, &now])
                         .await
-                        .map_err(err("record the receipt"))?,
-                    Resolution::NotDone => conn
-                        .client
-                        .execute(&st.settle_not_done, &[key])
-                        .await
-                        .map_err(err("remove the intent"))?,
-                };
-                if n == 1 {
-                    return Ok(Resolved::Settled);
+                        .map_err(err("read the record"))?;
+                    let Some(row) = row else {
+                        return Ok(Resolved::NoRecord);
+                    };
+                    let (owned, at) = Owned::read(&row);
+                    match owned.record().resolve(resolution, at) {
+                        Resolved::Settled => continue, // changed in between: once more
+                        refused => return Ok(refused),
+                    }
                 }
-                let done = conn
-                    .client
-                    .query_opt(&st.done, &[key])
-                    .await
-                    .map_err(err("read the record"))?;
-                Ok(match done {
-                    Some(_) => Resolved::AlreadyDone,
-                    None => Resolved::NoRecord,
-                })
+                Err(StoreError::new(
+                    "settle the intent: the record kept changing",
+                ))
             }
         })
     }
@@ -195,8 +199,10 @@ impl ReceiptStore for PostgresStore {
             let rows = conn
                 .client
                 .query(
-                    "SELECT key, since_ms, lease_until_ms,
-                    COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+                    "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt,
+                    COALESCE(taken_ms, since_ms), sent_ms, COALESCE(lands_by_ms, 0),
+                    COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint),
+                    key
                  FROM stormguard_receipts WHERE receipt IS NULL ORDER BY since_ms, key LIMIT $1",
                     &[&i64::try_from(limit).unwrap_or(i64::MAX), &pool.now()],
                 )
@@ -205,12 +211,8 @@ impl ReceiptStore for PostgresStore {
             Ok(rows
                 .iter()
                 .map(|r| {
-                    let (since, lease, now): (i64, i64, i64) = (r.get(1), r.get(2), r.get(3));
-                    PendingIntent {
-                        key: r.get(0),
-                        age_ms: now.saturating_sub(since).max(0) as u64,
-                        lease_left_ms: lease.saturating_sub(now).max(0) as u64,
-                    }
+                    let (owned, now) = Owned::read(r);
+                    owned.record().pending(r.get(9), now)
                 })
                 .collect())
         }
@@ -235,6 +237,50 @@ impl ReceiptStore for PostgresStore {
                     return Ok(removed);
                 }
             }
+        }
+    }
+}
+
+/// A row of `SELECT` (the columns of a [`Record`], then the store's time), owned.
+struct Owned {
+    fingerprint: String,
+    owner: String,
+    since: i64,
+    lease_until: i64,
+    receipt: Option<Vec<u8>>,
+    taken: i64,
+    sent: Option<i64>,
+    lands_by: i64,
+}
+
+impl Owned {
+    /// The record's columns and the store's time, from a row of `SELECT`'s shape.
+    fn read(row: &tokio_postgres::Row) -> (Owned, u64) {
+        let owned = Owned {
+            fingerprint: row.get(0),
+            owner: row.get(1),
+            since: row.get(2),
+            lease_until: row.get(3),
+            receipt: row.get(4),
+            taken: row.get(5),
+            sent: row.get(6),
+            lands_by: row.get(7),
+        };
+        let now: i64 = row.get(8);
+        (owned, now.max(0) as u64)
+    }
+
+    fn record(&self) -> Record<'_> {
+        let ms = |v: i64| v.max(0) as u64;
+        Record {
+            fingerprint: &self.fingerprint,
+            owner: &self.owner,
+            since_ms: ms(self.since),
+            lease_until_ms: ms(self.lease_until),
+            receipt: self.receipt.as_deref(),
+            taken_ms: ms(self.taken),
+            sent_ms: self.sent.map(ms),
+            lands_by_ms: ms(self.lands_by),
         }
     }
 }

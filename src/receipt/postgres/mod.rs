@@ -224,24 +224,31 @@ struct Statements {
     abandon: Statement,
     settle_done: Statement,
     settle_not_done: Statement,
-    done: Statement,
     prune: Statement,
 }
 
 // `$n::bigint` is the test clock, NULL for the server's.
 const INSERT: &str =
-    "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-     SELECT $1, $2, $3, now.ms, now.ms + $4
+    "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms, taken_ms)
+     SELECT $1, $2, $3, now.ms, now.ms + $4, now.ms
      FROM (SELECT COALESCE($5::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
      ON CONFLICT (key) DO NOTHING RETURNING key";
+/// The columns a `Record` is read from (see `calls::record`), then the store's time.
 const SELECT: &str = "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt,
+     COALESCE(taken_ms, since_ms), sent_ms, COALESCE(lands_by_ms, 0),
      COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
      FROM stormguard_receipts WHERE key = $1";
-const CLAIM: &str = "UPDATE stormguard_receipts SET lease_until_ms = now.ms + $3, owner = $2
+const CLAIM: &str =
+    "UPDATE stormguard_receipts SET lease_until_ms = now.ms + $3, owner = $2, taken_ms = now.ms
      FROM (SELECT COALESCE($4::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
      WHERE key = $1 AND receipt IS NULL AND lease_until_ms <= now.ms";
-const RELEASE: &str = "UPDATE stormguard_receipts SET lease_until_ms = LEAST(lease_until_ms,
-     COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint))
+/// `$4`: how long ago the request of an attempt in doubt was sent (NULL: none), `$5`: how long
+/// after its send it may land.
+const RELEASE: &str = "UPDATE stormguard_receipts SET lease_until_ms = LEAST(lease_until_ms, now.ms),
+     sent_ms = CASE WHEN $4::bigint IS NULL THEN sent_ms ELSE now.ms - $4 END,
+     lands_by_ms = CASE WHEN $4::bigint IS NULL THEN lands_by_ms
+         ELSE GREATEST(COALESCE(lands_by_ms, 0), now.ms - $4 + $5::bigint) END
+     FROM (SELECT COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
      WHERE key = $1 AND receipt IS NULL AND owner = $2";
 const COMPLETE: &str = "UPDATE stormguard_receipts SET receipt = $2,
      done_ms = COALESCE($4::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
@@ -251,15 +258,21 @@ const ABANDON: &str =
 const SETTLE_DONE: &str = "UPDATE stormguard_receipts SET receipt = $2,
      done_ms = COALESCE($3::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint)
      WHERE key = $1 AND receipt IS NULL";
-const SETTLE_NOT_DONE: &str = "DELETE FROM stormguard_receipts WHERE key = $1 AND receipt IS NULL";
-const DONE: &str = "SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = $1";
+/// Only once nothing of the intent can still land (its caller's lease and any in-flight bound
+/// have passed, as `Record::may_land_for_ms` judges them): re-checked here, so a take-over in
+/// between is never settled over.
+const SETTLE_NOT_DONE: &str = "DELETE FROM stormguard_receipts
+     USING (SELECT COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) AS ms) AS now
+     WHERE key = $1 AND receipt IS NULL
+       AND (lease_until_ms <= now.ms OR lease_until_ms <= COALESCE(taken_ms, since_ms))
+       AND (sent_ms IS NULL OR lands_by_ms <= now.ms OR lands_by_ms <= sent_ms)";
 const PRUNE: &str = "DELETE FROM stormguard_receipts WHERE key IN (
      SELECT key FROM stormguard_receipts
      WHERE since_ms < COALESCE($2::bigint, (extract(epoch from clock_timestamp()) * 1000)::bigint) - $1
      LIMIT 1000)";
 const PRUNE_STEP: u64 = 1_000;
 
-const COLUMNS: [&str; 7] = [
+const COLUMNS: [&str; 10] = [
     "key",
     "fingerprint",
     "owner",
@@ -267,6 +280,9 @@ const COLUMNS: [&str; 7] = [
     "lease_until_ms",
     "receipt",
     "done_ms",
+    "taken_ms",
+    "sent_ms",
+    "lands_by_ms",
 ];
 
 fn err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
@@ -335,7 +351,6 @@ impl Conn {
             abandon: prepare(ABANDON).await.map_err(err("prepare"))?,
             settle_done: prepare(SETTLE_DONE).await.map_err(err("prepare"))?,
             settle_not_done: prepare(SETTLE_NOT_DONE).await.map_err(err("prepare"))?,
-            done: prepare(DONE).await.map_err(err("prepare"))?,
             prune: prepare(PRUNE).await.map_err(err("prepare"))?,
         };
         // Two first calls may race to prepare: either set is as good as the other.
@@ -452,11 +467,17 @@ impl PostgresStore {
                             since_ms BIGINT NOT NULL,
                             lease_until_ms BIGINT NOT NULL,
                             receipt BYTEA,
-                            done_ms BIGINT
+                            done_ms BIGINT,
+                            taken_ms BIGINT,
+                            sent_ms BIGINT,
+                            lands_by_ms BIGINT
                         );
                         ALTER TABLE stormguard_receipts
                             ADD COLUMN IF NOT EXISTS owner TEXT NOT NULL DEFAULT '';
                         ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS done_ms BIGINT;
+                        ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS taken_ms BIGINT;
+                        ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS sent_ms BIGINT;
+                        ALTER TABLE stormguard_receipts ADD COLUMN IF NOT EXISTS lands_by_ms BIGINT;
                         CREATE INDEX IF NOT EXISTS stormguard_receipts_since
                             ON stormguard_receipts (since_ms);
                         COMMIT;",

@@ -228,3 +228,72 @@ fn reasons_and_codes_of_every_give_up() {
         assert_eq!(give_up.code(last), code);
     }
 }
+
+/// `under_key`, cell by cell: a 409 under its key is transient for a keyed write only; a 422
+/// under a key is `idempotency_key_reused` for every class; nothing changes without a key, or
+/// for a failure that carries no key conflict.
+#[test]
+fn key_conflicts_by_class_and_key() {
+    use FailureClass::*;
+    let conflict = Classification::failure(Permanent, ErrorCode::Conflict)
+        .with_key_conflict(KeyConflict::InProgress)
+        .with_hint(ServerHint::RetryAfter(Duration::from_secs(1)));
+    let reused = Classification::failure(ModelRecoverable, ErrorCode::InvalidArgument)
+        .with_key_conflict(KeyConflict::Reused);
+    let plain_409 = Classification::failure(Permanent, ErrorCode::Conflict);
+    for class in ToolClass::ALL {
+        for keyed in [false, true] {
+            let got = |c| {
+                let m = under_key(class, keyed, c);
+                (m.failure_class(), m.code())
+            };
+            let expected_409 = if keyed && class == ToolClass::KeyedWrite {
+                (Some(Transient), Some(ErrorCode::InProgress))
+            } else {
+                (Some(Permanent), Some(ErrorCode::Conflict))
+            };
+            assert_eq!(got(conflict), expected_409, "{class:?} keyed {keyed}");
+            let expected_422 = if keyed {
+                (Some(Permanent), Some(ErrorCode::IdempotencyKeyReused))
+            } else {
+                (Some(ModelRecoverable), Some(ErrorCode::InvalidArgument))
+            };
+            assert_eq!(got(reused), expected_422, "{class:?} keyed {keyed}");
+            assert_eq!(under_key(class, keyed, plain_409), plain_409);
+            assert_eq!(
+                under_key(class, keyed, Classification::success()),
+                Classification::success()
+            );
+            // The server's hint stays.
+            assert_eq!(under_key(class, keyed, conflict).hint(), conflict.hint());
+        }
+    }
+}
+
+proptest! {
+    /// Through `decide`: a 409 of a keyed write carrying its key is retried whenever a
+    /// transient failure would be, and every other 409 is handed back.
+    #[test]
+    fn a_409_is_retried_only_for_a_keyed_write_carrying_its_key(mut c in case()) {
+        c.verdict = Verdict::Failure(FailureClass::Permanent);
+        c.code = ErrorCode::Conflict;
+        let policy = c.view.class.policy().into_builder()
+            .max_attempts(c.policy_attempts)
+            .max_server_delay(c.max_server_delay)
+            .build()
+            .unwrap();
+        let classified = Classification::failure(FailureClass::Permanent, ErrorCode::Conflict)
+            .with_key_conflict(KeyConflict::InProgress)
+            .with_hint(c.hint);
+        let mapped = under_key(c.view.class, c.view.keyed, classified);
+        let next = settle(decide(&c.view, &mapped, &policy, || c.backoff), c.budget);
+        let mut transient = c;
+        transient.verdict = Verdict::Failure(FailureClass::Transient);
+        transient.code = ErrorCode::InProgress;
+        if c.view.keyed && c.view.class == ToolClass::KeyedWrite {
+            prop_assert_eq!(next, model(&transient));
+        } else {
+            prop_assert_eq!(next, model(&c));
+        }
+    }
+}

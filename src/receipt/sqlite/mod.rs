@@ -6,17 +6,18 @@
 //! failing call does not undo the others. No call holds a runtime thread, and a call queued
 //! after another (the clean-up of a cancelled call after its `begin`) runs after it.
 
+mod calls;
+mod schema;
+
 use super::clock::{Clock, StoreClock};
-use super::store::{
-    Begin, Durability, PendingIntent, ReceiptStore, Record, Resolution, Resolved, StoreError,
-};
-use rusqlite::{params, Connection, OptionalExtension};
+use super::store::{Durability, StoreError};
+use rusqlite::Connection;
+use schema::{migrate, SCHEMA};
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The most calls one transaction carries.
 const MAX_BATCH: usize = 256;
@@ -59,19 +60,6 @@ struct Shared {
     jobs: mpsc::Sender<Job>,
     path: PathBuf,
 }
-
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS stormguard_receipts (
-    key TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    since_ms INTEGER NOT NULL,
-    lease_until_ms INTEGER NOT NULL,
-    receipt BLOB,
-    done_ms INTEGER
-);
-CREATE INDEX IF NOT EXISTS stormguard_receipts_since ON stormguard_receipts (since_ms);
-";
 
 fn err(what: &'static str) -> impl Fn(rusqlite::Error) -> StoreError {
     move |e| StoreError::from_source(what, e)
@@ -159,6 +147,7 @@ impl SqliteStore {
         }
         conn.execute_batch(SCHEMA)
             .map_err(err("create the table"))?;
+        migrate(&conn).map_err(err("add the columns of this version"))?;
         let id = file_id(path).ok_or_else(|| StoreError::new("the store file vanished at open"))?;
         let (jobs, queue) = mpsc::channel();
         let watched = path.to_path_buf();
@@ -281,231 +270,5 @@ impl fmt::Debug for SqliteStore {
         f.debug_struct("SqliteStore")
             .field("path", &self.shared.path)
             .finish()
-    }
-}
-
-fn ms(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-fn until(now: u64, lease: Duration) -> i64 {
-    ms(now.saturating_add(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX)))
-}
-
-impl ReceiptStore for SqliteStore {
-    fn begin(
-        &self,
-        key: &str,
-        fingerprint: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let (key, fingerprint, owner) =
-            (key.to_string(), fingerprint.to_string(), owner.to_string());
-        self.with(move |conn, now| {
-            // A record removed between the insert and the read (an abandoned intent, by another
-            // process) is tried again; a few rounds are plenty.
-            for _ in 0..8 {
-                let inserted = conn
-                    .prepare_cached(
-                        "INSERT INTO stormguard_receipts (key, fingerprint, owner, since_ms, lease_until_ms)
-                         VALUES (?1, ?2, ?5, ?3, ?4) ON CONFLICT (key) DO NOTHING",
-                    )
-                    .and_then(|mut st| {
-                        st.execute(params![key, fingerprint, ms(now), until(now, lease), owner])
-                    })
-                    .map_err(err("record the intent"))?;
-                if inserted == 1 {
-                    return Ok(Begin::Fresh);
-                }
-                type Row = (String, String, i64, i64, Option<Vec<u8>>);
-                let row: Option<Row> = conn
-                    .prepare_cached(
-                        "SELECT fingerprint, owner, since_ms, lease_until_ms, receipt
-                         FROM stormguard_receipts WHERE key = ?1",
-                    )
-                    .and_then(|mut st| {
-                        st.query_row(params![key], |r| {
-                            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-                        })
-                        .optional()
-                    })
-                    .map_err(err("read the record"))?;
-                let Some((fp, holder, since, lease_until, receipt)) = row else {
-                    continue;
-                };
-                let record = Record {
-                    fingerprint: &fp,
-                    owner: &holder,
-                    since_ms: since as u64,
-                    lease_until_ms: lease_until as u64,
-                    receipt: receipt.as_deref(),
-                };
-                return Ok(Begin::decide(Some(record), &fingerprint, &owner, now));
-            }
-            Err(StoreError::new("record the intent: the record kept vanishing"))
-        })
-    }
-
-    fn claim(
-        &self,
-        key: &str,
-        owner: &str,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn, now| {
-            let n = conn
-                .prepare_cached(
-                    "UPDATE stormguard_receipts SET lease_until_ms = ?3, owner = ?4
-                     WHERE key = ?1 AND receipt IS NULL AND lease_until_ms <= ?2",
-                )
-                .and_then(|mut st| st.execute(params![key, ms(now), until(now, lease), owner]))
-                .map_err(err("claim the intent"))?;
-            Ok(n == 1)
-        })
-    }
-
-    fn release(
-        &self,
-        key: &str,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn, now| {
-            conn.prepare_cached(
-                "UPDATE stormguard_receipts SET lease_until_ms = MIN(lease_until_ms, ?2)
-                 WHERE key = ?1 AND receipt IS NULL AND owner = ?3",
-            )
-            .and_then(|mut st| st.execute(params![key, ms(now), owner]))
-            .map_err(err("release the intent"))?;
-            Ok(())
-        })
-    }
-
-    fn complete(
-        &self,
-        key: &str,
-        owner: &str,
-        receipt: &[u8],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (key, owner, receipt) = (key.to_string(), owner.to_string(), receipt.to_vec());
-        self.with(move |conn, now| {
-            let n = conn
-                .prepare_cached(
-                    "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3
-                     WHERE key = ?1 AND owner = ?4 AND receipt IS NULL",
-                )
-                .and_then(|mut st| st.execute(params![key, receipt, ms(now), owner]))
-                .map_err(err("record the receipt"))?;
-            if n == 1 {
-                Ok(())
-            } else {
-                Err(StoreError::not_holder(&key))
-            }
-        })
-    }
-
-    fn abandon(
-        &self,
-        key: &str,
-        owner: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (key, owner) = (key.to_string(), owner.to_string());
-        self.with(move |conn, _| {
-            conn.prepare_cached(
-                "DELETE FROM stormguard_receipts WHERE key = ?1 AND receipt IS NULL AND owner = ?2",
-            )
-            .and_then(|mut st| st.execute(params![key, owner]))
-            .map_err(err("remove the intent"))?;
-            Ok(())
-        })
-    }
-
-    fn resolve(
-        &self,
-        key: &str,
-        resolution: Resolution,
-    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send {
-        let key = key.to_string();
-        self.with(move |conn, now| {
-            let done: Option<bool> = conn
-                .prepare_cached(
-                    "SELECT receipt IS NOT NULL FROM stormguard_receipts WHERE key = ?1",
-                )
-                .and_then(|mut st| st.query_row(params![key], |r| r.get(0)).optional())
-                .map_err(err("read the record"))?;
-            match (done, resolution) {
-                (None, _) => Ok(Resolved::NoRecord),
-                (Some(true), _) => Ok(Resolved::AlreadyDone),
-                (Some(false), Resolution::Done(receipt)) => {
-                    conn.prepare_cached(
-                        "UPDATE stormguard_receipts SET receipt = ?2, done_ms = ?3 WHERE key = ?1",
-                    )
-                    .and_then(|mut st| st.execute(params![key, receipt, ms(now)]))
-                    .map_err(err("record the receipt"))?;
-                    Ok(Resolved::Settled)
-                }
-                (Some(false), Resolution::NotDone) => {
-                    conn.prepare_cached("DELETE FROM stormguard_receipts WHERE key = ?1")
-                        .and_then(|mut st| st.execute(params![key]))
-                        .map_err(err("remove the intent"))?;
-                    Ok(Resolved::Settled)
-                }
-            }
-        })
-    }
-
-    fn pending(
-        &self,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<PendingIntent>, StoreError>> + Send {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.with(move |conn, now| {
-            let mut st = conn
-                .prepare_cached(
-                    "SELECT key, since_ms, lease_until_ms FROM stormguard_receipts
-                     WHERE receipt IS NULL ORDER BY since_ms, key LIMIT ?1",
-                )
-                .map_err(err("list the pending intents"))?;
-            let rows = st
-                .query_map(params![limit], |r| {
-                    let (key, since, lease): (String, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
-                    Ok(PendingIntent {
-                        key,
-                        age_ms: now.saturating_sub(since as u64),
-                        lease_left_ms: (lease as u64).saturating_sub(now),
-                    })
-                })
-                .map_err(err("list the pending intents"))?;
-            rows.collect::<Result<Vec<_>, _>>()
-                .map_err(err("list the pending intents"))
-        })
-    }
-
-    fn prune(&self, older_than: Duration) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        let this = self.clone();
-        let age = ms(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX));
-        async move {
-            let mut removed = 0;
-            loop {
-                let n = this
-                    .with(move |conn, now| {
-                        conn.prepare_cached(
-                            "DELETE FROM stormguard_receipts WHERE rowid IN
-                             (SELECT rowid FROM stormguard_receipts WHERE since_ms < ?1 LIMIT ?2)",
-                        )
-                        .and_then(|mut st| {
-                            st.execute(params![ms(now).saturating_sub(age), PRUNE_STEP])
-                        })
-                        .map_err(err("prune"))
-                    })
-                    .await?;
-                removed += n as u64;
-                if (n as i64) < PRUNE_STEP {
-                    return Ok(removed);
-                }
-            }
-        }
     }
 }
