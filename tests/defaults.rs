@@ -113,3 +113,70 @@ async fn a_read_with_no_classifier_given_over_an_http_client_retries_a_503() {
     assert_eq!(resp.status(), 201);
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+#[cfg(feature = "reqwest")]
+#[tokio::test]
+async fn a_retry_left_on_its_defaults_over_reqwest_reads_the_status_and_the_key() {
+    // reqwest's `Client` is a tower service of `reqwest::Request`: the default replay copies the
+    // request (with its key), and the default classifier reads a 502 as ambiguous.
+    use std::convert::Infallible;
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let server = service_fn(move |_req: http::Request<hyper::body::Incoming>| {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let status = if n < 2 { 502 } else { 200 };
+            Ok::<_, Infallible>(
+                http::Response::builder()
+                    .status(status)
+                    .body(http_body_util::Full::new(bytes::Bytes::from("ok")))
+                    .unwrap(),
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let svc = hyper::service::service_fn({
+                let server = server.clone();
+                move |req| {
+                    let mut server = server.clone();
+                    tower::Service::call(&mut server, req)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
+            );
+        }
+    });
+    let client = reqwest::Client::builder().build().unwrap();
+    let mut charge = ServiceBuilder::new()
+        .layer(RetryLayer::new(
+            ToolClass::KeyedWrite,
+            RetryBudget::default(),
+        ))
+        .service(client.clone());
+    let keyed = client
+        .post(format!("http://{addr}/charges"))
+        .header("idempotency-key", "run-1:step-2:charge:4471")
+        .build()
+        .unwrap();
+    let resp = call(&mut charge, keyed).await.unwrap();
+    assert_eq!(
+        (resp.status().as_u16(), calls.load(Ordering::SeqCst)),
+        (200, 3)
+    );
+
+    // Without its key, an ambiguous 502 of a keyed write is not retried.
+    calls.store(0, Ordering::SeqCst);
+    let unkeyed = client
+        .post(format!("http://{addr}/charges"))
+        .build()
+        .unwrap();
+    let err = call(&mut charge, unkeyed).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::MissingIdempotencyKey);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -39,7 +39,7 @@
 //!
 //! [`Fleet::status`] reads what Redis holds for every budget and breaker this worker shares
 //! (balance, leases by worker, live workers, floor used, breaker state) in plain structs; see
-//! [`status`](self::status) for an example.
+//! [`status`] for an example.
 //!
 //! Choose each quota's `fallback` rate as the provider's limit divided by the number of workers:
 //! a fleet that falls back as a whole then still sends about the provider's limit.
@@ -146,7 +146,7 @@ impl Fleet {
 
     /// What Redis holds for every budget and breaker shared through this handle (by name), and
     /// this worker's view of the link: one read-only script per part, each bounded by the
-    /// timeout, sent whether the fleet is up or down. See [`status`](self::status).
+    /// timeout, sent whether the fleet is up or down. See [`status`].
     ///
     /// ```
     /// use std::time::Duration;

@@ -452,6 +452,29 @@ impl<T: Clone> Replay<tonic::Request<T>> for GrpcReplay {
     }
 }
 
+/// `reqwest::Request` (features `reqwest`, `reqwest-0_13`): copied with `try_clone` (a streaming
+/// body gets one attempt), `Idempotency-Key` reported. It cannot carry the operation (reqwest
+/// keeps its extensions private): behind a `Buffer` or a spawned task, carry it by hand.
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+macro_rules! reqwest_request {
+    ($r:ident) => {
+        impl Request for $r::Request {
+            fn replay(&self) -> Option<Self> {
+                self.try_clone()
+            }
+
+            fn carries_key(&self) -> bool {
+                self.headers().contains_key("idempotency-key")
+            }
+        }
+    };
+}
+
+#[cfg(feature = "reqwest")]
+reqwest_request!(reqwest);
+#[cfg(feature = "reqwest-0_13")]
+reqwest_request!(reqwest013);
+
 /// An MCP tool call (feature `rmcp`): cloned; it carries no operation (its fields all go on the
 /// wire), so a client stack behind a `Buffer` takes the operation with
 /// [`carry`](crate::operation::carry).
