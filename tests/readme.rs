@@ -187,7 +187,6 @@ async fn the_example_without_its_key_ends_after_one_call() {
 #[tokio::test]
 #[rustfmt::skip]
 async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() {
-    use stormguard::classify::HttpClassifier;
     use stormguard::retry::RetryLayer;
     use stormguard::{budget::RetryBudget, class::ToolClass};
     use tower::{Service, ServiceBuilder, ServiceExt};
@@ -201,7 +200,7 @@ async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() 
         let mut search = ServiceBuilder::new()
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five).name("agent-loop"))
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
-            .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier).name("client"))
+            .layer(RetryLayer::new(ToolClass::Read, budget).name("client"))
             .service(http_client);
         let req = http::Request::get("http://search.test/?q=storm").body(String::new())?;
         let err = search.ready().await?.call(req).await.unwrap_err();
@@ -343,9 +342,8 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
 #[tokio::test]
 #[rustfmt::skip]
 async fn the_reqwest_example_retries_a_502_with_the_same_key() {
-    use stormguard::classify::HttpClassifier;
     use stormguard::key::{Action, SetIdempotencyKeyLayer};
-    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::retry::RetryLayer;
     use stormguard::{budget::RetryBudget, class::ToolClass};
     use tower::{Service, ServiceBuilder, ServiceExt};
     fn order_id_of(req: &reqwest::Request) -> String {
@@ -357,9 +355,7 @@ async fn the_reqwest_example_retries_a_502_with_the_same_key() {
     let run = async move {
         let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
         let mut charge = ServiceBuilder::new()
-            .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone())
-                .classifier(HttpClassifier)
-                .replay(HttpReplay))
+        .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()))
             .layer(SetIdempotencyKeyLayer::new(|req: &reqwest::Request| {
                 Action::new("run-81f2", "step-3", "charge", &order_id_of(req))
             }))
