@@ -21,7 +21,7 @@
 //! balance and floor, each key's `fallback` rate, each breaker's own rules) and no call waits on
 //! Redis. One task per fleet probes Redis with a small write (a `SET` with expiry: a full Redis
 //! answers `PING` but refuses every script, so "up" means "takes writes"), first after one
-//! `sync_interval`, then backing off to ten, with jitter so a fleet does not reconnect in step,
+//! `sync_interval`, then backing off to four, with jitter so a fleet does not reconnect in step,
 //! and marks it **up** again when the write is taken; the parts then sync their state once
 //! (batched deposits, the breaker's count), with no burst of queued calls. An outage is one
 //! `WARN` tracing event (a fleet that falls again soon after it came back is still in it: `DEBUG`)
