@@ -381,76 +381,50 @@ async fn a_spawned_task_keeps_the_run_only_when_carried() {
 /// and a retry below the buffer is the run's.
 #[tokio::test(start_paused = true)]
 async fn a_scoped_run_crosses_a_buffer_with_its_operation() {
-    let shared = no_floor();
-    let run = shared.for_run(RunLimits::default());
-    // Ten answers, then a refused connection, then answers again.
-    let script = (0..10)
-        .map(|_| Outcome::Ok)
-        .chain([Outcome::Fail(FailureClass::Transient)]);
-    let client = Dependency::script(script, Outcome::Ok);
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, shared.clone()).replay(HttpReplay))
-        .layer(AttachLayer::new())
-        .buffer(8)
-        .layer(AdoptLayer::new())
-        .layer(RetryLayer::new(ToolClass::Read, shared.clone()).replay(HttpReplay))
-        .service(client.clone());
-    run.scope(async {
-        for _ in 0..10 {
-            svc.clone()
-                .oneshot(http::Request::new(String::new()))
-                .await
-                .unwrap();
-        }
-    })
-    .await;
-    assert!(
-        (shared.balance() - 2.0).abs() < 1e-9,
-        "{}",
-        shared.balance()
-    );
-    assert!((run.run_credit().unwrap() - 2.0).abs() < 1e-9);
-    // The layer under the buffer retries the refused call on the run's credit.
-    run.scope(svc.clone().oneshot(http::Request::new(String::new())))
-        .await
-        .unwrap();
-    assert_eq!(client.calls(), 12);
-    assert!((run.run_credit().unwrap() - 1.2).abs() < 1e-9);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_scoped_run_crosses_a_buffer_in_the_requests_operation_with_no_helper() {
-    let shared = no_floor();
-    let run = shared.for_run(RunLimits::default());
-    // Ten answers, then a refused connection, then answers again.
-    let script = (0..10)
-        .map(|_| Outcome::Ok)
-        .chain([Outcome::Fail(FailureClass::Transient)]);
-    let client = Dependency::script(script, Outcome::Ok);
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
-        .buffer(8)
-        .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
-        .service(client.clone());
-    run.scope(async {
-        for _ in 0..10 {
-            svc.clone()
-                .oneshot(http::Request::new(String::new()))
-                .await
-                .unwrap();
-        }
-    })
-    .await;
-    assert!(
-        (shared.balance() - 2.0).abs() < 1e-9,
-        "{}",
-        shared.balance()
-    );
-    assert!((run.run_credit().unwrap() - 2.0).abs() < 1e-9);
-    // The layer under the buffer retries the refused call on the run's credit.
-    run.scope(svc.clone().oneshot(http::Request::new(String::new())))
-        .await
-        .unwrap();
-    assert_eq!(client.calls(), 12);
-    assert!((run.run_credit().unwrap() - 1.2).abs() < 1e-9);
+    // In the request's operation (an `http::Request` carries it), and with the helper layers.
+    for helpers in [false, true] {
+        let shared = no_floor();
+        let run = shared.for_run(RunLimits::default());
+        // Ten answers, then a refused connection, then answers again.
+        let script = (0..10)
+            .map(|_| Outcome::Ok)
+            .chain([Outcome::Fail(FailureClass::Transient)]);
+        let client = Dependency::script(script, Outcome::Ok);
+        let below = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, shared.clone()).replay(HttpReplay))
+            .service(client.clone());
+        let svc = if helpers {
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(ToolClass::Read, shared.clone()).replay(HttpReplay))
+                .layer(AttachLayer::new())
+                .buffer(8)
+                .layer(AdoptLayer::new())
+                .service(below)
+                .boxed_clone()
+        } else {
+            ServiceBuilder::new()
+                .layer(RetryLayer::new(ToolClass::Read, shared.clone()))
+                .buffer(8)
+                .service(below)
+                .boxed_clone()
+        };
+        run.scope(async {
+            for _ in 0..10 {
+                svc.clone()
+                    .oneshot(http::Request::new(String::new()))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+        let balance = shared.balance();
+        assert!((balance - 2.0).abs() < 1e-9, "helpers {helpers}: {balance}");
+        assert!((run.run_credit().unwrap() - 2.0).abs() < 1e-9);
+        // The layer under the buffer retries the refused call on the run's credit.
+        run.scope(svc.clone().oneshot(http::Request::new(String::new())))
+            .await
+            .unwrap();
+        assert_eq!(client.calls(), 12);
+        assert!((run.run_credit().unwrap() - 1.2).abs() < 1e-9);
+    }
 }
