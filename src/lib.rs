@@ -123,6 +123,7 @@ pub mod budget;
 pub mod class;
 pub mod classify;
 pub mod error;
+pub mod failover;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod fleet;

@@ -20,6 +20,7 @@ pub(crate) const RECEIPT_OUTCOMES: &str = "stormguard_receipt_outcomes_total";
 pub(crate) const KEY_REFUSALS: &str = "stormguard_key_refusals_total";
 pub(crate) const QUOTA_WAITS: &str = "stormguard_quota_waits_total";
 pub(crate) const LOANS_REFUSED: &str = "stormguard_budget_loans_refused_total";
+pub(crate) const FAILOVER_MOVES: &str = "stormguard_failover_moves_total";
 #[cfg(feature = "redis")]
 pub(crate) const FLEET_UP: &str = "stormguard_fleet_up";
 #[cfg(feature = "redis")]
@@ -87,4 +88,9 @@ pub(crate) fn receipt_outcome(outcome: &'static str) {
 
 pub(crate) fn key_refused(code: crate::error::ErrorCode) {
     metrics::counter!(KEY_REFUSALS, "code" => code.as_str()).increment(1);
+}
+
+/// A call left a failover target (label `target`: its name; `reason`: why).
+pub(crate) fn failover_left(target: &str, reason: &'static str) {
+    metrics::counter!(FAILOVER_MOVES, "target" => target.to_string(), "reason" => reason).increment(1);
 }
