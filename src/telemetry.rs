@@ -92,5 +92,6 @@ pub(crate) fn key_refused(code: crate::error::ErrorCode) {
 
 /// A call left a failover target (label `target`: its name; `reason`: why).
 pub(crate) fn failover_left(target: &str, reason: &'static str) {
-    metrics::counter!(FAILOVER_MOVES, "target" => target.to_string(), "reason" => reason).increment(1);
+    metrics::counter!(FAILOVER_MOVES, "target" => target.to_string(), "reason" => reason)
+        .increment(1);
 }

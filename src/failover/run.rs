@@ -32,7 +32,9 @@ impl TargetState {
 
 pub(super) fn lock(state: &Mutex<TargetState>) -> MutexGuard<'_, TargetState> {
     // Plain data, valid after any panic.
-    state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `f` on the operation the request carries, else on the one running on this task.

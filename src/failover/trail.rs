@@ -86,6 +86,8 @@ impl fmt::Display for Exhausted {
 
 impl std::error::Error for Exhausted {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.last.as_deref().map(|e| e as &(dyn std::error::Error + 'static))
+        self.last
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
