@@ -19,6 +19,7 @@ const PAGES: &[(&str, &str)] = &[
     ("docs/model-apis.md", include_str!("../docs/model-apis.md")),
     ("docs/fleet.md", include_str!("../docs/fleet.md")),
     ("docs/hedging.md", include_str!("../docs/hedging.md")),
+    ("docs/failover.md", include_str!("../docs/failover.md")),
     ("docs/reqwest.md", include_str!("../docs/reqwest.md")),
     ("docs/grpc.md", include_str!("../docs/grpc.md")),
     (
@@ -691,5 +692,48 @@ async fn the_fleet_example_opens_both_workers_breakers_on_the_fleets_count() -> 
     let sent = calls.load(Ordering::SeqCst);
     assert!(sent < 40, "{sent} calls reached the provider");
     eprintln!("{sent} calls reached the provider before both breakers opened");
+    Ok(())
+}
+
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_failover_example_leaves_a_spent_quota_for_the_next_provider() -> Result<(), BoxError> {
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let spent = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    let (openai, openai_calls) = server::serve(move |_| http::Response::builder().status(429).body(Body::from(spent)).unwrap()).await;
+    let (anthropic, anthropic_calls) = server::serve(|_| server::status(200, &[])).await;
+    let (openai_client, anthropic_client) = (http_client(openai), http_client(anthropic));
+    let budget = RetryBudget::default();
+    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::failover::Failover;
+    use tower::util::BoxCloneSyncService;
+
+    // One stack per provider: its error-body peek over its client (its breaker and quota go here too).
+    let provider = |client| BoxCloneSyncService::new(ServiceBuilder::new().layer(PeekErrorBodyLayer::builder().build().unwrap()).service(client));
+    let failover = Failover::builder(budget.clone(), "openai", provider(openai_client))
+        .or("anthropic", provider(anthropic_client))
+        .classifier(ModelApiClassifier)
+        // each request names the target's model
+        .rewrite(|req: &mut http::Request<String>, target: &str| {
+            let model = if target == "openai" { "gpt-5" } else { "claude-sonnet-4" };
+            req.headers_mut().insert("x-model", http::HeaderValue::from_static(model));
+        })
+        .build()?;
+    let mut model = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(ModelApiClassifier).replay(HttpReplay))
+        .service(failover);
+
+    let ask = || http::Request::post("http://api.test/v1/messages").body(String::from("{}")).unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        let answer = model.ready().await?.call(ask()).await?;
+        assert_eq!(answer.status(), 200);
+    }
+    assert_eq!(anthropic_calls.load(Ordering::SeqCst), 10, "every question answered by the second");
+    // Asked once, then skipped: a probe a second at most (none unless this machine is starved).
+    let probes = started.elapsed().as_secs() as u32;
+    assert!((1..=1 + probes).contains(&openai_calls.load(Ordering::SeqCst)), "the spent provider asked once, then skipped");
     Ok(())
 }
