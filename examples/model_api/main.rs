@@ -20,6 +20,7 @@
 //! `x-should-retry: false` (one request), and `retry-after-ms` (the wait is the header's), through
 //! `ModelApiClassifier` over a `PeekErrorBodyLayer` (see `signals.rs`).
 
+mod failover;
 mod openai;
 mod signals;
 
@@ -308,6 +309,7 @@ async fn main() {
         signals::run_tokens(true).await,
     ];
     let sdk = [openai::inside().await, openai::sdk_retry_kept().await];
+    let failover = failover::run().await;
     for r in rows {
         let amplification = r.requests as f64 / r.logical as f64;
         let success = r.successes as f64 / r.logical as f64;
@@ -390,5 +392,32 @@ async fn main() {
                 c.case, c.requests
             );
         }
+    }
+    if json {
+        println!("{}", failover.json());
+    } else {
+        let f = &failover;
+        println!(
+            "\nfailover: {} of {} answered; sent to openai {} (probes while its quota was spent: {}), \
+             anthropic {}, local {}; back on openai {} ms after its quota returned; an unkeyed \
+             write after a reset: {}, sent elsewhere {}",
+            f.answered,
+            f.requests,
+            f.sent[0],
+            f.probes_while_spent,
+            f.sent[1],
+            f.sent[2],
+            f.back_on_first_ms.map_or("-".to_string(), |ms| ms.to_string()),
+            f.write_code,
+            f.write_sent_elsewhere
+        );
+    }
+    let goals_met = failover.answered == failover.requests
+        && failover.back_on_first_ms.is_some_and(|ms| ms <= 1_000)
+        && failover.write_code == "outcome_unknown"
+        && failover.write_sent_elsewhere == 0;
+    if !goals_met {
+        eprintln!("the failover case missed a goal");
+        std::process::exit(1);
     }
 }
