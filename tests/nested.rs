@@ -385,3 +385,41 @@ async fn a_key_stamped_behind_a_buffer_tells_the_operation_the_request_carries()
     assert!(keys.iter().all(|k| k.is_some() && *k == keys[0]));
     assert_eq!(err.code(), ErrorCode::Unavailable);
 }
+
+/// The two ways to spawn a call through a `Retry` over a service whose error is a `BoxError`
+/// (an async block awaiting it directly does not compile: rust-lang/rust#102211).
+#[tokio::test]
+async fn a_call_over_a_boxed_service_is_spawned_as_its_future_or_through_a_boxed_stack() {
+    use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    use tower::util::BoxCloneSyncService;
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let seen = calls.clone();
+    let inner = BoxCloneSyncService::new(service_fn(move |n: u32| {
+        let first = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                Err::<u32, stormguard::error::BoxError>(
+                    std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+                )
+            } else {
+                Ok(n)
+            }
+        }
+    }));
+    let stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
+        .service(inner);
+    // The future itself.
+    let answer = tokio::spawn(stack.clone().oneshot(7)).await.unwrap();
+    assert_eq!(answer.unwrap(), 7);
+    // The stack boxed first: an async block around its call is fine.
+    let boxed = BoxCloneSyncService::new(stack);
+    let answer = tokio::spawn(async move { boxed.oneshot(8).await.map_err(|e| e.to_string()) });
+    assert_eq!(answer.await.unwrap(), Ok(8));
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "one refused, two answered"
+    );
+}
