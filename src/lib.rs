@@ -129,6 +129,9 @@ pub mod failover;
 pub mod fleet;
 pub mod hedge;
 pub mod key;
+#[cfg(feature = "reqwest-middleware")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
+pub mod middleware;
 pub mod operation;
 pub mod quota;
 pub mod receipt;

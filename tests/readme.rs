@@ -737,3 +737,25 @@ async fn the_failover_example_leaves_a_spent_quota_for_the_next_provider() -> Re
     assert!((1..=1 + probes).contains(&openai_calls.load(Ordering::SeqCst)), "the spent provider asked once, then skipped");
     Ok(())
 }
+
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_reqwest_middleware_example_nests_in_place_of_reqwest_retry() -> Result<(), BoxError> {
+    use stormguard::retry::RetryLayer;
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    let (addr, calls) = server::serve(|n| server::status(if n < 2 { 503 } else { 200 }, &[])).await;
+    let (reqwest, budget) = (reqwest013::Client::builder().retry(reqwest013::retry::never()).build()?, RetryBudget::default());
+    use reqwest_middleware::ClientBuilder;
+    use stormguard::middleware::Guard;
+
+    let client = ClientBuilder::new(reqwest)
+        // in place of reqwest-retry's RetryTransientMiddleware
+        .with(Guard::new(RetryLayer::new(ToolClass::Read, budget.clone())))
+        .build();
+
+    let answer = client.get(format!("http://{addr}/search?q=storm")).send().await?;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "two 503s retried");
+    Ok(())
+}

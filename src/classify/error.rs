@@ -67,6 +67,18 @@ as_dyn_error!(reqwest::Error);
 #[cfg(feature = "reqwest-0_13")]
 as_dyn_error!(reqwest013::Error);
 
+/// The error inside: the `reqwest::Error`, or what a middleware returned (a stormguard
+/// `ToolError` from a nested guard is read by its code).
+#[cfg(feature = "reqwest-middleware")]
+impl AsDynError for reqwest_middleware::Error {
+    fn as_dyn_error(&self) -> &(dyn Error + 'static) {
+        match self {
+            reqwest_middleware::Error::Reqwest(e) => e,
+            reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+        }
+    }
+}
+
 #[cfg(feature = "rmcp")]
 as_dyn_error!(rmcp::service::ServiceError);
 
