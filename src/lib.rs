@@ -120,6 +120,9 @@
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+pub mod chaos;
 pub mod class;
 pub mod classify;
 pub mod error;
