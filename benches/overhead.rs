@@ -115,6 +115,16 @@ fn overhead(c: &mut Criterion) {
         b.iter(|| once(&mut stormguard_3_breaker, black_box(1)))
     });
 
+    // The fault layer switched off (feature `chaos`): within noise of the bare service.
+    #[cfg(feature = "chaos")]
+    {
+        use tower::Layer;
+        let mut chaos_off = stormguard::chaos::ChaosLayer::off().layer(Leaf);
+        group.bench_function("chaos_off", |b| {
+            b.iter(|| once(&mut chaos_off, black_box(1)))
+        });
+    }
+
     group.finish();
 }
 

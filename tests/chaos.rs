@@ -263,3 +263,53 @@ async fn faults_after_the_work_duplicate_a_naive_retry_and_not_stormguard() {
         "escalated, not guessed: {unknown}"
     );
 }
+
+/// Over a plain-value service the faults are the errors its client would return.
+#[tokio::test(start_paused = true)]
+async fn over_a_plain_value_service_the_faults_are_tool_errors() {
+    use stormguard::classify::FailureClass;
+    use stormguard::error::ToolError;
+    let work = Arc::new(AtomicU32::new(0));
+    let counted = work.clone();
+    let plain = service_fn(move |n: u32| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, BoxError>(n) }
+    });
+    let cases = [
+        (
+            Fault::RateLimited(Duration::from_millis(1500)),
+            ErrorCode::RateLimited,
+            FailureClass::Transient,
+            0,
+        ),
+        (
+            Fault::QuotaExhausted,
+            ErrorCode::QuotaExhausted,
+            FailureClass::Permanent,
+            0,
+        ),
+        (
+            Fault::Overloaded,
+            ErrorCode::Unavailable,
+            FailureClass::Transient,
+            0,
+        ),
+        (
+            Fault::FailedAfterWork(502),
+            ErrorCode::Unavailable,
+            FailureClass::Ambiguous,
+            1,
+        ),
+    ];
+    for (fault, code, class, worked) in cases {
+        let before = work.load(Ordering::SeqCst);
+        let chaos = ChaosLayer::builder(9).fault(fault, 1.0).build().unwrap();
+        let err = chaos.layer(plain.clone()).oneshot(7).await.unwrap_err();
+        let err = err.downcast_ref::<ToolError>().unwrap();
+        assert_eq!((err.code(), err.class()), (code, Some(class)), "{fault:?}");
+        assert_eq!(work.load(Ordering::SeqCst) - before, worked, "{fault:?}");
+        if let Fault::RateLimited(wait) = fault {
+            assert_eq!(err.retry_after(), Some(wait));
+        }
+    }
+}

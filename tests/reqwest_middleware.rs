@@ -11,9 +11,9 @@ use std::time::Duration;
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::error::ErrorCode;
+use stormguard::error::ToolError;
 use stormguard::middleware::Guard;
 use stormguard::retry::RetryLayer;
-use stormguard::ToolError;
 use support::server;
 
 /// reqwest with its own retries off: the middlewares own them.

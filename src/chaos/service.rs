@@ -15,15 +15,27 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tower_service::Service;
 
-/// An answer the fault layer can make up: a status with headers and a body.
+/// An answer the fault layer can make up for a status, its headers and its body: an
+/// `http::Response` with them (feature `http`, any body made from a `String`), or, for a plain
+/// value (a number, a string, JSON), the [`ToolError`](crate::error::ToolError) a client of that
+/// provider would return: `rate_limited` with the wait, `quota_exhausted`, `unavailable` (not
+/// processed for 503 and 529, ambiguous for a 502 or 504 after the work).
 pub trait FaultAnswer: Sized {
-    /// The answer with `status`, `headers` and `body`.
-    fn fault_answer(status: u16, headers: &[(&'static str, String)], body: &'static str) -> Self;
+    /// The answer with `status`, `headers` and `body`, or the error that stands for it.
+    fn fault_answer(
+        status: u16,
+        headers: &[(&'static str, String)],
+        body: &'static str,
+    ) -> Result<Self, BoxError>;
 }
 
 #[cfg(feature = "http")]
 impl<B: From<String>> FaultAnswer for http::Response<B> {
-    fn fault_answer(status: u16, headers: &[(&'static str, String)], body: &'static str) -> Self {
+    fn fault_answer(
+        status: u16,
+        headers: &[(&'static str, String)],
+        body: &'static str,
+    ) -> Result<Self, BoxError> {
         let mut answer = http::Response::new(B::from(body.to_string()));
         *answer.status_mut() =
             http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
@@ -32,9 +44,65 @@ impl<B: From<String>> FaultAnswer for http::Response<B> {
                 answer.headers_mut().insert(*name, value);
             }
         }
-        answer
+        Ok(answer)
     }
 }
+
+/// The error a client of a plain-value service would return for the answer.
+fn as_tool_error(status: u16, headers: &[(&'static str, String)], body: &str) -> BoxError {
+    use crate::classify::FailureClass;
+    use crate::error::{ErrorCode, ToolError};
+    let err = match status {
+        429 if body.contains("insufficient_quota") => {
+            ToolError::new(ErrorCode::QuotaExhausted).with_class(FailureClass::Permanent)
+        }
+        429 => {
+            let wait = headers
+                .iter()
+                .find(|(name, _)| *name == "retry-after-ms")
+                .and_then(|(_, ms)| ms.parse().ok())
+                .map(Duration::from_millis);
+            let err = ToolError::new(ErrorCode::RateLimited).with_class(FailureClass::Transient);
+            match wait {
+                Some(wait) => err.with_retry_after(wait),
+                None => err,
+            }
+        }
+        503 | 529 => ToolError::new(ErrorCode::Unavailable).with_class(FailureClass::Transient),
+        504 => ToolError::new(ErrorCode::Timeout).with_class(FailureClass::Ambiguous),
+        _ => ToolError::new(ErrorCode::Unavailable).with_class(FailureClass::Ambiguous),
+    };
+    Box::new(err)
+}
+
+macro_rules! plain_fault_answer {
+    ($($t:ty),*) => {$(
+        impl FaultAnswer for $t {
+            fn fault_answer(
+                status: u16,
+                headers: &[(&'static str, String)],
+                body: &'static str,
+            ) -> Result<Self, BoxError> {
+                Err(as_tool_error(status, headers, body))
+            }
+        }
+    )*};
+}
+
+plain_fault_answer!(
+    (),
+    bool,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i32,
+    i64,
+    String,
+    Vec<u8>,
+    serde_json::Value
+);
 
 const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
 const OVERLOADED: &str =
@@ -175,7 +243,7 @@ where
         }
         let made_up = |status, headers: Vec<(&'static str, String)>, body| -> Self::Future {
             let answer = S::Response::fault_answer(status, &headers, body);
-            ResponseFuture::fault(Box::pin(async move { Ok(answer) }))
+            ResponseFuture::fault(Box::pin(async move { answer }))
         };
         let future: Boxed<S::Response> = match fault {
             Some(Fault::RateLimited(wait)) => return made_up(429, retry_after(wait), "{}"),
@@ -210,7 +278,7 @@ where
                     effects.worked(operation);
                     match other {
                         Some(Fault::FailedAfterWork(status)) => {
-                            Ok(S::Response::fault_answer(status, &[], "{}"))
+                            S::Response::fault_answer(status, &[], "{}")
                         }
                         Some(Fault::ResetAfterWork) => Err(io::Error::new(
                             io::ErrorKind::ConnectionReset,

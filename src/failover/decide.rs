@@ -1,8 +1,9 @@
 //! The failover's decisions, as pure functions: whether a failure leaves its target, and which
 //! target a call goes to. The service only drives them.
 
+use crate::classify::FailureClass;
 use crate::classify::{Classification, ServerHint, Verdict};
-use crate::error::{ErrorCode, FailureClass};
+use crate::error::ErrorCode;
 use std::time::Duration;
 use tokio::time::Instant;
 

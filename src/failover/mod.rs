@@ -30,7 +30,7 @@
 //! use stormguard::budget::RetryBudget;
 //! use stormguard::error::{BoxError, ErrorCode};
 //! use stormguard::failover::Failover;
-//! use stormguard::ToolError;
+//! use stormguard::error::ToolError;
 //! use tower::{service_fn, ServiceExt};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]

@@ -4,8 +4,9 @@
 use super::decide::{away_for, leaves, pick, Away, Leave};
 use super::trail::{Exhausted, Tried};
 use super::Shared;
+use crate::classify::FailureClass;
 use crate::classify::{Classification, ClassifiedResponse, Classify};
-use crate::error::{BoxError, FailureClass, ToolError};
+use crate::error::{BoxError, ToolError};
 use crate::operation::ledger::{with_current, OpState};
 use crate::operation::Operation;
 use crate::retry::Replay;

@@ -29,13 +29,13 @@ impl fmt::Display for Tried {
     }
 }
 
-/// The source of the [`ToolError`](crate::ToolError) a [`Failover`](super::Failover) returns
+/// The source of the [`ToolError`](crate::error::ToolError) a [`Failover`](super::Failover) returns
 /// when no target could serve the call: every target it left or skipped, and the last target's
 /// own error, if its answer was an error (its [`source`](std::error::Error::source)).
 ///
 /// ```
 /// use stormguard::failover::Exhausted;
-/// # fn inspect(err: &stormguard::ToolError) {
+/// # fn inspect(err: &stormguard::error::ToolError) {
 /// if let Some(exhausted) = std::error::Error::source(err).and_then(|s| s.downcast_ref::<Exhausted>()) {
 ///     for tried in exhausted.tried() {
 ///         println!("{}: {}", tried.target, tried.why.as_str());
