@@ -139,13 +139,13 @@
 
 mod config;
 mod decide;
-#[cfg(feature = "redis")]
-pub(crate) mod fleet;
 pub mod future;
 mod keyed;
 mod layer;
 mod policy;
+mod record;
 mod registry;
+pub(crate) mod share;
 mod state;
 mod transition;
 mod window;
