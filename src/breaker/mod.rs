@@ -138,6 +138,7 @@
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
 
 mod config;
+pub(crate) mod control;
 mod decide;
 pub mod future;
 mod keyed;

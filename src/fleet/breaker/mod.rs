@@ -33,7 +33,8 @@ use super::scripts;
 use super::Fleet;
 mod relay;
 
-use crate::breaker::share::{ShareTerms, WeakBreaker};
+use crate::breaker::control::WeakBreaker;
+use crate::breaker::share::ShareTerms;
 use crate::breaker::Breaker;
 use crate::error::ConfigError;
 use crate::telemetry::FLEET_LOCAL;
