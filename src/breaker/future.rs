@@ -39,14 +39,14 @@ impl Ticket {
     /// Starts the slow-call clock as the call is made (not when it was admitted: a trial
     /// admitted in `poll_ready` may wait there for the inner service).
     pub(super) fn start(&mut self) {
-        if self.breaker.shared.config.slow_call.is_some() {
+        if self.breaker.machine.config.slow_call.is_some() {
             self.started = self.breaker.now_tick();
         }
     }
 
     /// Whether the call is slow by now (the slow-call rule; never without one).
     fn slow(&self) -> bool {
-        self.breaker.shared.config.slow_call.is_some_and(|slow| {
+        self.breaker.machine.config.slow_call.is_some_and(|slow| {
             self.started != 0 && Duration::from_nanos(self.breaker.now_tick() - self.started) > slow
         })
     }

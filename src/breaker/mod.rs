@@ -138,14 +138,15 @@
 //! recorder first. [`BreakerConfigBuilder::on_transition`] adds a callback.
 
 mod config;
+pub(crate) mod control;
 mod decide;
-#[cfg(feature = "redis")]
-pub(crate) mod fleet;
 pub mod future;
 mod keyed;
 mod layer;
 mod policy;
+mod record;
 mod registry;
+pub(crate) mod share;
 mod state;
 mod transition;
 mod window;

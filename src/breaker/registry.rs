@@ -80,7 +80,7 @@ impl BreakerRegistry {
         }
         if breakers.len() >= self.capacity {
             // Only this map holds it, and it is closed: nothing is lost but recent counts.
-            breakers.retain(|_, b| Arc::strong_count(&b.shared) > 1 || b.state() != State::Closed);
+            breakers.retain(|_, b| Arc::strong_count(&b.machine) > 1 || b.state() != State::Closed);
             if breakers.len() >= self.capacity {
                 tracing::warn!(
                     breakers = breakers.len(),

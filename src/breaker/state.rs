@@ -6,49 +6,49 @@
 //! generation (a call admitted before the breaker opened) counts in a later one.
 
 use super::config::{BreakerConfig, Window};
-pub(super) use super::decide::{open_decision, trip_reason, Admission, Admit, OpenDecision};
-use super::policy::Count;
-use super::transition::{State, Transition};
+pub(super) use super::decide::{open_decision, Admission, Admit, OpenDecision};
+use super::share::{Alone, Sharing};
+use super::transition::State;
 use super::window::{Buckets, Ring, Tally};
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
 // word: bits 0-18 trials admitted, 19-37 trial successes, 38-39 state, 40-63 generation.
-const FIELD: u64 = (1 << 19) - 1;
-const SUCCESS_SHIFT: u32 = 19;
-const STATE_SHIFT: u32 = 38;
-const GEN_SHIFT: u32 = 40;
-const CLOSED: u64 = 0;
-const OPEN: u64 = 1;
-const HALF_OPEN: u64 = 2;
+pub(super) const FIELD: u64 = (1 << 19) - 1;
+pub(super) const SUCCESS_SHIFT: u32 = 19;
+pub(super) const STATE_SHIFT: u32 = 38;
+pub(super) const GEN_SHIFT: u32 = 40;
+pub(super) const CLOSED: u64 = 0;
+pub(super) const OPEN: u64 = 1;
+pub(super) const HALF_OPEN: u64 = 2;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-struct Word(u64);
+pub(super) struct Word(pub(super) u64);
 
 impl Word {
-    fn new(generation: u64, state: u64) -> Word {
+    pub(super) fn new(generation: u64, state: u64) -> Word {
         Word((generation & 0xff_ffff) << GEN_SHIFT | state << STATE_SHIFT)
     }
-    fn state(self) -> u64 {
+    pub(super) fn state(self) -> u64 {
         (self.0 >> STATE_SHIFT) & 3
     }
-    fn generation(self) -> u32 {
+    pub(super) fn generation(self) -> u32 {
         (self.0 >> GEN_SHIFT) as u32
     }
-    fn admitted(self) -> u64 {
+    pub(super) fn admitted(self) -> u64 {
         self.0 & FIELD
     }
-    fn successes(self) -> u64 {
+    pub(super) fn successes(self) -> u64 {
         (self.0 >> SUCCESS_SHIFT) & FIELD
     }
-    fn next(self, state: u64) -> Word {
+    pub(super) fn next(self, state: u64) -> Word {
         Word::new(u64::from(self.generation()) + 1, state)
     }
-    fn public(self) -> State {
+    pub(super) fn public(self) -> State {
         match self.state() {
             CLOSED => State::Closed,
             OPEN => State::Open,
@@ -61,37 +61,47 @@ fn millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
-struct Counters {
-    success: metrics::Counter,
-    failure: metrics::Counter,
-    ignored: metrics::Counter,
-    rejected: metrics::Counter,
+pub(super) struct Counters {
+    pub(super) success: metrics::Counter,
+    pub(super) failure: metrics::Counter,
+    pub(super) ignored: metrics::Counter,
+    pub(super) rejected: metrics::Counter,
 }
 
-pub(super) struct Shared {
+pub(super) struct Machine {
     pub(super) name: Cow<'static, str>,
     pub(super) config: BreakerConfig,
-    word: AtomicU64,
+    pub(super) word: AtomicU64,
     /// (generation << 40) | milliseconds since `epoch` when the shortest open time ends.
-    open_until: AtomicU64,
+    pub(super) open_until: AtomicU64,
     /// Milliseconds since `epoch` when the longest open time ends (a probe goes then whatever
     /// the traffic).
-    open_max_until: AtomicU64,
+    pub(super) open_max_until: AtomicU64,
     /// Calls rejected since the breaker last opened (a probe goes after `probe_after` of them).
-    rejected_since_open: AtomicU32,
+    pub(super) rejected_since_open: AtomicU32,
     /// (generation << 40) | milliseconds since `epoch` when the half-open state's first trial
     /// was admitted (a trial unanswered after `trial_timeout` counts as failed).
-    trial_started: AtomicU64,
-    opens: AtomicU64,
-    consecutive: AtomicU32,
-    tally: Tally,
-    reason: Mutex<String>,
-    epoch: Instant,
-    counters: Counters,
-    /// The fleet this breaker is shared with (feature `redis`): its counts go there, and its
-    /// gate holds the open breaker's probes to the fleet's trial lease.
-    #[cfg(feature = "redis")]
-    pub(super) fleet: std::sync::OnceLock<Arc<super::fleet::Tap>>,
+    pub(super) trial_started: AtomicU64,
+    pub(super) opens: AtomicU64,
+    pub(super) consecutive: AtomicU32,
+    pub(super) tally: Tally,
+    pub(super) reason: Mutex<String>,
+    pub(super) epoch: Instant,
+    pub(super) counters: Counters,
+    /// What this breaker is shared with, if anything (see [`share`](super::share)): its
+    /// outcomes go there, and its gate holds the open breaker's probes.
+    pub(super) sharing: OnceLock<Arc<dyn Sharing>>,
+}
+
+impl Machine {
+    /// What this breaker is shared with: [`Alone`] until something shares it.
+    #[inline]
+    pub(super) fn sharing(&self) -> &dyn Sharing {
+        match self.sharing.get() {
+            Some(sharing) => &**sharing,
+            None => &Alone,
+        }
+    }
 }
 
 /// A circuit breaker's shared state: one per dependency. Cloning the handle shares it; give a
@@ -106,7 +116,7 @@ pub(super) struct Shared {
 /// ```
 #[derive(Clone)]
 pub struct Breaker {
-    pub(super) shared: Arc<Shared>,
+    pub(super) machine: Arc<Machine>,
 }
 
 impl Breaker {
@@ -128,7 +138,7 @@ impl Breaker {
         };
         metrics::gauge!(super::STATE, "breaker" => label).set(State::Closed.gauge());
         Breaker {
-            shared: Arc::new(Shared {
+            machine: Arc::new(Machine {
                 name,
                 config,
                 word: AtomicU64::new(Word::new(0, CLOSED).0),
@@ -142,8 +152,7 @@ impl Breaker {
                 reason: Mutex::new(String::new()),
                 epoch: Instant::now(),
                 counters,
-                #[cfg(feature = "redis")]
-                fleet: std::sync::OnceLock::new(),
+                sharing: OnceLock::new(),
             }),
         }
     }
@@ -156,39 +165,39 @@ impl Breaker {
 
     /// How many times the breaker has opened (half-open trials that failed included).
     pub fn opens(&self) -> u64 {
-        self.shared.opens.load(Ordering::Acquire)
+        self.machine.opens.load(Ordering::Acquire)
     }
 
     /// The breaker's name.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        &self.machine.name
     }
 
     /// Why the breaker last opened, in words (empty if it never did).
     pub fn reason(&self) -> String {
-        self.shared
+        self.machine
             .reason
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    fn word(&self) -> Word {
-        Word(self.shared.word.load(Ordering::Acquire))
+    pub(super) fn word(&self) -> Word {
+        Word(self.machine.word.load(Ordering::Acquire))
     }
 
     /// Nanoseconds since the breaker was made, plus one (0 is "not timed").
     pub(super) fn now_tick(&self) -> u64 {
-        self.shared.epoch.elapsed().as_nanos() as u64 + 1
+        self.machine.epoch.elapsed().as_nanos() as u64 + 1
     }
 
-    fn now_ms(&self) -> u64 {
-        self.shared.epoch.elapsed().as_millis() as u64
+    pub(super) fn now_ms(&self) -> u64 {
+        self.machine.epoch.elapsed().as_millis() as u64
     }
 
     /// Decides whether a call may go through now.
     pub(super) fn admit(&self) -> Admission {
-        let s = &*self.shared;
+        let s = &*self.machine;
         let mut word = self.word();
         loop {
             match word.state() {
@@ -214,11 +223,7 @@ impl Breaker {
                         OpenDecision::Probe => None,
                         OpenDecision::Reject { retry_after_ms } => Some(retry_after_ms),
                     };
-                    #[cfg(feature = "redis")]
-                    let wait = match s.fleet.get() {
-                        Some(tap) => tap.gate(wait),
-                        None => wait,
-                    };
+                    let wait = s.sharing().gate(wait);
                     if let Some(retry_after_ms) = wait {
                         s.rejected_since_open.fetch_add(1, Ordering::AcqRel);
                         return Admission::rejected(
@@ -283,239 +288,12 @@ impl Breaker {
             }
         }
     }
-
-    /// Records the outcome of an admitted call.
-    pub(super) fn record(&self, admission: Admission, count: Count) {
-        let s = &*self.shared;
-        match count {
-            Count::Success => s.counters.success.increment(1),
-            Count::Failure => s.counters.failure.increment(1),
-            Count::Ignore => s.counters.ignored.increment(1),
-        }
-        #[cfg(feature = "redis")]
-        if let Some(tap) = s.fleet.get() {
-            tap.record(count);
-        }
-        match admission.view() {
-            Admit::Closed(generation) => self.record_closed(generation, count),
-            Admit::Trial(generation) => self.record_trial(generation, count),
-            Admit::Rejected(_) => {}
-        }
-    }
-
-    /// Gives back a trial permit whose call was cancelled or answered without evidence.
-    pub(super) fn release(&self, admission: Admission) {
-        let Admit::Trial(generation) = admission.view() else {
-            return;
-        };
-        let s = &*self.shared;
-        let _ = s
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                let w = Word(w);
-                (w.state() == HALF_OPEN && w.generation() == generation && w.admitted() > 0)
-                    .then_some(w.0 - 1)
-            });
-    }
-
-    pub(super) fn rejected(&self) {
-        self.shared.counters.rejected.increment(1);
-    }
-
-    fn record_closed(&self, generation: u32, count: Count) {
-        let s = &*self.shared;
-        let word = self.word();
-        if word.state() != CLOSED || word.generation() != generation {
-            // Admitted before the breaker last changed state: no evidence about this generation.
-            return;
-        }
-        let failed = match count {
-            Count::Ignore => return,
-            Count::Success => {
-                if s.consecutive.load(Ordering::Relaxed) != 0 {
-                    s.consecutive.store(0, Ordering::Relaxed);
-                }
-                false
-            }
-            Count::Failure => true,
-        };
-        let in_a_row = if failed {
-            s.consecutive.fetch_add(1, Ordering::AcqRel) + 1
-        } else {
-            0
-        };
-        let window = match &s.tally {
-            Tally::Count(ring) => Some(ring.record(failed)),
-            Tally::Time(buckets) => Some(buckets.record(s.epoch.elapsed().as_secs(), failed)),
-            Tally::Off => None,
-        };
-        if !failed {
-            return;
-        }
-        let Some(reason) = trip_reason(&s.config, &s.name, in_a_row, window) else {
-            return;
-        };
-        let word = self.word();
-        if word.state() == CLOSED && word.generation() == generation {
-            self.trip(word, State::Closed, reason);
-        }
-    }
-
-    fn record_trial(&self, generation: u32, count: Count) {
-        let s = &*self.shared;
-        match count {
-            Count::Ignore => self.release(Admission::trial(generation)),
-            Count::Failure => {
-                let word = self.word();
-                if word.state() == HALF_OPEN && word.generation() == generation {
-                    let reason = format!("a trial call to {} failed", s.name);
-                    self.trip(word, State::HalfOpen, reason);
-                }
-            }
-            Count::Success => {
-                let mut word = self.word();
-                loop {
-                    if word.state() != HALF_OPEN || word.generation() != generation {
-                        return;
-                    }
-                    let successes = word.successes() + 1;
-                    let next = if successes >= u64::from(s.config.trials) {
-                        word.next(CLOSED)
-                    } else {
-                        Word(word.0 + (1 << SUCCESS_SHIFT))
-                    };
-                    match s.word.compare_exchange(
-                        word.0,
-                        next.0,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) if next.state() == CLOSED => {
-                            s.consecutive.store(0, Ordering::Release);
-                            match &s.tally {
-                                Tally::Count(ring) => ring.reset(),
-                                Tally::Time(buckets) => buckets.reset(),
-                                Tally::Off => {}
-                            }
-                            let reason = format!("{successes} trial calls succeeded");
-                            self.transition(State::HalfOpen, State::Closed, reason);
-                            return;
-                        }
-                        Ok(_) => return,
-                        Err(actual) => word = Word(actual),
-                    }
-                }
-            }
-        }
-    }
-
-    /// Opens a closed breaker because the fleet's breaker is open (feature `redis`); says
-    /// whether it did.
-    #[cfg(feature = "redis")]
-    pub(super) fn force_open(&self, reason: String) -> bool {
-        let word = self.word();
-        if word.state() != CLOSED {
-            return false;
-        }
-        self.trip(word, State::Closed, reason);
-        self.word().state() == OPEN
-    }
-
-    /// Closes an open or half-open breaker because the fleet's trial succeeded (feature
-    /// `redis`); says whether it did.
-    #[cfg(feature = "redis")]
-    pub(super) fn force_close(&self, reason: String) -> bool {
-        let s = &*self.shared;
-        let word = self.word();
-        if word.state() == CLOSED {
-            return false;
-        }
-        let closed = word.next(CLOSED);
-        if s.word
-            .compare_exchange(word.0, closed.0, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return false;
-        }
-        s.consecutive.store(0, Ordering::Release);
-        match &s.tally {
-            Tally::Count(ring) => ring.reset(),
-            Tally::Time(buckets) => buckets.reset(),
-            Tally::Off => {}
-        }
-        self.transition(word.public(), State::Closed, reason);
-        true
-    }
-
-    /// Failures in a row now (feature `redis`: the tail a fleet sync reports).
-    #[cfg(feature = "redis")]
-    pub(super) fn consecutive(&self) -> u32 {
-        self.shared.consecutive.load(Ordering::Acquire)
-    }
-
-    fn trip(&self, word: Word, from: State, reason: String) {
-        let s = &*self.shared;
-        let open = word.next(OPEN);
-        if s.word
-            .compare_exchange(word.0, open.0, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return;
-        }
-        let now = self.now_ms();
-        let (shortest, longest) = (s.config.open_duration, s.config.max_open_duration);
-        s.rejected_since_open.store(0, Ordering::Release);
-        s.open_max_until
-            .store(now + longest.as_millis() as u64, Ordering::Release);
-        s.open_until.store(
-            u64::from(open.generation()) << GEN_SHIFT | (now + shortest.as_millis() as u64),
-            Ordering::Release,
-        );
-        let duration = shortest;
-        s.opens.fetch_add(1, Ordering::AcqRel);
-        let reason = format!(
-            "{reason}; open for at least {} ms, then probing after {} turned-away calls (at most {} ms)",
-            duration.as_millis(),
-            s.config.probe_after,
-            longest.as_millis()
-        );
-        *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
-        self.transition(from, State::Open, reason);
-    }
-
-    fn transition(&self, from: State, to: State, reason: String) {
-        let s = &*self.shared;
-        tracing::info!(
-            breaker = %s.name,
-            from = from.as_str(),
-            to = to.as_str(),
-            reason = %reason,
-            "circuit breaker transition"
-        );
-        let name = s.name.to_string();
-        metrics::gauge!(super::STATE, "breaker" => name.clone()).set(to.gauge());
-        metrics::counter!(
-            super::TRANSITIONS,
-            "breaker" => name.clone(),
-            "from" => from.as_str(),
-            "to" => to.as_str()
-        )
-        .increment(1);
-        if let Some(callback) = &s.config.on_transition {
-            callback(&Transition {
-                breaker: name,
-                from,
-                to,
-                reason,
-            });
-        }
-    }
 }
 
 impl fmt::Debug for Breaker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Breaker")
-            .field("name", &self.shared.name)
+            .field("name", &self.machine.name)
             .field("state", &self.state())
             .field("opens", &self.opens())
             .finish()

@@ -1,7 +1,8 @@
-//! [`RetryBudgetBuilder`]: the budget's settings, checked when it is built (and, with the
-//! feature `redis`, the fleet it shares its balance with).
+//! [`RetryBudgetBuilder`]: the budget's settings, checked when it is built (and the balance it
+//! shares with other processes, if any: see [`balance`](super::balance)).
 
-use super::ratio::{Ratio, Terms};
+use super::balance::OpenBalance;
+use super::ratio::{Ratio, Terms, RETRY};
 use super::run::{Run, RunLimits};
 use super::{random_seed, RetryBudget};
 use crate::error::ConfigError;
@@ -33,10 +34,10 @@ pub struct RetryBudgetBuilder {
     floor_window: Duration,
     seed: Option<u64>,
     run: Option<RunLimits>,
-    #[cfg(feature = "redis")]
-    fleet: Option<(crate::fleet::Fleet, String)>,
-    #[cfg(feature = "redis")]
-    fleet_lease: Option<u32>,
+    /// Opens the balance the budget shares with other processes, if it is shared.
+    shared: Option<Arc<dyn OpenBalance>>,
+    /// The retries a process keeps leased from the shared balance.
+    lease: Option<u32>,
 }
 
 impl Default for RetryBudgetBuilder {
@@ -50,10 +51,8 @@ impl Default for RetryBudgetBuilder {
             floor_window: Duration::from_secs(60),
             seed: None,
             run: None,
-            #[cfg(feature = "redis")]
-            fleet: None,
-            #[cfg(feature = "redis")]
-            fleet_lease: None,
+            shared: None,
+            lease: None,
         }
     }
 }
@@ -130,44 +129,19 @@ impl RetryBudgetBuilder {
         self
     }
 
-    /// Shares the ratio balance and the floor with every worker of `fleet` that builds a budget
-    /// of the same `name` (feature `redis`): the fleet as a whole earns `retry_ratio` per
-    /// success, holds at most `max_balance`, and gets `floor` retries per window, as one process
-    /// would. Each worker keeps a lease of up to 2 retries (see [`fleet_lease`](Self::fleet_lease))
-    /// and batches its deposits, so no decision waits on Redis; while the fleet is down, the
-    /// budget decides from its local balance and floor. Every worker must build the budget with
-    /// the same settings: the script applies the caller's. Run budgets and fair shares stay per
-    /// process, and [`RetryBudget::balance`] is this worker's local balance (the one it falls
-    /// back to), not the fleet's. Leases sit with the workers that took them: keep
-    /// `workers × fleet_lease` well below `max_balance`. See [`fleet`](crate::fleet).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard::budget::RetryBudget;
-    /// use stormguard::fleet::Fleet;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// // A fleet whose Redis does not answer: the budget decides locally.
-    /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
-    /// let budget = RetryBudget::builder().floor(1, Duration::from_secs(60)).fleet(&fleet, "search").build().unwrap();
-    /// assert!(budget.try_withdraw(Duration::ZERO).is_ok()); // the local floor
-    /// assert!(budget.try_withdraw(Duration::ZERO).is_err());
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub fn fleet(mut self, fleet: &crate::fleet::Fleet, name: impl Into<String>) -> Self {
-        self.fleet = Some((fleet.clone(), name.into()));
+    /// Shares the ratio balance and the floor through `shared` (the fleet's
+    /// `RetryBudgetBuilder::fleet`, feature `redis`).
+    #[allow(dead_code)] // reached from the fleet (feature `redis`) only
+    pub(crate) fn shared(mut self, shared: Arc<dyn OpenBalance>) -> Self {
+        self.shared = Some(shared);
         self
     }
 
-    /// The retries a worker keeps leased from the fleet's balance (2 by default; 0 to 100). 0
-    /// leases nothing from the balance: a worker then retries only on the floor (one use leased
-    /// at a time) or from the balance through [`RetryBudget::fleet_withdraw`]. Set without
-    /// [`fleet`](Self::fleet), `build` refuses it (`fleet_lease`). A budget dropped gives its
-    /// lease back.
-    #[cfg(feature = "redis")]
-    pub fn fleet_lease(mut self, retries: u32) -> Self {
-        self.fleet_lease = Some(retries);
+    /// The retries a process keeps leased from the shared balance (the fleet's
+    /// `RetryBudgetBuilder::fleet_lease`, feature `redis`).
+    #[allow(dead_code)] // reached from the fleet (feature `redis`) only
+    pub(crate) fn lease(mut self, retries: u32) -> Self {
+        self.lease = Some(retries);
         self
     }
 
@@ -196,16 +170,14 @@ impl RetryBudgetBuilder {
             floor: self.floor,
             floor_window: self.floor_window,
         };
-        #[allow(unused_mut)]
         let mut ratio = Ratio::new(&terms, seed);
-        #[cfg(feature = "redis")]
-        match (self.fleet, self.fleet_lease) {
-            (Some((fleet, name)), lease) => {
+        match (self.shared, self.lease) {
+            (Some(shared), lease) => {
                 let lease = lease.unwrap_or(2);
                 if lease > 100 {
                     return Err(ConfigError::new("fleet_lease", "must be 0 to 100 retries"));
                 }
-                ratio.fleet = Some(ratio.lease_on(&fleet, &name, lease)?);
+                ratio.shared = Some(shared.open(ratio.balance_terms(), i64::from(lease) * RETRY)?);
             }
             (None, Some(_)) => {
                 return Err(ConfigError::new(

@@ -134,59 +134,29 @@
 //! # }
 //! ```
 
+pub(crate) mod balance;
 mod builder;
 mod lend;
 mod ratio;
+mod refusal;
 mod run;
 pub(crate) mod scope;
 
 pub use builder::RetryBudgetBuilder;
+pub(crate) use ratio::{next_id, random_seed, RETRY};
+pub use refusal::Refusal;
 pub use run::{RunLimits, RunLimitsBuilder};
 pub use scope::RunScoped;
 
-use crate::backoff::rng::mix;
-use crate::error::ErrorCode;
-use crate::telemetry;
 use lend::Short;
 use ratio::Ratio;
+use refusal::loan_refused;
 use run::Run;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Why a budget refused a retry.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::budget::{Refusal, RetryBudget, RunLimits};
-/// use stormguard::error::ErrorCode;
-///
-/// let run = RetryBudget::default().for_run(RunLimits::builder().max_retries(0).build()?);
-/// let refusal = run.try_withdraw(Duration::ZERO).unwrap_err();
-/// assert_eq!(refusal, Refusal::RunBudget);
-/// assert_eq!(refusal.code(), ErrorCode::RunBudgetExhausted);
-/// # Ok::<(), stormguard::error::ConfigError>(())
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// The shared ratio budget (and its floor) is spent.
-    RetryBudget,
-    /// The run's own cap on retries or retry time is spent.
-    RunBudget,
-}
-
-impl Refusal {
-    /// The code of the error a refused retry ends with.
-    pub const fn code(self) -> ErrorCode {
-        match self {
-            Refusal::RetryBudget => ErrorCode::RetryBudgetExhausted,
-            Refusal::RunBudget => ErrorCode::RunBudgetExhausted,
-        }
-    }
-}
 
 /// A retry budget shared by every layer (and every clone) it is given to.
 ///
@@ -340,105 +310,36 @@ impl RetryBudget {
         })
     }
 
-    /// Asks the fleet's Redis for one retry now, in one round trip (feature `redis`): the exact
-    /// fleet-wide decision, without this worker's lease. The run's own limits apply as in
-    /// [`try_withdraw`](Self::try_withdraw) (fair shares do not: the fleet's balance is asked
-    /// directly). Without a fleet, or while it is down or does not answer within its timeout, it
-    /// is [`try_withdraw`](Self::try_withdraw). The retry layers use the lease, never this: it is
-    /// for a caller that would rather wait a round trip than hold a lease, and for measuring what
-    /// the lease saves (`cargo bench --features redis --bench fleet`).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard::budget::{Refusal, RetryBudget};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let local = RetryBudget::builder().floor(0, Duration::from_secs(60)).build().unwrap();
-    /// assert_eq!(local.fleet_withdraw(Duration::ZERO).await, Err(Refusal::RetryBudget));
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub async fn fleet_withdraw(&self, delay: Duration) -> Result<(), Refusal> {
-        let Some(lease) = self.ratio.fleet.as_ref().filter(|l| l.is_up()) else {
-            return self.try_withdraw(delay);
-        };
+    /// Asks `exact` for one retry now (the shared balance's exact path: `Some(granted)`, or
+    /// `None` when it has no answer), with this handle's run limits around it; without an
+    /// answer, it is [`try_withdraw`](Self::try_withdraw).
+    #[allow(dead_code)] // reached from the fleet (feature `redis`) only
+    pub(crate) async fn withdraw_exact(
+        &self,
+        delay: Duration,
+        exact: impl Future<Output = Option<bool>>,
+    ) -> Result<(), Refusal> {
         let run = self.run.clone().or_else(|| scope::current_run(&self.ratio));
         if let Some(run) = &run {
             run.try_spend(delay)?;
         }
-        let answer = lease.withdraw_now(ratio::RETRY).await;
-        if let Ok(true) = answer {
+        let answer = exact.await;
+        if answer == Some(true) {
             return Ok(());
         }
         if let Some(run) = &run {
             run.refund(delay);
         }
         match answer {
-            Ok(_) => Err(Refusal::RetryBudget),
-            Err(_) => self.try_withdraw(delay),
+            Some(_) => Err(Refusal::RetryBudget),
+            None => self.try_withdraw(delay),
         }
     }
 
-    /// Waits until this worker's first sync with the fleet has answered, at most `limit`, and
-    /// says whether it did (feature `redis`; `true` at once without a fleet). A fleet budget holds
-    /// no lease until then (a round trip after `build`, started at once), so a retry asked for in
-    /// that moment is refused; await this after building when the first calls may fail at once.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stormguard::budget::RetryBudget;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// assert!(RetryBudget::default().fleet_ready(Duration::ZERO).await);
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub async fn fleet_ready(&self, limit: Duration) -> bool {
-        match &self.ratio.fleet {
-            Some(lease) => lease.wait_synced(limit).await,
-            None => true,
-        }
-    }
-
-    /// What the fleet's Redis holds for this budget (feature `redis`): its balance, the leases by
-    /// worker, the live workers, the floor used; one read-only script, bounded by the fleet's
-    /// timeout. See [`fleet::status`](crate::fleet::status).
-    ///
-    /// ```
-    /// use stormguard::budget::RetryBudget;
-    /// use stormguard::fleet::StatusErrorKind;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// // A budget of one process has no fleet to read.
-    /// let err = RetryBudget::default().fleet_status().await.unwrap_err();
-    /// assert_eq!(err.kind(), StatusErrorKind::NotShared);
-    /// # }
-    /// ```
-    #[cfg(feature = "redis")]
-    pub async fn fleet_status(
-        &self,
-    ) -> Result<crate::fleet::BudgetStatus, crate::fleet::StatusError> {
-        match &self.ratio.fleet {
-            Some(lease) => {
-                crate::fleet::status::budget(
-                    lease.link(),
-                    &lease.name,
-                    crate::fleet::budget::LEASE_TTL,
-                )
-                .await
-            }
-            None => Err(crate::fleet::StatusError::not_shared()),
-        }
-    }
-
-    /// Retries this worker holds leased from the fleet's balance (feature `redis`; 0 without a
-    /// fleet).
-    #[cfg(feature = "redis")]
-    pub fn fleet_lease_held(&self) -> f64 {
-        self.ratio
-            .fleet
-            .as_ref()
-            .map_or(0.0, |l| l.held() as f64 / ratio::RETRY as f64)
+    /// The balance this budget shares with other processes, if any.
+    #[allow(dead_code)] // reached from the fleet (feature `redis`) only
+    pub(crate) fn shared_balance(&self) -> Option<&dyn balance::Balance> {
+        self.ratio.shared.as_deref()
     }
 
     /// Retries the ratio balance allows now (without the floor).
@@ -532,35 +433,4 @@ impl tower::retry::budget::Budget for RetryBudget {
     fn withdraw(&self) -> bool {
         self.try_withdraw(Duration::ZERO).is_ok()
     }
-}
-
-/// A run was sent to the floor because it may not borrow (`short`: its share, or the limit on
-/// what all runs owe).
-#[cold]
-fn loan_refused(short: Short) {
-    telemetry::loan_refused(short.as_str());
-    tracing::debug!(
-        reason = short.as_str(),
-        "retry budget: no loan for this run; it has only the floor"
-    );
-}
-
-/// The next budget id: 24 bits, never 0 (see [`RetryBudget::id`]).
-pub(crate) fn next_id() -> u32 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    loop {
-        let id = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0xff_ffff;
-        if id != 0 {
-            return id;
-        }
-    }
-}
-
-/// A random 64-bit number (the process's hasher keys and a counter, mixed).
-pub(crate) fn random_seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    mix(h.finish())
 }

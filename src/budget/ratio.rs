@@ -1,12 +1,14 @@
-//! The ratio budget: milli-retries in one atomic, deposited by successes, plus a windowed floor.
+//! The ratio budget: a balance of milli-retries deposited by successes, with a windowed floor
+//! (see [`balance`](super::balance)), and what runs owe it.
 
+use super::balance::{Balance, BalanceTerms, LocalBalance};
 use crate::backoff::rng::mix;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// One retry, in the fixed-point unit of the balance.
-pub(super) const RETRY: i64 = 1000;
+pub(crate) const RETRY: i64 = 1000;
 
 /// A throttled retry the server scheduled: 5/14 of a retry, as in AWS's 2026 retry quota
 /// (throttling errors cost 5 tokens, other failures 14).
@@ -25,10 +27,11 @@ pub(super) struct Terms {
 
 #[derive(Debug)]
 pub(super) struct Ratio {
-    /// Milli-retries available; deposits add `deposit`, a retry takes `RETRY`.
-    balance: AtomicI64,
-    deposit: i64,
-    max: i64,
+    /// This process's balance and floor: what decides while the budget is not shared, or its
+    /// shared balance is down (deposits keep it warm either way).
+    local: LocalBalance,
+    /// The balance shared with other processes, if any: while it is up, withdrawals come from it.
+    pub(super) shared: Option<Arc<dyn Balance>>,
     /// How far, in milli-retries, one run may draw on the balance beyond what it deposited.
     share: i64,
     /// The most all runs together may owe the balance (milli-retries).
@@ -39,58 +42,43 @@ pub(super) struct Ratio {
     /// What runs that ended in debt left owing, counted against `limit` until the floor window
     /// turns: the window's index (high 32 bits) and the milli-retries (low 32 bits); 0 for none.
     written_off: AtomicU64,
-    floor: u32,
-    floor_window: Duration,
-    /// The floor window's index (high 32 bits) and the retries it has let through (low 32 bits),
-    /// in one word so a window change and a use cannot interleave.
-    floor_state: AtomicU64,
-    started: Instant,
     seed: u64,
     operations: AtomicU64,
     id: u32,
-    /// The fleet's balance and floor, when the budget is shared through Redis: while the fleet
-    /// is up, withdrawals come from this worker's lease; while it is down, from the local balance
-    /// and floor above (which deposits keep warm either way).
-    #[cfg(feature = "redis")]
-    pub(super) fleet: Option<std::sync::Arc<crate::fleet::budget::Lease>>,
 }
 
 impl Ratio {
     pub(super) fn new(terms: &Terms, seed: u64) -> Self {
         Ratio {
-            balance: AtomicI64::new(0),
-            deposit: (terms.ratio * RETRY as f64).round() as i64,
-            max: i64::from(terms.max_balance) * RETRY,
+            local: LocalBalance::new(BalanceTerms {
+                deposit: (terms.ratio * RETRY as f64).round() as i64,
+                max: i64::from(terms.max_balance) * RETRY,
+                floor: terms.floor,
+                floor_window: terms.floor_window,
+            }),
+            shared: None,
             share: i64::from(terms.run_share) * RETRY,
             limit: i64::from(terms.lending_limit) * RETRY,
             lent: AtomicI64::new(0),
             written_off: AtomicU64::new(0),
-            floor: terms.floor,
-            floor_window: terms.floor_window,
-            floor_state: AtomicU64::new(0),
-            started: Instant::now(),
             seed,
             operations: AtomicU64::new(0),
-            id: super::next_id(),
-            #[cfg(feature = "redis")]
-            fleet: None,
+            id: next_id(),
         }
+    }
+
+    /// The shared balance, while decisions go through it.
+    #[inline]
+    fn shared_up(&self) -> Option<&dyn Balance> {
+        self.shared.as_deref().filter(|shared| shared.is_up())
     }
 
     #[inline]
     pub(super) fn deposit(&self) {
-        #[cfg(feature = "redis")]
-        if let Some(fleet) = &self.fleet {
-            fleet.note_success();
+        if let Some(shared) = &self.shared {
+            shared.deposit();
         }
-        // A full balance is the common case when things go well: read, don't write.
-        if self.deposit == 0 || self.balance.load(Ordering::Relaxed) >= self.max {
-            return;
-        }
-        let before = self.balance.fetch_add(self.deposit, Ordering::Relaxed);
-        if before + self.deposit > self.max {
-            self.balance.fetch_min(self.max, Ordering::Relaxed);
-        }
+        self.local.deposit();
     }
 
     /// Takes `cost` milli-retries from the balance, or one use of the floor.
@@ -100,50 +88,26 @@ impl Ratio {
 
     /// Takes `cost` milli-retries from the balance.
     pub(super) fn try_balance(&self, cost: i64) -> bool {
-        #[cfg(feature = "redis")]
-        if let Some(fleet) = &self.fleet {
-            if fleet.is_up() {
-                return fleet.take(cost);
+        if let Some(shared) = &self.shared {
+            if shared.is_up() {
+                return shared.take(cost);
             }
-            fleet.local_decision();
+            shared.note_local();
         }
-        self.balance
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                (b >= cost).then_some(b - cost)
-            })
-            .is_ok()
+        self.local.take(cost)
     }
 
     /// One use of the floor, if this window has one left.
     pub(super) fn try_floor(&self) -> bool {
-        #[cfg(feature = "redis")]
-        if let Some(fleet) = &self.fleet {
-            if fleet.is_up() {
-                return fleet.take_floor();
-            }
+        match self.shared_up() {
+            Some(shared) => shared.take_floor(),
+            None => self.local.take_floor(),
         }
-        if self.floor == 0 {
-            return false;
-        }
-        let epoch = self.window();
-        self.floor_state
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
-                let (seen, used) = (state >> 32, state & 0xffff_ffff);
-                if seen < epoch {
-                    // A new window: only ever move forward.
-                    Some(epoch << 32 | 1)
-                } else if used < u64::from(self.floor) {
-                    Some(state + 1)
-                } else {
-                    None
-                }
-            })
-            .is_ok()
     }
 
     /// What one deposit adds, and the most the balance holds (milli-retries).
     pub(super) fn deposit_and_max(&self) -> (i64, i64) {
-        (self.deposit, self.max)
+        self.local.deposit_and_max()
     }
 
     /// How far one run may draw beyond its own deposits (milli-retries).
@@ -153,8 +117,7 @@ impl Ratio {
 
     /// The floor window now: its index from 1, in 32 bits.
     fn window(&self) -> u64 {
-        let window = self.floor_window.as_nanos().max(1);
-        ((self.started.elapsed().as_nanos() / window) as u64 + 1) & 0xffff_ffff
+        self.local.window()
     }
 
     /// The most all runs together may owe (milli-retries).
@@ -162,14 +125,13 @@ impl Ratio {
         self.limit
     }
 
-    /// What the balance holds for a decision: the local balance, or, while the fleet is up, as
-    /// much as asked (the lease decides when it is taken, and asks for a refill if it is short).
+    /// What the balance holds for a decision: the local balance, or, while a shared balance is
+    /// up, as much as asked (it decides when it is taken).
     pub(super) fn available(&self) -> i64 {
-        #[cfg(feature = "redis")]
-        if self.fleet.as_ref().is_some_and(|fleet| fleet.is_up()) {
+        if self.shared_up().is_some() {
             return i64::MAX;
         }
-        self.balance.load(Ordering::Relaxed)
+        self.local.available()
     }
 
     /// What runs owe together, as the lending limit counts it: the debts of the runs alive, and
@@ -230,36 +192,35 @@ impl Ratio {
     }
 
     pub(super) fn balance(&self) -> f64 {
-        self.balance.load(Ordering::Relaxed) as f64 / RETRY as f64
+        self.local.retries()
     }
 
-    /// A lease on the fleet's budget `name`, with this budget's terms.
-    #[cfg(feature = "redis")]
-    pub(super) fn lease_on(
-        &self,
-        fleet: &crate::fleet::Fleet,
-        name: &str,
-        lease: u32,
-    ) -> Result<std::sync::Arc<crate::fleet::budget::Lease>, crate::error::ConfigError> {
-        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
-            crate::error::ConfigError::new(
-                "fleet",
-                "a fleet budget starts a task: build it inside a tokio runtime",
-            )
-        })?;
-        let terms = crate::fleet::budget::Terms {
-            deposit: self.deposit,
-            max: self.max,
-            floor: self.floor,
-            floor_window: self.floor_window,
-            lease: i64::from(lease) * RETRY,
-        };
-        Ok(crate::fleet::budget::Lease::start(
-            fleet, name, terms, &handle,
-        ))
+    /// The balance's settings, for a shared balance.
+    pub(super) fn balance_terms(&self) -> BalanceTerms {
+        self.local.terms()
     }
 
     pub(super) fn next_seed(&self) -> u64 {
         mix(self.seed ^ mix(self.operations.fetch_add(1, Ordering::Relaxed)))
     }
+}
+
+/// The next budget id: 24 bits, never 0 (see [`RetryBudget::id`]).
+pub(crate) fn next_id() -> u32 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    loop {
+        let id = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_add(1) & 0xff_ffff;
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+/// A random 64-bit number (the process's hasher keys and a counter, mixed).
+pub(crate) fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    mix(h.finish())
 }

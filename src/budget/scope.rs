@@ -143,7 +143,6 @@ fn with_installed<T>(ratio: &Arc<Ratio>, f: impl FnOnce(Option<&Run>) -> T) -> T
 }
 
 /// The run installed on this thread if it draws on `ratio` (a clone of its handle).
-#[cfg(feature = "redis")]
 pub(super) fn current_run(ratio: &Arc<Ratio>) -> Option<Arc<Run>> {
     with_current(ratio, |run| run.is_some())
         .then(current)

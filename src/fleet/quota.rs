@@ -5,7 +5,8 @@ use super::link::Link;
 use super::scripts;
 use super::Fleet;
 use crate::error::{BoxError, ConfigError};
-use crate::quota::keyed::{sleep_for, too_costly, Keys};
+use crate::quota::keys::Keys;
+use crate::quota::wait::{sleep_for, too_costly};
 use crate::quota::KeyedQuotaFuture;
 use crate::quota::Rate;
 use crate::telemetry::FLEET_LOCAL;
@@ -19,7 +20,9 @@ use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 
-struct Shared {
+/// One quota as every layer and clone of it holds it: GCRA in Redis under the quota's key, and
+/// the local per-key quotas it falls back to while the fleet is down.
+struct RedisLimiter {
     link: Arc<Link>,
     name: Cow<'static, str>,
     rate: Rate,
@@ -80,7 +83,7 @@ type KeyFn<Req> = Arc<dyn Fn(&Req) -> (String, u32) + Send + Sync>;
 /// # Ok(()) }
 /// ```
 pub struct FleetQuotaLayer<Req> {
-    shared: Arc<Shared>,
+    limiter: Arc<RedisLimiter>,
     key_and_cost: KeyFn<Req>,
 }
 
@@ -112,7 +115,7 @@ impl<Req> FleetQuotaLayer<Req> {
 
     /// The fleet-wide rate each key is held to.
     pub fn rate(&self) -> Rate {
-        self.shared.rate
+        self.limiter.rate
     }
 }
 
@@ -182,7 +185,7 @@ impl<Req> FleetQuotaLayerBuilder<Req> {
             ));
         }
         Ok(FleetQuotaLayer {
-            shared: Arc::new(Shared {
+            limiter: Arc::new(RedisLimiter {
                 link: self.fleet.link.clone(),
                 name: self.name,
                 rate,
@@ -198,7 +201,7 @@ impl<Req> FleetQuotaLayerBuilder<Req> {
 impl<Req> Clone for FleetQuotaLayer<Req> {
     fn clone(&self) -> Self {
         FleetQuotaLayer {
-            shared: self.shared.clone(),
+            limiter: self.limiter.clone(),
             key_and_cost: self.key_and_cost.clone(),
         }
     }
@@ -207,8 +210,8 @@ impl<Req> Clone for FleetQuotaLayer<Req> {
 impl<Req> fmt::Debug for FleetQuotaLayer<Req> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FleetQuotaLayer")
-            .field("name", &self.shared.name)
-            .field("rate", &self.shared.rate)
+            .field("name", &self.limiter.name)
+            .field("rate", &self.limiter.rate)
             .finish_non_exhaustive()
     }
 }
@@ -302,8 +305,8 @@ where
 
     fn call(&mut self, req: Req) -> Self::Future {
         let (key, cost) = (self.layer.key_and_cost)(&req);
-        let shared = self.layer.shared.clone();
-        let burst = shared.rate.burst();
+        let limiter = self.layer.limiter.clone();
+        let burst = limiter.rate.burst();
         let inner = if cost > burst {
             KeyedQuotaFuture::failed(too_costly(cost, burst, "the fleet's quota"))
         } else if cost == 0 {
@@ -311,7 +314,7 @@ where
         } else {
             return FleetQuotaFuture {
                 state: State::Reserving {
-                    reserve: Box::pin(reserve(shared, key, cost)),
+                    reserve: Box::pin(reserve(limiter, key, cost)),
                     service: Some(self.inner.clone()),
                     request: Some(req),
                 },
@@ -325,19 +328,19 @@ where
 
 /// Reserves `cost` for `key` in Redis, or in this worker's fallback quota while the fleet is
 /// down; the sleep until the slot comes.
-async fn reserve(shared: Arc<Shared>, key: String, cost: u32) -> Option<Pin<Box<Sleep>>> {
-    let redis_key = format!("{}:{key}", shared.link.key("quota", &shared.name));
+async fn reserve(limiter: Arc<RedisLimiter>, key: String, cost: u32) -> Option<Pin<Box<Sleep>>> {
+    let redis_key = format!("{}:{key}", limiter.link.key("quota", &limiter.name));
     let mut invocation = scripts::QUOTA.key(redis_key);
     invocation
-        .arg(shared.interval_us)
-        .arg(shared.tolerance_us)
+        .arg(limiter.interval_us)
+        .arg(limiter.tolerance_us)
         .arg(cost);
-    let wait = match shared.link.eval::<u64>(&invocation).await {
+    let wait = match limiter.link.eval::<u64>(&invocation).await {
         Ok(us) => Duration::from_micros(us),
         Err(_) => {
             metrics::counter!(FLEET_LOCAL, "part" => "quota").increment(1);
-            shared.fallback.gcra(&key).reserve_n(cost)
+            limiter.fallback.gcra(&key).reserve_n(cost)
         }
     };
-    sleep_for(wait, &shared.name, cost)
+    sleep_for(wait, &limiter.name, cost)
 }

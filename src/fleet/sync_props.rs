@@ -8,10 +8,11 @@
 //! It drives the lease's own sync (the outbox and the script), not a copy of it; only the task
 //! that would call it on a timer is left out, so each sync meets the fault the case chose.
 
-use super::budget::{Lease, Terms, LEASE_TTL};
+use super::budget::{Lease, LEASE_TTL};
 use super::link::Fault;
 use super::outbox::Outbox;
 use super::Fleet;
+use crate::budget::balance::{Balance, BalanceTerms as Terms};
 use proptest::prelude::*;
 use std::time::Duration;
 
@@ -50,14 +51,13 @@ proptest! {
                 max: 1_000_000,
                 floor: 0,
                 floor_window: Duration::from_secs(60),
-                lease: lease_retries * 1_000,
             };
-            let lease = Lease::new(&fleet, "b", terms);
+            let lease = Lease::new(&fleet, "b", terms, lease_retries * 1_000);
             let mut outbox = Outbox::new();
             let (mut made, mut spent) = (0i64, 0i64);
             for (successes, spend_pct, fault) in &steps {
                 for _ in 0..*successes {
-                    lease.note_success();
+                    lease.deposit();
                 }
                 made += *successes as i64 * 1_000;
                 let cost = lease.held() * spend_pct / 100;

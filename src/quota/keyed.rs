@@ -1,71 +1,16 @@
 //! A quota per key (tenant, run, model), with weighted calls (tokens): [`KeyedQuotaLayer`].
 
-use super::{Gcra, KeyedQuotaFuture, Rate};
-use crate::error::{BoxError, ConfigError, ErrorCode, ToolError};
-use crate::telemetry::QUOTA_WAITS as WAITS;
+use super::keys::{Keys, SHARDS};
+use super::wait::{sleep_for, too_costly};
+use super::{KeyedQuotaFuture, Rate};
+use crate::error::{BoxError, ConfigError};
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::hash::Hash;
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
-
-const SHARDS: usize = 16;
-
-/// The keys' quotas, in shards; idle keys are dropped when a shard grows past its share.
-pub(crate) struct Keys<K> {
-    shards: Vec<Mutex<HashMap<K, Arc<Gcra>>>>,
-    hasher: std::collections::hash_map::RandomState,
-    rate: Rate,
-    /// Keys a shard holds before it drops its idle ones.
-    per_shard: usize,
-}
-
-impl<K> Keys<K> {
-    /// Room for `capacity` keys, each held to its own `rate`.
-    pub(crate) fn new(rate: Rate, capacity: usize) -> Keys<K> {
-        Keys {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: Default::default(),
-            rate,
-            per_shard: capacity / SHARDS,
-        }
-    }
-}
-
-impl<K: Hash + Eq + Clone> Keys<K> {
-    pub(crate) fn gcra(&self, key: &K) -> Arc<Gcra> {
-        let shard = &self.shards[(self.hasher.hash_one(key) as usize) % SHARDS];
-        let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(gcra) = map.get(key) {
-            return gcra.clone();
-        }
-        if map.len() >= self.per_shard {
-            // A full quota holds nothing: made anew, it answers the same.
-            map.retain(|_, g| !g.idle());
-            if map.len() >= self.per_shard {
-                tracing::warn!(
-                    keys = map.len(),
-                    "keyed quota: more busy keys than its capacity; the shard grows"
-                );
-            }
-        }
-        let gcra = Arc::new(Gcra::new(self.rate));
-        map.insert(key.clone(), gcra.clone());
-        gcra
-    }
-
-    fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
-    }
-}
 
 /// Holds each key's calls to its own quota at a [`Rate`], weighted by their cost: a provider's
 /// limits per organisation, per model, in requests or in tokens per minute.
@@ -415,36 +360,6 @@ where
         let sleep = sleep_for(wait, &self.layer.name, cost);
         KeyedQuotaFuture::waiting(sleep, self.inner.clone(), req)
     }
-}
-
-/// The error of a call that costs more than `what` lets through at once: it could never go.
-pub(crate) fn too_costly(cost: u32, burst: u32, what: &str) -> ToolError {
-    ToolError::new(ErrorCode::InvalidArgument)
-        .with_retryable(false)
-        .with_hint(format!(
-            "this call costs {cost}, more than {what} allows at once ({burst}); make it smaller"
-        ))
-}
-
-/// The sleep until a reserved slot comes (none if it is now), counted and traced. The name is a
-/// `Cow` so the metric label is a clone of it, not a new string.
-#[allow(clippy::ptr_arg)]
-pub(crate) fn sleep_for(
-    wait: std::time::Duration,
-    quota: &Cow<'static, str>,
-    cost: u32,
-) -> Option<Pin<Box<Sleep>>> {
-    if wait.is_zero() {
-        return None;
-    }
-    metrics::counter!(WAITS, "quota" => quota.clone()).increment(1);
-    tracing::debug!(
-        quota = %quota,
-        cost,
-        wait_ms = wait.as_millis() as u64,
-        "waiting for this key's room in the quota"
-    );
-    Some(Box::pin(tokio::time::sleep(wait)))
 }
 
 #[cfg(test)]

@@ -65,9 +65,11 @@
 
 pub mod future;
 mod gcra;
-pub(crate) mod keyed;
+mod keyed;
+pub(crate) mod keys;
 mod layer;
 mod rate;
+pub(crate) mod wait;
 
 pub use future::KeyedQuotaFuture;
 pub use keyed::{KeyedQuota, KeyedQuotaLayer, KeyedQuotaLayerBuilder};

@@ -31,10 +31,14 @@ use super::link::{Failed, Link};
 use super::outbox::Outbox;
 use super::scripts;
 use super::Fleet;
-use crate::breaker::fleet::{FleetTerms, Tap, Watched, GATED, LOCAL, PROBE};
+mod relay;
+
+use crate::breaker::control::WeakBreaker;
+use crate::breaker::share::ShareTerms;
 use crate::breaker::Breaker;
 use crate::error::ConfigError;
 use crate::telemetry::FLEET_LOCAL;
+use relay::{Relay, GATED, LOCAL, PROBE};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -59,7 +63,7 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct SharedBreaker {
     name: String,
-    tap: Arc<Tap>,
+    tap: Arc<Relay>,
     view: Arc<View>,
     link: Arc<Link>,
 }
@@ -128,7 +132,8 @@ pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, C
             "sharing a breaker starts a task: do it inside a tokio runtime",
         )
     })?;
-    let (tap, watched) = breaker.tap_for_fleet().ok_or(ConfigError::new(
+    let tap = Arc::new(Relay::default());
+    let watched = breaker.share(tap.clone()).ok_or(ConfigError::new(
         "breaker",
         "is shared with a fleet already",
     ))?;
@@ -150,7 +155,7 @@ pub(super) fn share(fleet: &Fleet, breaker: &Breaker) -> Result<SharedBreaker, C
             super::link::random()
         ),
         outbox: Outbox::new(),
-        terms: breaker.fleet_terms(),
+        terms: breaker.share_terms(),
         tap: tap.clone(),
         view: view.clone(),
         last_opens: breaker.opens(),
@@ -173,8 +178,8 @@ struct Sync {
     /// This breaker's last sync, as the script remembers it (to answer a sync sent again).
     sync_key: String,
     outbox: Outbox<Batch>,
-    terms: FleetTerms,
-    tap: Arc<Tap>,
+    terms: ShareTerms,
+    tap: Arc<Relay>,
     view: Arc<View>,
     /// The local breaker's opens at the last sync, so a trip of its own is told from ours.
     last_opens: u64,
@@ -202,7 +207,7 @@ struct Answer {
 }
 
 impl Sync {
-    async fn run(mut self, watched: Watched) {
+    async fn run(mut self, watched: WeakBreaker) {
         let every = self.link.settings.sync_interval;
         loop {
             tokio::select! {
@@ -240,7 +245,7 @@ impl Sync {
         let batch = Batch {
             successes,
             failures,
-            tail: breaker.fleet_tail(),
+            tail: breaker.consecutive(),
             tripped,
             trial_ok,
             demand: self.tap.take_demand(),
@@ -259,7 +264,7 @@ impl Sync {
                     "the fleet's breaker for {} is open (another worker saw the failures)",
                     breaker.name()
                 );
-                breaker.fleet_open(reason);
+                breaker.force_open(reason);
                 // Our own doing: not a trip to report.
                 self.last_opens = breaker.opens();
             }
@@ -269,7 +274,7 @@ impl Sync {
         } else {
             self.tap.set_gate(LOCAL, Duration::ZERO);
             if self.was_open && !breaker.is_closed() && !tripped {
-                breaker.fleet_close(format!(
+                breaker.force_close(format!(
                     "the fleet's trial call to {} succeeded",
                     breaker.name()
                 ));
