@@ -158,8 +158,7 @@ impl Tools {
         req: BackendReq,
         keyed: bool,
     ) -> Result<String, ToolError> {
-        let retry = RetryLayer::new(class, self.budget.clone())
-            .policy(fast(class))
+        let retry = RetryLayer::new(fast(class), self.budget.clone())
             .classifier(HttpClassifier)
             .replay(HttpReplay);
         let key = |req: &BackendReq| {
@@ -317,8 +316,7 @@ async fn run_case(case: &'static str, tool: &'static str, arguments: serde_json:
     });
     let mut agent = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 .classifier(McpClassifier),
         )
         .service(call_tool);

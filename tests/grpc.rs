@@ -252,9 +252,7 @@ fn fast(class: ToolClass) -> ClassPolicy {
 
 /// A retry layer for `class` with a 5 ms backoff, replaying gRPC requests.
 fn retry(class: ToolClass, budget: &RetryBudget) -> RetryLayer<DefaultClassifier, GrpcReplay> {
-    RetryLayer::new(class, budget.clone())
-        .policy(fast(class))
-        .replay(GrpcReplay)
+    RetryLayer::new(fast(class), budget.clone()).replay(GrpcReplay)
 }
 
 type Call = tonic::Request<SendInvoice>;

@@ -179,7 +179,7 @@ async fn hedges_count_in_the_operations_attempts() {
     let dep = Dep::new(|_| (100, true));
     let budget = RetryBudget::default();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(fast_read(ToolClass::Read)))
+        .layer(RetryLayer::new(fast_read(ToolClass::Read), budget.clone()))
         .layer(hedge(&budget, 20))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
@@ -189,11 +189,7 @@ async fn hedges_count_in_the_operations_attempts() {
     // Three nested layers, the same: the operation's cap, not 3 x 3 plus hedges.
     let dep = Dep::new(|_| (100, true));
     let budget = RetryBudget::default();
-    let layer = |name| {
-        RetryLayer::new(ToolClass::Read, budget.clone())
-            .name(name)
-            .policy(fast_read(ToolClass::Read))
-    };
+    let layer = |name| RetryLayer::new(fast_read(ToolClass::Read), budget.clone()).name(name);
     let mut svc = ServiceBuilder::new()
         .layer(layer("agent-loop"))
         .layer(layer("tool-wrapper"))
@@ -232,7 +228,7 @@ async fn a_failure_before_the_delay_is_answered_at_once() {
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(one))
+        .layer(RetryLayer::new(one, budget.clone()))
         .layer(hedge(&budget, 30))
         .service(dep.clone());
     let start = Instant::now();

@@ -63,9 +63,7 @@ async fn retries_wait_for_the_quota_too() {
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(no_wait)
-                .classifier(classifier as fn(&_) -> _),
+            RetryLayer::new(no_wait, RetryBudget::default()).classifier(classifier as fn(&_) -> _),
         )
         .layer(QuotaLayer::new(
             Rate::builder().per_second(4).build().unwrap(),

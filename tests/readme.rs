@@ -198,7 +198,7 @@ async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() 
         // Five attempts for this operation, whatever the layers below allow each time they are called.
         let five = ClassPolicy::builder(ToolClass::Read).max_attempts(5).build()?;
         let mut search = ServiceBuilder::new()
-            .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five).name("agent-loop"))
+            .layer(RetryLayer::new(five, budget.clone()).name("agent-loop"))
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
             .layer(RetryLayer::new(ToolClass::Read, budget).name("client"))
             .service(http_client);

@@ -86,10 +86,12 @@ fn retry_with<C>(class: ToolClass, classifier: C) -> RetryLayer<C, HttpReplay> {
         .exponential(Duration::from_millis(5))
         .build()
         .unwrap();
-    RetryLayer::new(class, RetryBudget::default())
-        .policy(ClassPolicy::builder(class).backoff(fast).build().unwrap())
-        .classifier(classifier)
-        .replay(HttpReplay)
+    RetryLayer::new(
+        ClassPolicy::builder(class).backoff(fast).build().unwrap(),
+        RetryBudget::default(),
+    )
+    .classifier(classifier)
+    .replay(HttpReplay)
 }
 
 fn post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {

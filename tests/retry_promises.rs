@@ -160,11 +160,7 @@ async fn a_nested_layers_deadline_holds() {
         .unwrap();
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .policy(inner)
-                .name("client"),
-        )
+        .layer(RetryLayer::new(inner, budget).name("client"))
         .service(dep.clone());
     let start = Instant::now();
     let err = call(&mut stack, 1u32).await.unwrap_err();
@@ -184,11 +180,11 @@ async fn a_nested_layers_deadline_holds() {
         .unwrap();
     let budget = RetryBudget::default();
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(outer))
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .policy(constant(ToolClass::Read, 700).build().unwrap()),
-        )
+        .layer(RetryLayer::new(outer, budget.clone()))
+        .layer(RetryLayer::new(
+            constant(ToolClass::Read, 700).build().unwrap(),
+            budget,
+        ))
         .service(dep.clone());
     let err = call(&mut stack, 1u32).await.unwrap_err();
     assert_eq!(
@@ -209,7 +205,7 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).policy(policy))
+        .layer(RetryLayer::new(policy, RetryBudget::default()))
         .layer(QuotaLayer::new(
             Rate::builder().per_second(1).build().unwrap(),
         ))
@@ -295,7 +291,7 @@ async fn every_budget_is_credited_once_per_operation() {
         .unwrap();
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, a.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, b.clone()).policy(once))
+        .layer(RetryLayer::new(once, b.clone()))
         .service(Dependency::script(
             [Outcome::Fail(FailureClass::Transient)],
             Outcome::Ok,
@@ -352,7 +348,7 @@ async fn the_outermost_layer_sets_the_operations_attempts() {
         .unwrap();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five))
+        .layer(RetryLayer::new(five, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .service(dep.clone());
@@ -369,7 +365,7 @@ async fn the_outermost_layer_sets_the_operations_attempts() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, budget).policy(once))
+        .layer(RetryLayer::new(once, budget))
         .service(dep.clone());
     assert!(call(&mut stack, 1u32).await.is_ok());
     assert_eq!(dep.calls(), 2);
@@ -453,14 +449,14 @@ async fn a_cancelled_operation_leaves_the_next_one_clean() {
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     // A 100 ms backoff without jitter: full jitter may draw less than the 1 ms timeout below.
     let mut stack = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone())
-                .policy(constant(ToolClass::UnkeyedWrite, 100).build().unwrap()),
-        )
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget.clone())
-                .policy(constant(ToolClass::Read, 100).build().unwrap()),
-        )
+        .layer(RetryLayer::new(
+            constant(ToolClass::UnkeyedWrite, 100).build().unwrap(),
+            budget.clone(),
+        ))
+        .layer(RetryLayer::new(
+            constant(ToolClass::Read, 100).build().unwrap(),
+            budget.clone(),
+        ))
         .service(dep.clone());
     // Dropped during its first backoff.
     let cut = tokio::time::timeout(Duration::from_millis(1), call(&mut stack, 1u32)).await;
@@ -486,9 +482,7 @@ async fn a_carried_operation_takes_the_spawned_layers_deadline() {
         .deadline(Duration::from_secs(1))
         .build()
         .unwrap();
-    let inner = RetryLayer::new(ToolClass::Read, budget.clone())
-        .policy(inner_policy)
-        .layer(dep.clone());
+    let inner = RetryLayer::new(inner_policy, budget.clone()).layer(dep.clone());
     let tool = service_fn(move |arg: u32| {
         let mut inner = inner.clone();
         async move {
@@ -519,8 +513,8 @@ async fn the_largest_attempt_cap_is_honoured_exactly() {
         .unwrap();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(most))
-        .layer(RetryLayer::new(ToolClass::Read, budget).policy(most))
+        .layer(RetryLayer::new(most, budget.clone()))
+        .layer(RetryLayer::new(most, budget))
         .service(dep.clone());
     let err = call(&mut stack, 1u32).await.unwrap_err();
     assert_eq!(dep.calls(), MAX_ATTEMPTS_LIMIT);

@@ -118,8 +118,7 @@ pub async fn inside() -> SdkCase {
         // The SDK wants its own error type back.
         .map_err(|e: ToolError| OpenAIError::from(tower::BoxError::from(e)))
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 .classifier(HttpClassifier)
                 .replay(CloneReplay),
         )
@@ -159,8 +158,7 @@ pub async fn sdk_retry_kept() -> SdkCase {
     );
     let agent = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 // the SDK's typed answer: its failures all arrive as errors
                 .classifier(OkIsSuccess)
                 .replay(CloneReplay),
