@@ -79,11 +79,7 @@ fn agent_stack() -> Client {
     };
     let action =
         |req: &http::Request<String>| Action::new("run-1", "step-2", "charge", &req.uri().path());
-    let rate = Rate::builder()
-        .per_second(1_000_000)
-        .burst(100_000)
-        .build()
-        .unwrap();
+    let rate = Rate::per_second(1_000_000).burst(100_000).build().unwrap();
     let stack = ServiceBuilder::new()
         .layer(retry(ToolClass::KeyedWrite, "agent-loop"))
         .layer(retry(ToolClass::KeyedWrite, "tool-wrapper"))

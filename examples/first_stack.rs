@@ -59,9 +59,7 @@ async fn main() -> Result<(), BoxError> {
             CircuitBreakerLayer::new(Breaker::new("payments", BreakerConfig::default()))
                 .classifier(classify),
         )
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(20).burst(5).build()?,
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(20).burst(5).build()?))
         .and_then(|resp: reqwest::Response| async move {
             Ok::<_, BoxError>(Charged {
                 status: resp.status().as_u16(),

@@ -134,8 +134,7 @@ struct Report {
 fn fast(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            Backoff::builder()
-                .exponential(Duration::from_millis(5))
+            Backoff::exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )

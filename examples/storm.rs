@@ -858,8 +858,7 @@ fn tail(stack: TailStack) -> Row {
             }
             TailStack::StormguardHedged => {
                 let budget = stormguard_budget();
-                let hedge = HedgeLayer::builder(budget.clone())
-                    .percentile(TAIL_QUANTILE, TAIL_MIN_SAMPLES)
+                let hedge = HedgeLayer::percentile(budget.clone(), TAIL_QUANTILE, TAIL_MIN_SAMPLES)
                     .classifier(DemoClassifier)
                     .build()
                     .expect("valid hedge settings");

@@ -22,8 +22,7 @@ fn req() -> Req {
 fn constant(ms: u64) -> ClassPolicy {
     ClassPolicy::builder(ToolClass::Read)
         .backoff(
-            Backoff::builder()
-                .constant(Duration::from_millis(ms))
+            Backoff::constant(Duration::from_millis(ms))
                 .jitter(Jitter::None)
                 .build()
                 .unwrap(),
@@ -221,8 +220,7 @@ async fn only_a_writes_final_hint_says_it_may_have_taken_effect() {
         for headers in [&[][..], &[("grpc-retry-pushback-ms", "-1")][..]] {
             let headers: &'static [(&str, &str)] = headers;
             let (_, dep) = http_script(503, headers, u32::MAX);
-            let backoff = Backoff::builder()
-                .constant(Duration::from_millis(10))
+            let backoff = Backoff::constant(Duration::from_millis(10))
                 .jitter(Jitter::None)
                 .build()
                 .unwrap();
@@ -258,7 +256,7 @@ fn deadline_300ms() -> ClassPolicy {
 async fn spent_quota() -> stormguard::quota::QuotaLayer {
     use stormguard::quota::{QuotaLayer, Rate};
     use tower::ServiceExt;
-    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let quota = QuotaLayer::new(Rate::per_second(1).burst(1).build().unwrap());
     let noop = tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) });
     quota.layer(noop).oneshot(()).await.unwrap();
     quota
@@ -350,7 +348,7 @@ async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
 async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
     use stormguard::quota::{QuotaLayer, Rate};
     let (calls, dep) = http_script(503, &[], u32::MAX);
-    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let quota = QuotaLayer::new(Rate::per_second(1).burst(1).build().unwrap());
     let policy = constant(10)
         .into_builder()
         .deadline(Duration::from_secs(1))
@@ -376,7 +374,7 @@ async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
 async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
     use stormguard::quota::{KeyedQuotaLayer, Rate};
     let (calls, dep) = http_script(200, &[], 0);
-    let rate = Rate::builder().per_second(1).burst(1).build().unwrap();
+    let rate = Rate::per_second(1).burst(1).build().unwrap();
     let quota = KeyedQuotaLayer::new(rate, |_: &Req| ("tenant-a", 1));
     let mut svc = RetryLayer::new(deadline_300ms(), RetryBudget::default())
         .classifier(HttpClassifier)

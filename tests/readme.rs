@@ -473,7 +473,7 @@ async fn the_hedging_example_answers_a_hung_read_from_its_hedge() -> Result<(), 
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
         // after 100 answers: a second attempt when no answer came within the 95th percentile
         // of the last 512; an attempt of the operation, paid from the budget; never for writes
-        .layer(HedgeLayer::builder(budget).percentile(0.95, 100).classifier(HttpClassifier).replay(HttpReplay).build()?)
+        .layer(HedgeLayer::percentile(budget, 0.95, 100).classifier(HttpClassifier).replay(HttpReplay).build()?)
         .service(http_client);
 
     let get = || http::Request::get("http://search.test/q?storm").body(String::new()).unwrap();
@@ -541,7 +541,7 @@ async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(
     use stormguard::quota::{KeyedQuotaLayer, Rate};
 
     // each tenant: 1,000 tokens a second, a whole second's worth at once; key and cost per call
-    let tokens = Rate::builder().per_second(1_000).burst(1_000).build()?;
+    let tokens = Rate::per_second(1_000).burst(1_000).build()?;
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
         .layer(KeyedQuotaLayer::new(tokens, move |req: &http::Request<String>| (tenant_of(req), tokens_of(req))))
@@ -625,8 +625,8 @@ async fn fleet_worker(
     budget.fleet_ready(Duration::from_secs(1)).await; // its first lease: one round trip
     // The provider's 200 requests a second for the whole fleet; each worker's share while Redis is down.
     let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &http::Request<String>| ("org", 1))
-        .rate(Rate::builder().per_second(200).build()?)
-        .fallback(Rate::builder().per_second(200 / WORKERS).build()?)
+        .rate(Rate::per_second(200).build()?)
+        .fallback(Rate::per_second(200 / WORKERS).build()?)
         .build()?;
     // One worker's failures open every worker's breaker.
     let breaker = Breaker::new("payments", BreakerConfig::default());

@@ -705,9 +705,7 @@ async fn a_receipt_hit_never_waits_for_or_spends_a_quota_slot() {
     let provider = Provider::default();
     let mut svc = ServiceBuilder::new()
         .layer(layer(&store, ToolClass::KeyedWrite))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(5).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(5).build().unwrap()))
         .service(provider.clone());
     let started = Instant::now();
     for _ in 0..6 {

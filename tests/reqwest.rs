@@ -82,8 +82,7 @@ fn retry(class: ToolClass) -> RetryLayer<HttpClassifier, HttpReplay> {
 }
 
 fn retry_with<C>(class: ToolClass, classifier: C) -> RetryLayer<C, HttpReplay> {
-    let fast = stormguard::backoff::Backoff::builder()
-        .exponential(Duration::from_millis(5))
+    let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(5))
         .build()
         .unwrap();
     RetryLayer::new(

@@ -24,8 +24,7 @@ fn post() -> Req {
 }
 
 fn constant(class: ToolClass, ms: u64) -> stormguard::class::ClassPolicyBuilder {
-    let backoff = Backoff::builder()
-        .constant(Duration::from_millis(ms))
+    let backoff = Backoff::constant(Duration::from_millis(ms))
         .jitter(Jitter::None)
         .build()
         .unwrap();
@@ -206,9 +205,7 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(policy, RetryBudget::default()))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(1).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(1).build().unwrap()))
         .service(dep.clone());
     let start = Instant::now();
     let err = call(&mut svc, 1u32).await.unwrap_err();
@@ -221,9 +218,7 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(1).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(1).build().unwrap()))
         .service(dep.clone());
     assert!(call(&mut svc, 1u32).await.is_ok());
     assert_eq!(dep.calls(), 2);

@@ -199,11 +199,7 @@ fn stormguard_nested(client: ModelClient) -> Boxed {
 /// The same, with a client-side quota under the retries: 40 calls a second with bursts of 5 put
 /// at most 45 into any one second, a margin under the API's 50 for network jitter.
 fn stormguard_quota(client: ModelClient) -> Boxed {
-    let quota = Rate::builder()
-        .per_second(40)
-        .burst(5)
-        .build()
-        .expect("a valid rate");
+    let quota = Rate::per_second(40).burst(5).build().expect("a valid rate");
     stormguard_stack(client, Some(QuotaLayer::new(quota).name("model-api")))
 }
 

@@ -82,8 +82,7 @@ async fn serve_503() -> (std::net::SocketAddr, Arc<AtomicU64>) {
 fn fast(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            Backoff::builder()
-                .exponential(Duration::from_millis(5))
+            Backoff::exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )

@@ -411,8 +411,7 @@ pub async fn run_tokens(guarded: bool) -> Tokens {
         )
     };
     let rate = TENANT_TOKENS_PER_SEC * 9 / 10;
-    let quota = Rate::builder()
-        .per_second(rate)
+    let quota = Rate::per_second(rate)
         .burst(rate)
         .build()
         .expect("valid rate");

@@ -44,7 +44,7 @@ pin_project! {
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(20)).build().unwrap();
+    /// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(20)).build().unwrap();
     /// let mut svc = layer.layer(service_fn(|q: u32| async move { Ok::<_, std::io::Error>(q * 2) }));
     /// let future: ResponseFuture<_, _, _, u32> = svc.ready().await.unwrap().call(21);
     /// assert_eq!(future.await.unwrap(), 42);

@@ -62,7 +62,7 @@
 //! let budget = RetryBudget::default();
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-//!     .layer(HedgeLayer::builder(budget).fixed(Duration::from_millis(50)).build().unwrap())
+//!     .layer(HedgeLayer::fixed(budget, Duration::from_millis(50)).build().unwrap())
 //!     .service(search);
 //!
 //! let start = tokio::time::Instant::now();
@@ -129,8 +129,7 @@ impl<C, R> Shared<C, R> {
     }
 }
 
-/// Builds a [`HedgeLayer`]; choose the delay with [`fixed`](Self::fixed) or
-/// [`percentile`](Self::percentile).
+/// Builds a [`HedgeLayer`] from its delay: [`HedgeLayer::fixed`] or [`HedgeLayer::percentile`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -138,21 +137,20 @@ impl<C, R> Shared<C, R> {
 ///
 /// let region = "eu";
 /// // The name (a `&'static str`, or a `String` made at run time) labels its metrics.
-/// let layer = HedgeLayer::builder(RetryBudget::default())
-///     .percentile(0.95, 100)
+/// let layer = HedgeLayer::percentile(RetryBudget::default(), 0.95, 100)
 ///     .name(format!("search-{region}"))
 ///     .build()?;
 /// assert!(format!("{layer:?}").contains("search-eu"));
 /// assert_eq!(layer.delay(), None); // no hedge before 100 answers were seen
-/// // No delay chosen, a quantile outside (0, 1): refused.
-/// assert_eq!(HedgeLayer::builder(RetryBudget::default()).build().unwrap_err().field(), "delay");
-/// assert!(HedgeLayer::builder(RetryBudget::default()).percentile(1.0, 10).build().is_err());
+/// // A delay of zero, a quantile outside (0, 1): refused.
+/// assert_eq!(HedgeLayer::fixed(RetryBudget::default(), Duration::ZERO).build().unwrap_err().field(), "delay");
+/// assert!(HedgeLayer::percentile(RetryBudget::default(), 1.0, 10).build().is_err());
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[must_use]
 pub struct HedgeLayerBuilder<C = DefaultClassifier, R = DefaultReplay> {
     budget: RetryBudget,
-    delay: Option<DelaySpec>,
+    delay: DelaySpec,
     classifier: C,
     replay: R,
     name: Cow<'static, str>,
@@ -174,19 +172,6 @@ impl<C, R> fmt::Debug for HedgeLayerBuilder<C, R> {
 }
 
 impl<C, R> HedgeLayerBuilder<C, R> {
-    /// Hedge a call still unanswered after `delay` (1 µs to 1 h).
-    pub fn fixed(mut self, delay: Duration) -> Self {
-        self.delay = Some(DelaySpec::Fixed(delay));
-        self
-    }
-
-    /// Hedge a call still unanswered after the `q` quantile (`0 < q < 1`, e.g. 0.95) of the
-    /// last 512 answers' latencies, once `min_samples` (1 to 1,000,000) answers were seen.
-    pub fn percentile(mut self, q: f64, min_samples: u32) -> Self {
-        self.delay = Some(DelaySpec::Percentile { q, min_samples });
-        self
-    }
-
     /// The layer's name in metrics (`layer` label) and traces (default `hedge`).
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
@@ -219,19 +204,13 @@ impl<C, R> HedgeLayerBuilder<C, R> {
     /// The layer, or what is wrong with the settings.
     pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
         let (fixed, latencies) = match self.delay {
-            None => {
-                return Err(ConfigError::new(
-                    "delay",
-                    "choose a fixed delay or a latency percentile",
-                ))
-            }
-            Some(DelaySpec::Fixed(d)) => {
+            DelaySpec::Fixed(d) => {
                 if d < Duration::from_micros(1) || d > MAX_DELAY {
                     return Err(ConfigError::new("delay", "must be between 1 µs and 1 h"));
                 }
                 (Some(d), Latencies::new(0.5, u32::MAX))
             }
-            Some(DelaySpec::Percentile { q, min_samples }) => {
+            DelaySpec::Percentile { q, min_samples } => {
                 if !(q > 0.0 && q < 1.0) {
                     return Err(ConfigError::new(
                         "percentile",
@@ -266,7 +245,7 @@ impl<C, R> HedgeLayerBuilder<C, R> {
 /// use std::time::Duration;
 /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
 ///
-/// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(30)).build()?;
+/// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(30)).build()?;
 /// # let _ = layer;
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
@@ -275,11 +254,42 @@ pub struct HedgeLayer<C = DefaultClassifier, R = DefaultReplay> {
 }
 
 impl HedgeLayer {
-    /// A builder drawing hedges from `budget` (the budget the `Retry` layers share).
-    pub fn builder(budget: RetryBudget) -> HedgeLayerBuilder {
+    /// A builder that hedges a call still unanswered after `delay` (1 µs to 1 h), drawing
+    /// hedges from `budget` (the budget the `Retry` layers share).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
+    ///
+    /// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(30)).build()?;
+    /// assert_eq!(layer.delay(), Some(Duration::from_millis(30)));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn fixed(budget: RetryBudget, delay: Duration) -> HedgeLayerBuilder {
+        HedgeLayerBuilder::new(budget, DelaySpec::Fixed(delay))
+    }
+
+    /// A builder that hedges a call still unanswered after the `q` quantile (`0 < q < 1`, e.g.
+    /// 0.95) of the last 512 answers' latencies, once `min_samples` (1 to 1,000,000) answers
+    /// were seen, drawing hedges from `budget` (the budget the `Retry` layers share).
+    ///
+    /// ```
+    /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
+    ///
+    /// let layer = HedgeLayer::percentile(RetryBudget::default(), 0.95, 100).build()?;
+    /// assert_eq!(layer.delay(), None); // no hedge before 100 answers were seen
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn percentile(budget: RetryBudget, q: f64, min_samples: u32) -> HedgeLayerBuilder {
+        HedgeLayerBuilder::new(budget, DelaySpec::Percentile { q, min_samples })
+    }
+}
+
+impl HedgeLayerBuilder {
+    fn new(budget: RetryBudget, delay: DelaySpec) -> Self {
         HedgeLayerBuilder {
             budget,
-            delay: None,
+            delay,
             classifier: DefaultClassifier,
             replay: DefaultReplay,
             name: Cow::Borrowed("hedge"),
@@ -343,7 +353,7 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
 ///     }
 /// });
 /// let budget = RetryBudget::default();
-/// let hedge = HedgeLayer::builder(budget.clone()).fixed(Duration::from_millis(50)).build().unwrap();
+/// let hedge = HedgeLayer::fixed(budget.clone(), Duration::from_millis(50)).build().unwrap();
 /// let mut write = ServiceBuilder::new()
 ///     .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget))
 ///     .layer(hedge)
@@ -386,7 +396,7 @@ impl<S, C, R> Hedge<S, C, R> {
     ///
     /// struct Client { region: &'static str }
     ///
-    /// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(50)).build()?;
+    /// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(50)).build()?;
     /// let mut svc = layer.layer(Client { region: "eu" });
     /// svc.get_mut().region = "us";
     /// assert_eq!(svc.get_ref().region, "us");
