@@ -6,8 +6,9 @@ use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::classify::{classify_error, classify_status, Classification};
+use stormguard::key::Action;
 use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptLayer};
 use stormguard::{
     budget::RetryBudget, class::ToolClass, error::BoxError, retry::HttpReplay, retry::RetryLayer,
 };

@@ -56,9 +56,9 @@ use stormguard::classify::{
 #[path = "common/pictures.rs"]
 mod pictures;
 
+use stormguard::error::ToolError;
 use stormguard::hedge::HedgeLayer;
 use stormguard::retry::RetryLayer;
-use stormguard::ToolError;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};

@@ -134,5 +134,3 @@ pub mod receipt;
 pub mod retry;
 
 mod telemetry;
-
-pub use error::{ErrorCode, ToolError};

@@ -269,7 +269,8 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
         // Each pass opens the file anew, as a resumed process would.
         let mut send_invoice = {
             let run = || -> Result<_, BoxError> {
-                use stormguard::receipt::{Action, Durability, ReceiptLayer, SqliteStore};
+                use stormguard::key::Action;
+                use stormguard::receipt::{Durability, ReceiptLayer, SqliteStore};
 
                 let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
                 let mut send_invoice = ServiceBuilder::new()
@@ -607,7 +608,7 @@ async fn fleet_worker(
             Error = BoxError,
             Future: Send,
         > + Clone + Send + 'static,
-) -> Result<impl tower::Service<http::Request<String>, Response = http::Response<hyper::body::Incoming>, Error = stormguard::ToolError>, BoxError> {
+) -> Result<impl tower::Service<http::Request<String>, Response = http::Response<hyper::body::Incoming>, Error = stormguard::error::ToolError>, BoxError> {
     use stormguard::classify::HttpClassifier;
     use stormguard::retry::{HttpReplay, RetryLayer};
     use stormguard::class::ToolClass;

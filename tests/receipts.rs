@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::key::Action;
 use stormguard::key::{IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
-    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution,
-    Resolved, SqliteStore, StoreError,
+    Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions, PostgresStore,
+    ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution, Resolved,
+    SqliteStore, StoreError,
 };
 use support::stores::{fresh_schema, temp_db};
 use tower::{Layer, Service, ServiceExt};

@@ -15,9 +15,9 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{HttpClassifier, ReqwestClassifier};
 use stormguard::error::ErrorCode;
+use stormguard::error::ToolError;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use support::call;
 use tower::ServiceBuilder;
 

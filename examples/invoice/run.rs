@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpStatusError;
 use stormguard::error::BoxError;
+use stormguard::key::Action;
 use stormguard::key::{IdempotencyKey, KeyStamp};
-use stormguard::receipt::{Action, Durability, ReceiptConfig, ReceiptLayer, SqliteStore};
+use stormguard::receipt::{Durability, ReceiptConfig, ReceiptLayer, SqliteStore};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 

@@ -38,9 +38,9 @@ use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
+use stormguard::error::ToolError;
 use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 const LIMIT_PER_SEC: u64 = 50;

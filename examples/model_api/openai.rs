@@ -24,8 +24,8 @@ use stormguard::backoff::Backoff;
 use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{HttpClassifier, OkIsSuccess};
+use stormguard::error::ToolError;
 use stormguard::retry::{CloneReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{ServiceBuilder, ServiceExt};
 
 /// What the 503 case cost.

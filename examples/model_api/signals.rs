@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::{Classify, ModelApiClassifier, PeekErrorBodyLayer};
+use stormguard::error::ToolError;
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The provider whose error shapes a case uses.

@@ -42,6 +42,7 @@ mod error;
 mod error_body;
 mod grpc;
 pub mod hint;
+pub(crate) use hint::ServerHint;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "rmcp")]
@@ -62,7 +63,6 @@ pub use answer::{Answer, OkIsSuccess};
 pub use body::{ClassifiedBody, GrpcClassifier, GrpcEos};
 pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
-pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 #[cfg(feature = "rmcp")]
@@ -82,7 +82,7 @@ pub(crate) use status_error::answered;
 pub use status_error::{HttpStatusError, MAX_BODY_EXCERPT};
 pub use stream::{StreamEnd, WatchStream};
 
-pub use crate::error::FailureClass;
+pub use crate::error::failure::FailureClass;
 use crate::error::{ErrorCode, ToolError};
 
 /// What happened, in one word.
@@ -109,7 +109,8 @@ pub enum Verdict {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::classify::{Classification, FailureClass, ServerHint, Verdict};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classification, FailureClass, Verdict};
 /// use stormguard::error::ErrorCode;
 ///
 /// let c = Classification::failure(FailureClass::Transient, ErrorCode::RateLimited)

@@ -42,7 +42,8 @@ use std::time::Duration;
 /// `http::Response` (the README's "Guarding a model API" has the stack).
 ///
 /// ```
-/// use stormguard::classify::{Classify, ClassifiedResponse, ErrorBody, ModelApiClassifier, FailureClass, ServerHint};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classify, ClassifiedResponse, ErrorBody, ModelApiClassifier, FailureClass};
 /// use stormguard::error::ErrorCode;
 /// use std::time::Duration;
 ///

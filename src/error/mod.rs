@@ -62,7 +62,7 @@
 
 mod code;
 mod config;
-mod failure;
+pub(crate) mod failure;
 pub(crate) mod hint;
 mod json;
 #[cfg(feature = "rmcp")]
@@ -70,7 +70,7 @@ mod mcp;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
-pub use failure::FailureClass;
+pub(crate) use failure::FailureClass;
 pub use json::{MAX_CAUSE_DEPTH, MAX_JSON_DEPTH};
 #[cfg(feature = "rmcp")]
 pub use mcp::MCP_META_KEY;

@@ -243,7 +243,7 @@ impl<S, Req> Layer<S> for FleetQuotaLayer<Req> {
 /// assert_eq!(svc.clone().oneshot(50).await.unwrap(), 50);
 /// // More than the fleet's burst can never go, whichever quota holds the call.
 /// let err = svc.oneshot(5_000).await.unwrap_err();
-/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// assert_eq!(err.downcast_ref::<stormguard::error::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
 pub struct FleetQuota<S, Req> {

@@ -40,7 +40,7 @@ pin_project! {
     /// use std::time::Duration;
     /// use tower::{Layer, Service, ServiceExt, service_fn};
     /// use stormguard::budget::RetryBudget;
-    /// use stormguard::hedge::{HedgeLayer, ResponseFuture};
+    /// use stormguard::hedge::{future::ResponseFuture, HedgeLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {

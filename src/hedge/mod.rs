@@ -87,9 +87,8 @@
 
 mod decide;
 pub mod future;
+use future::ResponseFuture;
 mod latency;
-
-pub use future::ResponseFuture;
 
 use crate::budget::RetryBudget;
 use crate::class::ToolClass;

@@ -126,7 +126,7 @@ impl<K: Hash + Eq + Clone> Keys<K> {
 /// assert_eq!(start.elapsed(), Duration::from_millis(500));
 /// // More than the burst can never go.
 /// let err = svc.ready().await.unwrap().call(Prompt { tenant: "a", tokens: 5_000 }).await.unwrap_err();
-/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// assert_eq!(err.downcast_ref::<stormguard::error::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
 pub struct KeyedQuotaLayer<K, Req> {

@@ -189,7 +189,6 @@ mod run;
 mod sqlite;
 mod store;
 
-pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec, NotStored};
 #[cfg(feature = "http")]

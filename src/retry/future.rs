@@ -56,7 +56,7 @@ pin_project! {
     /// ```
     /// use tower::{Layer, Service, ServiceExt, service_fn};
     /// use stormguard::{budget::RetryBudget, class::ToolClass};
-    /// use stormguard::retry::{ResponseFuture, RetryLayer};
+    /// use stormguard::retry::{future::ResponseFuture, RetryLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {

@@ -119,13 +119,13 @@
 mod decide;
 mod ending;
 pub mod future;
+use future::ResponseFuture;
 mod layer;
 pub(crate) mod policy;
 mod replay;
 
-pub use future::ResponseFuture;
 pub use layer::RetryLayer;
-pub use policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
+pub(crate) use policy::ClassPolicy;
 #[cfg(feature = "tonic")]
 pub use replay::GrpcReplay;
 #[cfg(feature = "http")]
