@@ -8,7 +8,7 @@ use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::classify::{classify_error, classify_status, Classification};
 use stormguard::key::Action;
 use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
 use stormguard::{
     budget::RetryBudget, class::ToolClass, error::BoxError, retry::HttpReplay, retry::RetryLayer,
 };
@@ -53,7 +53,7 @@ async fn main() -> Result<(), BoxError> {
                 .replay(HttpReplay),
         )
         .layer(
-            ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, key)
+            ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, key)
                 .classifier(classify),
         )
         .layer(

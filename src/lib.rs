@@ -29,7 +29,7 @@
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► ReceiptLayer ─► CircuitBreaker ─► Timeout ─► Quota ─► client
+//! agent loop ─► Retry(class) ─► ReceiptGuardLayer ─► CircuitBreaker ─► Timeout ─► Quota ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
 //!

@@ -388,13 +388,13 @@ async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
     assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
 
-/// The documented stack, `Retry → ReceiptLayer → … → Quota`: the receipt layer is always ready
+/// The documented stack, `Retry → ReceiptGuardLayer → … → Quota`: the receipt layer is always ready
 /// and waits for the quota inside its call, so it holds the deadline too. Nothing is sent, and
 /// the intent it recorded is removed (never sent), so a later call is not blocked by it.
 #[tokio::test(start_paused = true)]
 async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
     use stormguard::key::Action;
-    use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+    use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
     use stormguard::retry::HttpReplay;
     use tower::ServiceBuilder;
 
@@ -416,7 +416,7 @@ async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
             )
             .replay(HttpReplay),
         )
-        .layer(ReceiptLayer::new(
+        .layer(ReceiptGuardLayer::new(
             InMemoryStore::new(),
             ToolClass::KeyedWrite,
             action,

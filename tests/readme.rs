@@ -270,11 +270,11 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
         let mut send_invoice = {
             let run = || -> Result<_, BoxError> {
                 use stormguard::key::Action;
-                use stormguard::receipt::{Durability, ReceiptLayer, SqliteStore};
+                use stormguard::receipt::{Durability, ReceiptGuardLayer, SqliteStore};
 
                 let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
                 let mut send_invoice = ServiceBuilder::new()
-                    .layer(ReceiptLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
+                    .layer(ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
                         // the key covers invoice_id; the fingerprint covers invoice_id and recipient;
                         // the body the model writes belongs to neither, so a reworded body is the same action
                         Action::task("run-81f2", "step-2", "send_invoice", &req.email, &["invoice_id"], &["invoice_id", "to"])
@@ -310,7 +310,7 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
         .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
         .layer(CircuitBreakerLayer::new(breakers.get("billing-api")).classifier(HttpClassifier))
         .service(http_client);
-    // With receipts, put the breaker below the ReceiptLayer: a stored receipt says nothing about
+    // With receipts, put the breaker below the ReceiptGuardLayer: a stored receipt says nothing about
     // the dependency's health (see the crate docs, "Where each layer goes").
 
     let charge = || http::Request::post("http://billing.test/charges")
@@ -381,7 +381,7 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
     use serde::{Deserialize, Serialize};
     use stormguard::class::ToolClass;
     use stormguard::key::{Action, IdempotencyKey, KeyStamp};
-    use stormguard::receipt::{Durability, ReceiptLayer, SqliteStore};
+    use stormguard::receipt::{Durability, ReceiptGuardLayer, SqliteStore};
     use tower::{Layer, ServiceExt};
 
     #[derive(Clone)]
@@ -425,7 +425,7 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
         counter.fetch_add(1, Ordering::SeqCst);
         async move { Ok::<_, std::io::Error>(Sent { message_id: format!("msg-{}", inv.0) }) }
     });
-    let tool = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).layer(provider);
+    let tool = ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).layer(provider);
     for invoice in [1, 2] {
         let err = tool.clone().oneshot(Invoice(invoice, None)).await.unwrap_err();
         assert_eq!(err.downcast::<stormguard::error::ToolError>().unwrap().code(), ErrorCode::OutcomeUnknown);

@@ -373,7 +373,7 @@ where
 /// does; an MCP `CallToolResult` by `isError`; a plain value is a success), every `Err` by
 /// [`classify_error`].
 ///
-/// So a `Retry`, a `ReceiptLayer` or a breaker left on its default over an HTTP client reads a
+/// So a `Retry`, a `ReceiptGuardLayer` or a breaker left on its default over an HTTP client reads a
 /// 503 as the failure it is: a retry decides on it, a breaker counts it, and a receipt layer
 /// never stores it as the receipt. An answer type that does not implement [`Answer`] does not
 /// compile with it: implement `Answer`, or give the layer [`OkIsSuccess`] or a closure.

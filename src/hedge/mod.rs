@@ -76,7 +76,7 @@
 //!
 //! Below the innermost [`Retry`](crate::retry::Retry) (so the ledger it joins is the
 //! operation's) and above the breaker and the client. Not below a
-//! [`ReceiptLayer`](crate::receipt::ReceiptLayer): receipts are for writes, which are never
+//! [`ReceiptGuardLayer`](crate::receipt::ReceiptGuardLayer): receipts are for writes, which are never
 //! hedged.
 //!
 //! # Observability
