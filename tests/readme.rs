@@ -505,7 +505,8 @@ async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Resu
     })
     .await;
     let (http_client, budget) = (http_client(addr), RetryBudget::default());
-    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::classify::{ModelApiClassifier};
+    use stormguard::peek::PeekErrorBodyLayer;
 
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))

@@ -18,8 +18,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::{Classify, ModelApiClassifier, PeekErrorBodyLayer};
+use stormguard::classify::{Classify, ModelApiClassifier};
 use stormguard::error::ToolError;
+use stormguard::peek::PeekErrorBodyLayer;
 use stormguard::retry::{HttpReplay, RetryLayer};
 use tower::{Service, ServiceBuilder, ServiceExt};
 

@@ -38,8 +38,6 @@ mod answer;
 #[cfg(feature = "http")]
 mod body;
 mod error;
-#[cfg(feature = "http")]
-mod error_body;
 mod grpc;
 pub mod hint;
 pub(crate) use hint::ServerHint;
@@ -49,8 +47,6 @@ mod http;
 mod mcp;
 #[cfg(feature = "http")]
 mod model_api;
-#[cfg(feature = "http")]
-mod peek;
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 mod reqwest;
 mod retry_info;
@@ -69,10 +65,6 @@ pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 pub use mcp::McpClassifier;
 #[cfg(feature = "http")]
 pub use model_api::ModelApiClassifier;
-#[cfg(feature = "http")]
-pub use peek::{
-    ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekErrorBodyLayerBuilder, PeekFuture, PeekedBody,
-};
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;

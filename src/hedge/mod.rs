@@ -33,7 +33,7 @@
 //!
 //! # The delay
 //!
-//! [`HedgeLayerBuilder::fixed`] waits a set time; [`HedgeLayerBuilder::percentile`] waits the `q` quantile
+//! [`HedgeLayer::fixed`] waits a set time; [`HedgeLayer::percentile`] waits the `q` quantile
 //! of the last 512 answers' latencies (nearest rank, recomputed every 32 answers, after at
 //! least `min_samples`; no hedge before). Recording an answer is two atomic operations and the
 //! recompute copies the ring to the stack: no lock and no allocation on any call. The request is
