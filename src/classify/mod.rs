@@ -86,6 +86,7 @@ use crate::error::{ErrorCode, ToolError};
 /// let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
 /// assert_eq!(classify_error(&denied).verdict(), Verdict::Failure(FailureClass::Permanent));
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// The call did what was asked.
