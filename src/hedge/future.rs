@@ -4,7 +4,7 @@
 //! the race on a paused clock.
 
 use super::decide::{decide, Decision, Op};
-use super::Shared;
+use super::HedgeState;
 use crate::classify::{ClassifiedResponse, Classify, Verdict};
 use crate::operation::ledger::with_current;
 use crate::operation::Operation;
@@ -63,7 +63,7 @@ pin_project! {
         spare: Option<Spare<S, Req>>,
         // The delay passed; the spare service is being driven ready.
         arming: bool,
-        shared: Arc<Shared<C, R>>,
+        shared: Arc<HedgeState<C, R>>,
         started: Instant,
     }
 }
@@ -75,7 +75,7 @@ where
     pub(super) fn new(
         first: S::Future,
         hedge: Option<(Spare<S, Req>, Instant)>,
-        shared: Arc<Shared<C, R>>,
+        shared: Arc<HedgeState<C, R>>,
         started: Instant,
     ) -> Self {
         let (spare, sleep) = match hedge {
@@ -177,7 +177,7 @@ where
 }
 
 /// Decides the hedge (the operation's ledger, then the budget) and sends it if it may go.
-fn launch<S, C, R, Req>(shared: &Shared<C, R>, mut spare: Spare<S, Req>) -> Option<S::Future>
+fn launch<S, C, R, Req>(shared: &HedgeState<C, R>, mut spare: Spare<S, Req>) -> Option<S::Future>
 where
     S: Service<Req>,
     R: Replay<Req>,

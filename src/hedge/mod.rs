@@ -110,8 +110,9 @@ use tower_service::Service;
 /// The longest fixed delay accepted.
 const MAX_DELAY: Duration = Duration::from_secs(3600);
 
-/// What a layer's services share.
-pub(crate) struct Shared<C, R> {
+/// What every service of one [`HedgeLayer`] hedges with: the budget, the delay (fixed, or from
+/// the latency record), the classifier, the replay and the name.
+pub(crate) struct HedgeState<C, R> {
     budget: RetryBudget,
     fixed: Option<Duration>,
     latencies: Latencies,
@@ -120,7 +121,7 @@ pub(crate) struct Shared<C, R> {
     name: Cow<'static, str>,
 }
 
-impl<C, R> Shared<C, R> {
+impl<C, R> HedgeState<C, R> {
     #[cold]
     fn count(&self, event: &'static str) {
         metrics::counter!("stormguard_hedge_total", "layer" => self.name.clone(), "event" => event)
@@ -226,7 +227,7 @@ impl<C, R> HedgeLayerBuilder<C, R> {
             }
         };
         Ok(HedgeLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(HedgeState {
                 budget: self.budget,
                 fixed,
                 latencies,
@@ -249,7 +250,7 @@ impl<C, R> HedgeLayerBuilder<C, R> {
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 pub struct HedgeLayer<C = DefaultClassifier, R = DefaultReplay> {
-    shared: Arc<Shared<C, R>>,
+    shared: Arc<HedgeState<C, R>>,
 }
 
 impl HedgeLayer {
@@ -364,7 +365,7 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
 /// ```
 pub struct Hedge<S, C = DefaultClassifier, R = DefaultReplay> {
     inner: S,
-    shared: Arc<Shared<C, R>>,
+    shared: Arc<HedgeState<C, R>>,
 }
 
 impl<S: Clone, C, R> Clone for Hedge<S, C, R> {

@@ -3,7 +3,7 @@
 use super::codec::JsonCodec;
 use super::config::ReceiptConfig;
 use super::read_back::{Consistency, NoReadBack};
-use super::run::{Run, Settings, Shared};
+use super::run::{GuardState, Run, Settings};
 use super::store::ReceiptStore;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
@@ -151,7 +151,7 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
         ReceiptGuard {
             inner,
             action: self.action.clone(),
-            shared: Arc::new(Shared {
+            shared: Arc::new(GuardState {
                 store: self.store.clone(),
                 classifier: self.classifier.clone(),
                 codec: self.codec.clone(),
@@ -193,7 +193,7 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
 pub struct ReceiptGuard<S, St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
     inner: S,
     action: F,
-    shared: Arc<Shared<St, C, Cd, RB>>,
+    shared: Arc<GuardState<St, C, Cd, RB>>,
 }
 
 impl<S, St, F, C, Cd, RB> ReceiptGuard<S, St, F, C, Cd, RB> {

@@ -1,4 +1,4 @@
-use super::{DefaultReplay, Kit, Retry};
+use super::{DefaultReplay, Retrier, Retry};
 use crate::budget::RetryBudget;
 use crate::class::ClassPolicy;
 #[cfg(doc)]
@@ -124,7 +124,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
     type Service = Retry<S, C, R>;
 
     fn layer(&self, inner: S) -> Retry<S, C, R> {
-        let kit = Kit {
+        let retrier = Retrier {
             template: Mutex::new(inner.clone()),
             policy: self.policy,
             budget: self.budget.clone(),
@@ -133,6 +133,6 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             name: self.name.clone(),
             own_operation: self.own_operation,
         };
-        Retry::new(inner, kit)
+        Retry::new(inner, retrier)
     }
 }

@@ -191,7 +191,7 @@ use tower_service::Service;
 /// ```
 pub struct Retry<S, C = DefaultClassifier, R = DefaultReplay> {
     inner: S,
-    kit: Arc<Kit<S, C, R>>,
+    retrier: Arc<Retrier<S, C, R>>,
     /// `get_mut` lent the inner service out: the retry template is refreshed at the next call.
     stale: bool,
     /// When the inner service first answered "not ready" before the next call (only with a
@@ -199,9 +199,9 @@ pub struct Retry<S, C = DefaultClassifier, R = DefaultReplay> {
     waiting_since: Option<Instant>,
 }
 
-/// What a retrying future needs besides its request: shared by the service and its futures, so a
-/// call clones one `Arc` and not the service.
-pub(crate) struct Kit<S, C, R> {
+/// What makes a retry (the service to clone, the policy, budget, classifier and replay): shared
+/// by a [`Retry`] and its futures, so a call clones one `Arc` and not the service.
+pub(crate) struct Retrier<S, C, R> {
     /// Cloned (on the cold path) for a retry: the inner service as it was at the last call that
     /// followed a `get_mut` (or when the layer was built). Behind a mutex so that a `Send`
     /// service that is not `Sync` still gives a `Send` future.
@@ -214,7 +214,7 @@ pub(crate) struct Kit<S, C, R> {
     pub(crate) own_operation: bool,
 }
 
-impl<S: Clone, C, R> Kit<S, C, R> {
+impl<S: Clone, C, R> Retrier<S, C, R> {
     /// A fresh clone of the inner service, for a retry.
     pub(crate) fn service(&self) -> S {
         self.template
@@ -225,10 +225,10 @@ impl<S: Clone, C, R> Kit<S, C, R> {
 }
 
 impl<S, C, R> Retry<S, C, R> {
-    pub(crate) fn new(inner: S, kit: Kit<S, C, R>) -> Self {
+    pub(crate) fn new(inner: S, retrier: Retrier<S, C, R>) -> Self {
         Retry {
             inner,
-            kit: Arc::new(kit),
+            retrier: Arc::new(retrier),
             stale: false,
             waiting_since: None,
         }
@@ -286,7 +286,7 @@ impl<S, C, R> Retry<S, C, R> {
 
     /// The policy this layer applies.
     pub fn policy(&self) -> &ClassPolicy {
-        &self.kit.policy
+        &self.retrier.policy
     }
 }
 
@@ -294,7 +294,7 @@ impl<S: Clone, C, R> Clone for Retry<S, C, R> {
     fn clone(&self) -> Self {
         Retry {
             inner: self.inner.clone(),
-            kit: self.kit.clone(),
+            retrier: self.retrier.clone(),
             stale: self.stale,
             waiting_since: None,
         }
@@ -305,9 +305,9 @@ impl<S: fmt::Debug, C, R> fmt::Debug for Retry<S, C, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Retry")
             .field("inner", &self.inner)
-            .field("name", &self.kit.name)
-            .field("policy", &self.kit.policy)
-            .field("budget", &self.kit.budget)
+            .field("name", &self.retrier.name)
+            .field("policy", &self.retrier.policy)
+            .field("budget", &self.retrier.budget)
             .finish()
     }
 }
@@ -331,7 +331,7 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         match self.inner.poll_ready(cx) {
             Poll::Pending => {
-                if self.waiting_since.is_none() && self.kit.policy.deadline().is_some() {
+                if self.waiting_since.is_none() && self.retrier.policy.deadline().is_some() {
                     self.waiting_since = Some(Instant::now());
                 }
                 Poll::Pending
@@ -346,64 +346,64 @@ where
         if self.stale {
             self.refresh_template();
         }
-        let kit = &*self.kit;
-        let keyed = kit.replay.carries_key(&req);
-        let class = kit.policy.class();
+        let retrier = &*self.retrier;
+        let keyed = retrier.replay.carries_key(&req);
+        let class = retrier.policy.class();
         let since = self.waiting_since.take();
-        let deadline = kit
+        let deadline = retrier
             .policy
             .deadline()
             .map(|d| since.unwrap_or_else(Instant::now) + d);
-        let budget = kit.budget.id();
+        let budget = retrier.budget.id();
 
-        if !kit.own_operation {
+        if !retrier.own_operation {
             // The operation the request carries: it crossed a `Buffer` or a spawned task with it.
-            if let Some(op) = kit.replay.operation(&req) {
-                let copy = kit.replay.replay(&req);
+            if let Some(op) = retrier.replay.operation(&req) {
+                let copy = retrier.replay.replay(&req);
                 let mut ledger = Some(op.ledger());
                 // The run the operation acts for decides which account this layer draws on.
                 let mut run = op.run();
                 let joined = in_run(&mut run, || {
-                    let budget = kit.budget.id();
+                    let budget = retrier.budget.id();
                     op.with(|op| op.join(class, keyed, deadline, budget))
                 });
                 let (joined, credits) = joined;
-                note_join(kit, joined);
+                note_join(retrier, joined);
                 // The operation's deadline may have passed on the way (a queue, a spawn).
                 if passed(op.with(|op| op.deadline())) {
-                    let err = op.with(|op| ending::not_sent(kit, op));
-                    return ResponseFuture::expired(self.kit.clone(), err);
+                    let err = op.with(|op| ending::not_sent(retrier, op));
+                    return ResponseFuture::expired(self.retrier.clone(), err);
                 }
                 let future = in_run(&mut run, || {
                     let _installed = Installed::new(&mut ledger);
                     self.inner.call(req)
                 });
-                let kit = self.kit.clone();
-                return ResponseFuture::carried(future, kit, copy, ledger, credits, run);
+                let retrier = self.retrier.clone();
+                return ResponseFuture::carried(future, retrier, copy, ledger, credits, run);
             }
             // The operation of a layer above on this task.
             match join_current(class, keyed, deadline, budget) {
                 (Joined::No, _) => {}
                 (joined, credits) => {
-                    note_join(kit, joined);
-                    if kit.replay.can_carry() {
+                    note_join(retrier, joined);
+                    if retrier.replay.can_carry() {
                         // From here it travels with the request, to layers behind a boundary.
                         if let Some(op) = Operation::current() {
-                            kit.replay.attach(&mut req, &op);
+                            retrier.replay.attach(&mut req, &op);
                         }
                     }
-                    let copy = kit.replay.replay(&req);
+                    let copy = retrier.replay.replay(&req);
                     // The operation's deadline (the earliest) may have passed while this layer
                     // waited to be ready, or behind a boundary: then nothing is sent.
                     if passed(current_deadline()) {
-                        let err = with_current(|op| ending::not_sent(kit, op));
+                        let err = with_current(|op| ending::not_sent(retrier, op));
                         let err =
                             err.unwrap_or_else(|| ToolError::new(ErrorCode::DeadlineExceeded));
-                        return ResponseFuture::expired(self.kit.clone(), err);
+                        return ResponseFuture::expired(self.retrier.clone(), err);
                     }
                     // Nested: the operation's owner has installed its ledger on this thread.
                     let future = self.inner.call(req);
-                    return ResponseFuture::nested(future, self.kit.clone(), copy, credits);
+                    return ResponseFuture::nested(future, self.retrier.clone(), copy, credits);
                 }
             }
         }
@@ -411,24 +411,24 @@ where
         // Outermost (or its own operation): open the ledger and lend it to the inner call; a
         // request that can carry it takes it along (one allocation per operation).
         telemetry::operation_opened(class);
-        let max_attempts = kit.policy.max_attempts();
+        let max_attempts = retrier.policy.max_attempts();
         let mut state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
         if since.is_some() && passed(deadline) {
             // The wait for readiness (a quota, a pool) outlasted the deadline: nothing is sent.
-            let err = ending::not_sent(kit, &mut state);
-            return ResponseFuture::expired(self.kit.clone(), err);
+            let err = ending::not_sent(retrier, &mut state);
+            return ResponseFuture::expired(self.retrier.clone(), err);
         }
-        let copy = kit.replay.replay(&req);
-        let mut ledger = Some(if kit.replay.can_carry() {
+        let copy = retrier.replay.replay(&req);
+        let mut ledger = Some(if retrier.replay.can_carry() {
             let op = Operation::open(state);
-            kit.replay.attach(&mut req, &op);
+            retrier.replay.attach(&mut req, &op);
             op.ledger()
         } else {
             Ledger::inline(state)
         });
         let span = tracing::debug_span!(
             "stormguard.operation",
-            layer = %kit.name,
+            layer = %retrier.name,
             class = class.as_str()
         );
         let future = {
@@ -436,35 +436,35 @@ where
             let _installed = Installed::new(&mut ledger);
             self.inner.call(req)
         };
-        ResponseFuture::owner(future, self.kit.clone(), copy, ledger, span)
+        ResponseFuture::owner(future, self.retrier.clone(), copy, ledger, span)
     }
 }
 
 /// Traces a join that made the operation stricter.
 #[inline]
-fn note_join<S, C, R>(kit: &Kit<S, C, R>, joined: Joined) {
+fn note_join<S, C, R>(retrier: &Retrier<S, C, R>, joined: Joined) {
     if let Joined::Tightened { was } = joined {
-        let class = kit.policy.class();
+        let class = retrier.policy.class();
         if !was.decides_like(class) {
-            class_tightened(&kit.name, was, class);
+            class_tightened(&retrier.name, was, class);
         }
     }
 }
 
 impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
     /// After a `get_mut`: retries of the calls from now on clone the service as it is now. This
-    /// service gets a kit of its own; its clones made before keep theirs.
+    /// service gets a retrier of its own; its clones made before keep theirs.
     #[cold]
     fn refresh_template(&mut self) {
-        let kit = &*self.kit;
-        self.kit = Arc::new(Kit {
+        let retrier = &*self.retrier;
+        self.retrier = Arc::new(Retrier {
             template: Mutex::new(self.inner.clone()),
-            policy: kit.policy,
-            budget: kit.budget.clone(),
-            classifier: kit.classifier.clone(),
-            replay: kit.replay.clone(),
-            name: kit.name.clone(),
-            own_operation: kit.own_operation,
+            policy: retrier.policy,
+            budget: retrier.budget.clone(),
+            classifier: retrier.classifier.clone(),
+            replay: retrier.replay.clone(),
+            name: retrier.name.clone(),
+            own_operation: retrier.own_operation,
         });
         self.stale = false;
     }
