@@ -3,7 +3,7 @@
 //! own error as `cause`) and a hint that agrees with its `retryable` flag.
 
 use super::decide::GiveUp;
-use super::future::LayerPart;
+use super::part::LayerPart;
 use super::Retrier;
 use crate::budget::Refusal;
 use crate::class::ToolClass;
