@@ -1,4 +1,4 @@
-//! The promises of keys and receipts that outsiders broke (issue 10), one test each, on real
+//! The receipt guard and its stores on real backends, one test each: real
 //! SQLite files, the real PostgreSQL (when `STORMGUARD_POSTGRES_URL` is set; CI sets it) and real
 //! HTTP servers on 127.0.0.1.
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
