@@ -3,7 +3,7 @@
 //! [`Retry`] decides each retry from the tool class × the failure class
 //! ([`ToolClass::decide`](crate::class::ToolClass::decide)), the server's hint, the operation's
 //! ledger (attempts across all nested layers, see [`operation`](crate::operation)), the shared
-//! [`RetryBudget`], and the operation's deadline, in one pure function whose order is the
+//! [`RetryBudget`](crate::budget::RetryBudget), and the operation's deadline, in one pure function whose order is the
 //! contract:
 //!
 //! 1. a success or an empty answer is handed back, and credited to the budget once per
@@ -29,12 +29,12 @@
 //!
 //! Every ending of steps 3-9 (but 7, and an open circuit's `circuit_open`, which passes through
 //! as it is, `retryable: true` with the time left as `retry_after`) closes the operation, so no
-//! layer above retries it, and is a [`ToolError`] with `retryable: false`, the operation's attempt count, the code of the last
+//! layer above retries it, and is a [`ToolError`](crate::error::ToolError) with `retryable: false`, the operation's attempt count, the code of the last
 //! failure (`unavailable`, `rate_limited`, ...) or of the ending (`outcome_unknown`,
 //! `retry_budget_exhausted`, `run_budget_exhausted`, `deadline_exceeded`), a hint that agrees
 //! with `retryable: false`, and the dependency's own structured error as its
 //! [`cause`](crate::error::ToolError::cause) (a `ToolError` in the error's chain, or what
-//! [`Classify::dependency_error`] reads from a response, such as its HTTP status); any other
+//! [`Classify::dependency_error`](crate::classify::Classify::dependency_error) reads from a response, such as its HTTP status); any other
 //! error stays reachable through `source()`.
 //!
 //! # Deadlines
