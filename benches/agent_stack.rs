@@ -1,5 +1,5 @@
 //! The whole agent stack per operation, side by side with the bare client: a first-try keyed
-//! write through three nested `Retry` layers, a `ReceiptLayer` on an `InMemoryStore`, a closed
+//! write through three nested `Retry` layers, a `ReceiptGuardLayer` on an `InMemoryStore`, a closed
 //! breaker and a quota with room, over an HTTP client that answers at once.
 //!
 //! `cargo bench --bench agent_stack`. Before the timings it prints the allocations per
@@ -18,7 +18,7 @@ use stormguard::classify::HttpClassifier;
 use stormguard::error::BoxError;
 use stormguard::key::Action;
 use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::receipt::{Codec, InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{Codec, InMemoryStore, ReceiptGuardLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
@@ -79,17 +79,13 @@ fn agent_stack() -> Client {
     };
     let action =
         |req: &http::Request<String>| Action::new("run-1", "step-2", "charge", &req.uri().path());
-    let rate = Rate::builder()
-        .per_second(1_000_000)
-        .burst(100_000)
-        .build()
-        .unwrap();
+    let rate = Rate::per_second(1_000_000).burst(100_000).build().unwrap();
     let stack = ServiceBuilder::new()
         .layer(retry(ToolClass::KeyedWrite, "agent-loop"))
         .layer(retry(ToolClass::KeyedWrite, "tool-wrapper"))
         .map_err(BoxError::from)
         .layer(
-            ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action)
+            ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action)
                 .classifier(HttpClassifier)
                 .codec(StatusAndBody),
         )

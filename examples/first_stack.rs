@@ -6,8 +6,9 @@ use http_body_util::Full;
 use serde::{Deserialize, Serialize};
 use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::classify::{classify_error, classify_status, Classification};
+use stormguard::key::Action;
 use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::receipt::{Action, InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
 use stormguard::{
     budget::RetryBudget, class::ToolClass, error::BoxError, retry::HttpReplay, retry::RetryLayer,
 };
@@ -52,16 +53,14 @@ async fn main() -> Result<(), BoxError> {
                 .replay(HttpReplay),
         )
         .layer(
-            ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, key)
+            ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, key)
                 .classifier(classify),
         )
         .layer(
             CircuitBreakerLayer::new(Breaker::new("payments", BreakerConfig::default()))
                 .classifier(classify),
         )
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(20).burst(5).build()?,
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(20).burst(5).build()?))
         .and_then(|resp: reqwest::Response| async move {
             Ok::<_, BoxError>(Charged {
                 status: resp.status().as_u16(),

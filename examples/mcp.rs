@@ -134,8 +134,7 @@ struct Report {
 fn fast(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            Backoff::builder()
-                .exponential(Duration::from_millis(5))
+            Backoff::exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )
@@ -158,8 +157,7 @@ impl Tools {
         req: BackendReq,
         keyed: bool,
     ) -> Result<String, ToolError> {
-        let retry = RetryLayer::new(class, self.budget.clone())
-            .policy(fast(class))
+        let retry = RetryLayer::new(fast(class), self.budget.clone())
             .classifier(HttpClassifier)
             .replay(HttpReplay);
         let key = |req: &BackendReq| {
@@ -317,8 +315,7 @@ async fn run_case(case: &'static str, tool: &'static str, arguments: serde_json:
     });
     let mut agent = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 .classifier(McpClassifier),
         )
         .service(call_tool);

@@ -27,7 +27,7 @@ use stormguard::class::ToolClass;
 use stormguard::error::BoxError;
 use stormguard::key::Action;
 use stormguard::receipt::{
-    Durability, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution, Resolved, SqliteStore,
+    Durability, ReceiptConfig, ReceiptGuardLayer, ReceiptStore, Resolution, Resolved, SqliteStore,
 };
 use stormguard::retry::{CloneReplay, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt};
@@ -106,7 +106,9 @@ async fn demo() -> Result<(), BoxError> {
         .build()?;
     let tool = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default()).replay(CloneReplay))
-        .layer(ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).config(config))
+        .layer(
+            ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).config(config),
+        )
         .timeout(Duration::from_millis(100))
         .service(provider);
     let err = tool.clone().oneshot(Invoice(4471, None)).await.unwrap_err();

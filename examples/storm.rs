@@ -56,9 +56,9 @@ use stormguard::classify::{
 #[path = "common/pictures.rs"]
 mod pictures;
 
+use stormguard::error::ToolError;
 use stormguard::hedge::HedgeLayer;
 use stormguard::retry::RetryLayer;
-use stormguard::ToolError;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
@@ -858,8 +858,7 @@ fn tail(stack: TailStack) -> Row {
             }
             TailStack::StormguardHedged => {
                 let budget = stormguard_budget();
-                let hedge = HedgeLayer::builder(budget.clone())
-                    .percentile(TAIL_QUANTILE, TAIL_MIN_SAMPLES)
+                let hedge = HedgeLayer::percentile(budget.clone(), TAIL_QUANTILE, TAIL_MIN_SAMPLES)
                     .classifier(DemoClassifier)
                     .build()
                     .expect("valid hedge settings");

@@ -74,6 +74,7 @@ pub enum ToolClass {
 ///     Decision::Escalate(ErrorCode::MissingIdempotencyKey),
 /// );
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Retry it, if the budget, the attempt cap and the deadline allow.

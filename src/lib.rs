@@ -14,6 +14,8 @@
 //!   dependency but not empty results or caller mistakes, with an exact half-open trial count;
 //! - [`classify`]: one verdict per result (`Success`, `Empty`, or a failure class) that retry,
 //!   breaker and metrics share; "no such record" is an answer, not a failure;
+//! - [`peek`] (feature `http`): reads a model API's error body before it is classified, without
+//!   taking it from the caller;
 //! - [`backoff`]: full, equal or decorrelated jitter, a fresh seed per operation, and the
 //!   server's `Retry-After` honoured up to a cap;
 //! - [`key`]: idempotency keys derived from the action's logical identity (run, step, tool,
@@ -29,7 +31,7 @@
 //! # Where each layer goes
 //!
 //! ```text
-//! agent loop ─► Retry(class) ─► ReceiptLayer ─► CircuitBreaker ─► Timeout ─► Quota ─► client
+//! agent loop ─► Retry(class) ─► ReceiptGuardLayer ─► CircuitBreaker ─► Timeout ─► Quota ─► client
 //!                 └ one RetryBudget handle and one operation ledger shared by every Retry below
 //! ```
 //!
@@ -93,7 +95,7 @@
 //! # Features
 //!
 //! - `http` (default): the `http::Response` classifiers (`HttpClassifier`, `GrpcClassifier`
-//!   for streams, `ModelApiClassifier` with `PeekErrorBodyLayer`), `Retry-After` HTTP-date
+//!   for streams, `ModelApiClassifier`), the [`peek`] middleware, `Retry-After` HTTP-date
 //!   parsing, `HttpReplay`, and [`Carrier`](operation::Carrier) and [`KeyStamp`](key::KeyStamp)
 //!   for `http::Request`.
 //! - `sqlite`: `receipt::SqliteStore` (rusqlite with SQLite compiled in).
@@ -136,10 +138,11 @@ pub mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 pub mod middleware;
 pub mod operation;
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod peek;
 pub mod quota;
 pub mod receipt;
 pub mod retry;
 
 mod telemetry;
-
-pub use error::{ErrorCode, ToolError};

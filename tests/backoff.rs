@@ -23,7 +23,7 @@ proptest! {
     ) {
         let base = Duration::from_millis(base_ms);
         let cap = base + Duration::from_millis(extra_ms);
-        let backoff = Backoff::builder().exponential(base).cap(cap).jitter(jitter).build().unwrap();
+        let backoff = Backoff::exponential(base).cap(cap).jitter(jitter).build().unwrap();
         let mut state = backoff.state(seed);
         for n in 0..retries {
             let d = state.next_delay();
@@ -45,15 +45,15 @@ proptest! {
     ) {
         let base = Duration::from_millis(base_ms);
         let cap = base + Duration::from_millis(cap_extra);
-        let linear = Backoff::builder().linear(base).cap(cap).jitter(Jitter::None).build().unwrap();
+        let linear = Backoff::linear(base).cap(cap).jitter(Jitter::None).build().unwrap();
         prop_assert_eq!(linear.ceiling(n), (base * (n + 1)).min(cap));
-        let constant = Backoff::builder().constant(base).build().unwrap();
+        let constant = Backoff::constant(base).build().unwrap();
         prop_assert_eq!(constant.state(seed).next_delay(), base);
     }
 
     #[test]
     fn the_same_seed_gives_the_same_delays(seed in any::<u64>()) {
-        let backoff = Backoff::builder().exponential(Duration::from_millis(100)).build().unwrap();
+        let backoff = Backoff::exponential(Duration::from_millis(100)).build().unwrap();
         let (mut a, mut b) = (backoff.state(seed), backoff.state(seed));
         for _ in 0..10 {
             prop_assert_eq!(a.next_delay(), b.next_delay());
@@ -130,31 +130,21 @@ async fn concurrent_operations_retry_at_independent_times() {
 fn invalid_backoffs_are_rejected() {
     let ms = Duration::from_millis;
     let cases = [
+        (Backoff::exponential(Duration::ZERO).build(), "base"),
+        (Backoff::exponential(ms(500)).cap(ms(100)).build(), "cap"),
         (
-            Backoff::builder().exponential(Duration::ZERO).build(),
-            "base",
-        ),
-        (
-            Backoff::builder().exponential(ms(500)).cap(ms(100)).build(),
-            "cap",
-        ),
-        (
-            Backoff::builder()
-                .exponential(ms(1))
+            Backoff::exponential(ms(1))
                 .cap(Duration::from_secs(7200))
                 .build(),
             "cap",
         ),
         (
-            Backoff::builder()
-                .linear(ms(10))
-                .jitter(Jitter::Decorrelated)
-                .build(),
+            Backoff::linear(ms(10)).jitter(Jitter::Decorrelated).build(),
             "jitter",
         ),
     ];
     for (result, field) in cases {
         assert_eq!(result.unwrap_err().field(), field);
     }
-    assert!(Backoff::builder().constant(Duration::ZERO).build().is_ok());
+    assert!(Backoff::constant(Duration::ZERO).build().is_ok());
 }

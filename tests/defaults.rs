@@ -8,7 +8,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode};
 use stormguard::key::Action;
-use stormguard::receipt::{HttpCodec, InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{HttpCodec, InMemoryStore, ReceiptGuardLayer};
 use stormguard::retry::RetryLayer;
 use support::call;
 use tower::{service_fn, Layer, ServiceBuilder};
@@ -58,7 +58,7 @@ fn by_path(req: &http::Request<String>) -> Result<Action, stormguard::key::KeyEr
 async fn a_receipt_layer_with_no_classifier_given_over_an_http_client_never_stores_a_503() {
     let (calls, provider) = provider(1);
     let store = InMemoryStore::new();
-    let mut tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, by_path)
+    let mut tool = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, by_path)
         .codec(HttpCodec)
         .layer(provider);
 

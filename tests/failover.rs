@@ -209,12 +209,12 @@ async fn when_no_target_can_serve_the_error_names_each_and_why() {
 async fn moves_count_as_attempts_of_the_operation() {
     // A Retry above allows 2 attempts: the first target plus one move, then the call ends.
     let ([a, b, c], failover) = three([OVERLOADED, OVERLOADED, OK]);
-    let policy = stormguard::retry::ClassPolicy::builder(ToolClass::Read)
+    let policy = stormguard::class::ClassPolicy::builder(ToolClass::Read)
         .max_attempts(2)
         .build()
         .unwrap();
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).policy(policy))
+        .layer(RetryLayer::new(policy, RetryBudget::default()))
         .service(failover);
     let err = stack.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!((a.calls(), b.calls(), c.calls()), (1, 1, 0), "{err}");
@@ -280,7 +280,8 @@ fn two_targets_with_one_name_are_refused() {
 async fn model_providers_over_http_a_spent_quota_and_an_overload_are_left_the_third_answers() {
     use bytes::Bytes;
     use http_body_util::Full;
-    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::peek::PeekErrorBodyLayer;
     use support::server::{serve, status, HttpClient};
 
     const SPENT: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;

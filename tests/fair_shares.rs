@@ -201,7 +201,7 @@ fn concurrent_runs_never_owe_more_than_the_limit() {
 fn nested_on(
     budget: &RetryBudget,
     dep: Dependency,
-) -> impl Service<u32, Response = u32, Error = stormguard::ToolError> + Clone {
+) -> impl Service<u32, Response = u32, Error = stormguard::error::ToolError> + Clone {
     ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))

@@ -186,8 +186,8 @@ async fn a_fleet_quota_holds_four_workers_to_the_providers_rate() {
     let mut tasks = Vec::new();
     for fleet in &fleets {
         let layer = FleetQuotaLayer::builder(fleet, "provider", |_: &u32| ("org", 1))
-            .rate(Rate::builder().per_second(200).build().unwrap())
-            .fallback(Rate::builder().per_second(50).build().unwrap())
+            .rate(Rate::per_second(200).build().unwrap())
+            .fallback(Rate::per_second(50).build().unwrap())
             .build()
             .unwrap();
         let calls = calls.clone();
@@ -229,8 +229,8 @@ async fn a_weighted_fleet_quota_keeps_each_tenant_apart() {
     // by the bucket" and "not held" are a minute apart, whatever the box's load.
     let layer = |fleet: &Fleet| {
         FleetQuotaLayer::builder(fleet, "tpm", |c: &(&'static str, u32)| (c.0, c.1))
-            .rate(Rate::builder().per_second(10).burst(1_000).build().unwrap())
-            .fallback(Rate::builder().per_second(5).burst(500).build().unwrap())
+            .rate(Rate::per_second(10).burst(1_000).build().unwrap())
+            .fallback(Rate::per_second(5).burst(500).build().unwrap())
             .build()
             .unwrap()
     };
@@ -550,7 +550,7 @@ async fn a_quiet_worker_does_not_keep_the_trial_from_the_others() {
 async fn two_quotas_whose_name_and_key_join_alike_share_no_bucket() {
     let Some(url) = redis_url() else { return };
     let fleet = &workers(&url, &prefix("join"), 1).await[0];
-    let one_a_minute = Rate::builder().per_minute(1).build().unwrap();
+    let one_a_minute = Rate::per_minute(1).build().unwrap();
     let quota = |name: &'static str, key: &'static str| {
         FleetQuotaLayer::builder(fleet, name, move |_: &u32| (key, 1))
             .rate(one_a_minute)
@@ -659,8 +659,8 @@ async fn a_fleet_quota_with_a_static_str_key_runs_inside_tokio_spawn() {
         .unwrap();
     let served = tokio::spawn(async move {
         let layer = FleetQuotaLayer::builder(&fleet, "api", |_: &String| ("org", 1u32))
-            .rate(Rate::builder().per_second(100).build().unwrap())
-            .fallback(Rate::builder().per_second(100).build().unwrap())
+            .rate(Rate::per_second(100).build().unwrap())
+            .fallback(Rate::per_second(100).build().unwrap())
             .build()
             .unwrap();
         let echo = tower::service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });

@@ -351,8 +351,8 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
     };
     let fleet = quick_fleet(&redis, "down").await;
     let layer = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
-        .rate(Rate::builder().per_second(100).build().unwrap())
-        .fallback(Rate::builder().per_second(50).build().unwrap())
+        .rate(Rate::per_second(100).build().unwrap())
+        .fallback(Rate::per_second(50).build().unwrap())
         .build()
         .unwrap();
     let budget = RetryBudget::builder()
@@ -456,8 +456,8 @@ fn going_down_deciding_locally_and_coming_back_are_counted() {
                 .unwrap();
             assert!(fleet.wait_up(Duration::from_secs(2)).await);
             let quota = FleetQuotaLayer::builder(&fleet, "q", |_: &u32| ("k", 1))
-                .rate(Rate::builder().per_second(1_000).build().unwrap())
-                .fallback(Rate::builder().per_second(1_000).build().unwrap())
+                .rate(Rate::per_second(1_000).build().unwrap())
+                .fallback(Rate::per_second(1_000).build().unwrap())
                 .build()
                 .unwrap();
             let budget = RetryBudget::builder().fleet(&fleet, "b").build().unwrap();
@@ -506,8 +506,8 @@ async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_r
     let Some(redis) = own_redis() else { return };
     let fleet = quick_fleet(&redis, "frozen").await;
     let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
-        .rate(Rate::builder().per_second(1_000).build().unwrap())
-        .fallback(Rate::builder().per_second(1_000).build().unwrap())
+        .rate(Rate::per_second(1_000).build().unwrap())
+        .fallback(Rate::per_second(1_000).build().unwrap())
         .build()
         .unwrap();
     let breaker = Breaker::new(

@@ -20,9 +20,9 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{DefaultClassifier, GrpcClassifier};
 use stormguard::error::ErrorCode;
+use stormguard::error::ToolError;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{GrpcReplay, RetryLayer};
-use stormguard::ToolError;
 use support::call;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -241,8 +241,7 @@ fn client(
 fn fast(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            Backoff::builder()
-                .exponential(Duration::from_millis(5))
+            Backoff::exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )
@@ -252,9 +251,7 @@ fn fast(class: ToolClass) -> ClassPolicy {
 
 /// A retry layer for `class` with a 5 ms backoff, replaying gRPC requests.
 fn retry(class: ToolClass, budget: &RetryBudget) -> RetryLayer<DefaultClassifier, GrpcReplay> {
-    RetryLayer::new(class, budget.clone())
-        .policy(fast(class))
-        .replay(GrpcReplay)
+    RetryLayer::new(fast(class), budget.clone()).replay(GrpcReplay)
 }
 
 type Call = tonic::Request<SendInvoice>;

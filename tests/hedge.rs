@@ -77,8 +77,7 @@ impl Service<u32> for Dep {
 }
 
 fn hedge(budget: &RetryBudget, ms: u64) -> HedgeLayer {
-    HedgeLayer::builder(budget.clone())
-        .fixed(Duration::from_millis(ms))
+    HedgeLayer::fixed(budget.clone(), Duration::from_millis(ms))
         .build()
         .unwrap()
 }
@@ -86,8 +85,7 @@ fn hedge(budget: &RetryBudget, ms: u64) -> HedgeLayer {
 fn fast_read(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            stormguard::backoff::Backoff::builder()
-                .exponential(Duration::from_millis(1))
+            stormguard::backoff::Backoff::exponential(Duration::from_millis(1))
                 .build()
                 .unwrap(),
         )
@@ -147,8 +145,7 @@ async fn writes_are_never_hedged_nor_copied() {
         let dep = Dep::new(|_| (1_000, false));
         let budget = RetryBudget::default();
         let copies = Counting::default();
-        let layer = HedgeLayer::builder(budget.clone())
-            .fixed(Duration::from_millis(10))
+        let layer = HedgeLayer::fixed(budget.clone(), Duration::from_millis(10))
             .replay(copies.clone())
             .build()
             .unwrap();
@@ -179,7 +176,7 @@ async fn hedges_count_in_the_operations_attempts() {
     let dep = Dep::new(|_| (100, true));
     let budget = RetryBudget::default();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(fast_read(ToolClass::Read)))
+        .layer(RetryLayer::new(fast_read(ToolClass::Read), budget.clone()))
         .layer(hedge(&budget, 20))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
@@ -189,11 +186,7 @@ async fn hedges_count_in_the_operations_attempts() {
     // Three nested layers, the same: the operation's cap, not 3 x 3 plus hedges.
     let dep = Dep::new(|_| (100, true));
     let budget = RetryBudget::default();
-    let layer = |name| {
-        RetryLayer::new(ToolClass::Read, budget.clone())
-            .name(name)
-            .policy(fast_read(ToolClass::Read))
-    };
+    let layer = |name| RetryLayer::new(fast_read(ToolClass::Read), budget.clone()).name(name);
     let mut svc = ServiceBuilder::new()
         .layer(layer("agent-loop"))
         .layer(layer("tool-wrapper"))
@@ -232,7 +225,7 @@ async fn a_failure_before_the_delay_is_answered_at_once() {
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(one))
+        .layer(RetryLayer::new(one, budget.clone()))
         .layer(hedge(&budget, 30))
         .service(dep.clone());
     let start = Instant::now();
@@ -329,8 +322,7 @@ async fn the_percentile_delay_waits_for_its_samples_then_follows_the_latencies()
         }
     });
     let budget = RetryBudget::default();
-    let layer = HedgeLayer::builder(budget.clone())
-        .percentile(0.9, 100)
+    let layer = HedgeLayer::percentile(budget.clone(), 0.9, 100)
         .build()
         .unwrap();
     assert_eq!(layer.delay(), None);
@@ -369,14 +361,16 @@ async fn the_percentile_delay_waits_for_its_samples_then_follows_the_latencies()
 
 #[test]
 fn bad_settings_are_refused() {
-    let b = || HedgeLayer::builder(RetryBudget::default());
-    assert_eq!(b().build().unwrap_err().field(), "delay");
+    let budget = RetryBudget::default;
     assert_eq!(
-        b().fixed(Duration::ZERO).build().unwrap_err().field(),
+        HedgeLayer::fixed(budget(), Duration::ZERO)
+            .build()
+            .unwrap_err()
+            .field(),
         "delay"
     );
     assert_eq!(
-        b().fixed(Duration::from_secs(7200))
+        HedgeLayer::fixed(budget(), Duration::from_secs(7200))
             .build()
             .unwrap_err()
             .field(),
@@ -384,12 +378,18 @@ fn bad_settings_are_refused() {
     );
     for q in [0.0, 1.0, -0.5, f64::NAN, 2.0] {
         assert_eq!(
-            b().percentile(q, 10).build().unwrap_err().field(),
+            HedgeLayer::percentile(budget(), q, 10)
+                .build()
+                .unwrap_err()
+                .field(),
             "percentile"
         );
     }
     assert_eq!(
-        b().percentile(0.9, 0).build().unwrap_err().field(),
+        HedgeLayer::percentile(budget(), 0.9, 0)
+            .build()
+            .unwrap_err()
+            .field(),
         "min_samples"
     );
 }

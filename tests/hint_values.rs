@@ -2,9 +2,10 @@
 //! infinite), each either clamped to `MAX_HINT` or ignored exactly as `classify::hint` documents.
 
 use std::time::Duration;
+use stormguard::classify::hint::ServerHint;
 use stormguard::classify::hint::MAX_HINT;
 use stormguard::classify::{
-    retry_info_delay, ClassifiedResponse, Classify, HttpClassifier, ModelApiClassifier, ServerHint,
+    retry_info_delay, ClassifiedResponse, Classify, HttpClassifier, ModelApiClassifier,
 };
 
 use ServerHint::{DoNotRetry, RetryAfter};

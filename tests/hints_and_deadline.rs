@@ -22,8 +22,7 @@ fn req() -> Req {
 fn constant(ms: u64) -> ClassPolicy {
     ClassPolicy::builder(ToolClass::Read)
         .backoff(
-            Backoff::builder()
-                .constant(Duration::from_millis(ms))
+            Backoff::constant(Duration::from_millis(ms))
                 .jitter(Jitter::None)
                 .build()
                 .unwrap(),
@@ -35,8 +34,7 @@ fn constant(ms: u64) -> ClassPolicy {
 #[tokio::test(start_paused = true)]
 async fn retry_after_replaces_the_backoff() {
     let (calls, dep) = http_script(429, &[("retry-after", "7")], 1);
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(constant(10))
+    let mut svc = RetryLayer::new(constant(10), RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
     let start = Instant::now();
@@ -54,8 +52,7 @@ async fn a_huge_retry_after_is_clamped_to_the_policy_maximum() {
         .max_server_delay(Duration::from_secs(20))
         .build()
         .unwrap();
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(policy)
+    let mut svc = RetryLayer::new(policy, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
     let start = Instant::now();
@@ -66,8 +63,7 @@ async fn a_huge_retry_after_is_clamped_to_the_policy_maximum() {
 #[tokio::test(start_paused = true)]
 async fn a_malformed_retry_after_is_ignored() {
     let (_, dep) = http_script(503, &[("retry-after", "in a while")], 1);
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(constant(10))
+    let mut svc = RetryLayer::new(constant(10), RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
     let start = Instant::now();
@@ -108,8 +104,7 @@ async fn no_retry_starts_whose_backoff_would_pass_the_deadline() {
         .deadline(Duration::from_secs(6))
         .build()
         .unwrap();
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(policy)
+    let mut svc = RetryLayer::new(policy, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
     let start = Instant::now();
@@ -225,8 +220,7 @@ async fn only_a_writes_final_hint_says_it_may_have_taken_effect() {
         for headers in [&[][..], &[("grpc-retry-pushback-ms", "-1")][..]] {
             let headers: &'static [(&str, &str)] = headers;
             let (_, dep) = http_script(503, headers, u32::MAX);
-            let backoff = Backoff::builder()
-                .constant(Duration::from_millis(10))
+            let backoff = Backoff::constant(Duration::from_millis(10))
                 .jitter(Jitter::None)
                 .build()
                 .unwrap();
@@ -234,8 +228,7 @@ async fn only_a_writes_final_hint_says_it_may_have_taken_effect() {
                 .backoff(backoff)
                 .build()
                 .unwrap();
-            let mut svc = RetryLayer::new(class, RetryBudget::default())
-                .policy(policy)
+            let mut svc = RetryLayer::new(policy, RetryBudget::default())
                 .classifier(HttpClassifier)
                 .layer(dep);
             let err = call(&mut svc, req()).await.unwrap_err();
@@ -263,7 +256,7 @@ fn deadline_300ms() -> ClassPolicy {
 async fn spent_quota() -> stormguard::quota::QuotaLayer {
     use stormguard::quota::{QuotaLayer, Rate};
     use tower::ServiceExt;
-    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let quota = QuotaLayer::new(Rate::per_second(1).burst(1).build().unwrap());
     let noop = tower::service_fn(|_: ()| async { Ok::<_, std::convert::Infallible>(()) });
     quota.layer(noop).oneshot(()).await.unwrap();
     quota
@@ -275,8 +268,7 @@ async fn spent_quota() -> stormguard::quota::QuotaLayer {
 #[tokio::test(start_paused = true)]
 async fn no_first_attempt_starts_after_the_deadline() {
     let (calls, dep) = http_script(200, &[], 0);
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(deadline_300ms())
+    let mut svc = RetryLayer::new(deadline_300ms(), RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(spent_quota().await.layer(dep));
     let start = Instant::now();
@@ -300,11 +292,7 @@ async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
     let (calls, dep) = http_script(200, &[], 0);
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).classifier(HttpClassifier))
-        .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(deadline_300ms())
-                .classifier(HttpClassifier),
-        )
+        .layer(RetryLayer::new(deadline_300ms(), RetryBudget::default()).classifier(HttpClassifier))
         .layer(spent_quota().await)
         .service(dep);
     let err = call(&mut svc, req()).await.unwrap_err();
@@ -323,11 +311,7 @@ async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
     // The outer layer's deadline, carried across a Buffer to a layer that waits behind it.
     let (calls, dep) = http_script(200, &[], 0);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(deadline_300ms())
-                .classifier(HttpClassifier),
-        )
+        .layer(RetryLayer::new(deadline_300ms(), RetryBudget::default()).classifier(HttpClassifier))
         .layer(AttachLayer::new())
         .buffer(4)
         .layer(AdoptLayer::new())
@@ -351,8 +335,7 @@ async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
         .deadline(Duration::from_millis(1_001))
         .build()
         .unwrap();
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(policy)
+    let mut svc = RetryLayer::new(policy, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(spent_quota().await.layer(dep));
     assert_eq!(call(&mut svc, req()).await.unwrap().status(), 200);
@@ -365,14 +348,13 @@ async fn no_first_attempt_starts_after_a_nested_or_buffered_deadline() {
 async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
     use stormguard::quota::{QuotaLayer, Rate};
     let (calls, dep) = http_script(503, &[], u32::MAX);
-    let quota = QuotaLayer::new(Rate::builder().per_second(1).burst(1).build().unwrap());
+    let quota = QuotaLayer::new(Rate::per_second(1).burst(1).build().unwrap());
     let policy = constant(10)
         .into_builder()
         .deadline(Duration::from_secs(1))
         .build()
         .unwrap();
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(policy)
+    let mut svc = RetryLayer::new(policy, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(quota.layer(dep));
     let start = Instant::now();
@@ -392,10 +374,9 @@ async fn a_retry_ready_exactly_at_the_deadline_is_not_sent() {
 async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
     use stormguard::quota::{KeyedQuotaLayer, Rate};
     let (calls, dep) = http_script(200, &[], 0);
-    let rate = Rate::builder().per_second(1).burst(1).build().unwrap();
+    let rate = Rate::per_second(1).burst(1).build().unwrap();
     let quota = KeyedQuotaLayer::new(rate, |_: &Req| ("tenant-a", 1));
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .policy(deadline_300ms())
+    let mut svc = RetryLayer::new(deadline_300ms(), RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(quota.layer(dep));
     call(&mut svc, req()).await.unwrap(); // spends the burst
@@ -407,13 +388,13 @@ async fn a_keyed_quota_does_not_send_a_call_after_the_deadline() {
     assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
 
-/// The documented stack, `Retry → ReceiptLayer → … → Quota`: the receipt layer is always ready
+/// The documented stack, `Retry → ReceiptGuardLayer → … → Quota`: the receipt layer is always ready
 /// and waits for the quota inside its call, so it holds the deadline too. Nothing is sent, and
 /// the intent it recorded is removed (never sent), so a later call is not blocked by it.
 #[tokio::test(start_paused = true)]
 async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
     use stormguard::key::Action;
-    use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+    use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
     use stormguard::retry::HttpReplay;
     use tower::ServiceBuilder;
 
@@ -426,16 +407,16 @@ async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
     let action = |req: &Req| Action::new("run-1", "step-2", "send_invoice", &req.uri().to_string());
     let mut svc = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .policy(
-                    ClassPolicy::builder(ToolClass::KeyedWrite)
-                        .deadline(Duration::from_millis(300))
-                        .build()
-                        .unwrap(),
-                )
-                .replay(HttpReplay),
+            RetryLayer::new(
+                ClassPolicy::builder(ToolClass::KeyedWrite)
+                    .deadline(Duration::from_millis(300))
+                    .build()
+                    .unwrap(),
+                RetryBudget::default(),
+            )
+            .replay(HttpReplay),
         )
-        .layer(ReceiptLayer::new(
+        .layer(ReceiptGuardLayer::new(
             InMemoryStore::new(),
             ToolClass::KeyedWrite,
             action,

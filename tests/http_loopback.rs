@@ -18,7 +18,7 @@ fn stack(
 ) -> impl tower::Service<
     http::Request<Body>,
     Response = http::Response<hyper::body::Incoming>,
-    Error = stormguard::ToolError,
+    Error = stormguard::error::ToolError,
 > + Clone {
     let layer = |name| {
         RetryLayer::new(class, budget.clone())

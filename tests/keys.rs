@@ -202,7 +202,7 @@ fn a_key_read_back_is_checked_like_a_key_parsed() {
 /// for invoice 1.
 #[test]
 fn a_missing_identity_field_is_an_error_not_null() {
-    use stormguard::receipt::Action;
+    use stormguard::key::Action;
     let one = serde_json::json!({"invoice": 1, "to": "a@b.test"});
     let two = serde_json::json!({"invoice": 2, "to": "a@b.test"});
     let fields = ["invoice_id"]; // misspelled: the arguments say "invoice"

@@ -11,7 +11,7 @@ use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer,
+    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptGuardLayer,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
@@ -103,7 +103,7 @@ fn action(p: &Post) -> Result<Action, stormguard::key::KeyError> {
 }
 
 type ActionFn = fn(&Post) -> Result<Action, stormguard::key::KeyError>;
-type Tool = ReceiptLayer<
+type Tool = ReceiptGuardLayer<
     InMemoryStore,
     ActionFn,
     stormguard::classify::DefaultClassifier,
@@ -112,7 +112,7 @@ type Tool = ReceiptLayer<
 >;
 
 fn layer(store: &InMemoryStore, log: Log) -> Tool {
-    ReceiptLayer::new(
+    ReceiptGuardLayer::new(
         store.clone(),
         ToolClass::UnkeyedWrite,
         action as fn(&_) -> _,
@@ -199,7 +199,7 @@ async fn a_keyed_write_crossing_its_key_window_is_read_back_only_after_its_lease
     ] {
         let effects = Arc::new(AtomicU32::new(0));
         let store = InMemoryStore::with_clock(Paused(Instant::now()));
-        let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
+        let tool = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
             .config(
                 ReceiptConfig::builder()
                     .lease(Duration::from_secs(5))
@@ -341,8 +341,8 @@ async fn a_late_commit_after_outcome_unknown_never_leads_the_operator_into_a_sec
     let desk = Desk::start().await;
     let clock = ManualClock::new(1_800_000_000_000);
     let store = InMemoryStore::with_clock(clock.clone());
-    let receipts = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn)
-        .config(
+    let receipts =
+        ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn).config(
             ReceiptConfig::builder()
                 .lease(Duration::from_secs(5))
                 .build()
@@ -648,8 +648,8 @@ type ChargeFn = fn(&Charge) -> Result<Action, stormguard::key::KeyError>;
 
 fn charges(
     store: &InMemoryStore,
-) -> ReceiptLayer<InMemoryStore, ChargeFn, HttpClassifier, ResponseCodec> {
-    ReceiptLayer::new(
+) -> ReceiptGuardLayer<InMemoryStore, ChargeFn, HttpClassifier, ResponseCodec> {
+    ReceiptGuardLayer::new(
         store.clone(),
         ToolClass::KeyedWrite,
         charge_action as ChargeFn,

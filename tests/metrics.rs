@@ -13,7 +13,7 @@ use stormguard::class::ToolClass;
 use stormguard::classify::FailureClass::{Ambiguous, Transient};
 use stormguard::error::BoxError;
 use stormguard::key::{Action, IdempotencyKey, KeyStamp, SetIdempotencyKeyLayer};
-use stormguard::receipt::{InMemoryStore, ReceiptLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
 use stormguard::retry::RetryLayer;
 use support::{call, classifier, Dependency, Outcome};
 use tower::{Layer, ServiceBuilder};
@@ -184,7 +184,7 @@ fn receipt_decisions_are_counted() {
     let snapshotter = recorder.snapshotter();
     let deliveries = recorded(&recorder, || async {
         let dep = Dependency::script([Outcome::Fail(Transient)], Outcome::Ok);
-        let layer = ReceiptLayer::new(
+        let layer = ReceiptGuardLayer::new(
             InMemoryStore::new(),
             ToolClass::KeyedWrite,
             |req: &Email| Action::new("run-1", "step-2", "send_invoice", &req.invoice),

@@ -133,7 +133,7 @@ fn spawning_http_tool<S>(
     inner: S,
 ) -> impl Service<http::Request<String>, Response = u32, Error = BoxError, Future: Send> + Clone
 where
-    S: Service<http::Request<String>, Response = u32, Error = stormguard::ToolError>
+    S: Service<http::Request<String>, Response = u32, Error = stormguard::error::ToolError>
         + Clone
         + Send
         + 'static,
@@ -237,7 +237,7 @@ async fn a_buffer_between_layers_shares_the_attempt_cap() {
 /// A tool that runs its inner call on a spawned task, with or without `carry`, and reports
 /// failures as its own error type (dropping the `ToolError`, as many tool wrappers do).
 fn spawning_tool(
-    inner: impl Service<u32, Response = u32, Error = stormguard::ToolError, Future: Send>
+    inner: impl Service<u32, Response = u32, Error = stormguard::error::ToolError, Future: Send>
         + Clone
         + Send
         + 'static,

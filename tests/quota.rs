@@ -15,7 +15,7 @@ use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
 
 #[tokio::test(start_paused = true)]
 async fn concurrent_callers_through_clones_share_one_quota() {
-    let layer = QuotaLayer::new(Rate::builder().per_second(10).burst(5).build().unwrap());
+    let layer = QuotaLayer::new(Rate::per_second(10).burst(5).build().unwrap());
     let start = Instant::now();
     let sent: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let record = sent.clone();
@@ -54,8 +54,7 @@ async fn retries_wait_for_the_quota_too() {
     let dep = Dependency::script([Outcome::Fail(Transient); 2], Outcome::Ok);
     let no_wait = ClassPolicy::builder(ToolClass::Read)
         .backoff(
-            stormguard::backoff::Backoff::builder()
-                .constant(Duration::ZERO)
+            stormguard::backoff::Backoff::constant(Duration::ZERO)
                 .build()
                 .unwrap(),
         )
@@ -63,13 +62,9 @@ async fn retries_wait_for_the_quota_too() {
         .unwrap();
     let mut svc = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(no_wait)
-                .classifier(classifier as fn(&_) -> _),
+            RetryLayer::new(no_wait, RetryBudget::default()).classifier(classifier as fn(&_) -> _),
         )
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(4).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(4).build().unwrap()))
         .service(dep.clone());
     let start = Instant::now();
     call(&mut svc, 1u32).await.unwrap();
@@ -81,7 +76,7 @@ async fn retries_wait_for_the_quota_too() {
 async fn a_rate_faster_than_the_timer_still_holds() {
     // 10,000 calls a second is one every 100 µs, finer than tokio's 1 ms timer: waiters woken in
     // the same tick had their slots reserved apart, so 2,000 calls take 200 ms, not 2 s.
-    let layer = QuotaLayer::new(Rate::builder().per_second(10_000).build().unwrap());
+    let layer = QuotaLayer::new(Rate::per_second(10_000).build().unwrap());
     let api = service_fn(|_: u32| async { Ok::<_, std::io::Error>(()) });
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();

@@ -199,7 +199,7 @@ async fn raising_max_attempts_on_the_outermost_layer_gives_the_operation_more() 
         // Five attempts for this operation, whatever the layers below allow each time they are called.
         let five = ClassPolicy::builder(ToolClass::Read).max_attempts(5).build()?;
         let mut search = ServiceBuilder::new()
-            .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five).name("agent-loop"))
+            .layer(RetryLayer::new(five, budget.clone()).name("agent-loop"))
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("tool-wrapper"))
             .layer(RetryLayer::new(ToolClass::Read, budget).name("client"))
             .service(http_client);
@@ -270,11 +270,12 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
         // Each pass opens the file anew, as a resumed process would.
         let mut send_invoice = {
             let run = || -> Result<_, BoxError> {
-                use stormguard::receipt::{Action, Durability, ReceiptLayer, SqliteStore};
+                use stormguard::key::Action;
+                use stormguard::receipt::{Durability, ReceiptGuardLayer, SqliteStore};
 
                 let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
                 let mut send_invoice = ServiceBuilder::new()
-                    .layer(ReceiptLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
+                    .layer(ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
                         // the key covers invoice_id; the fingerprint covers invoice_id and recipient;
                         // the body the model writes belongs to neither, so a reworded body is the same action
                         Action::task("run-81f2", "step-2", "send_invoice", &req.email, &["invoice_id"], &["invoice_id", "to"])
@@ -310,7 +311,7 @@ async fn the_breaker_example_retries_503s_then_fails_fast_without_a_retry() {
         .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
         .layer(CircuitBreakerLayer::new(breakers.get("billing-api")).classifier(HttpClassifier))
         .service(http_client);
-    // With receipts, put the breaker below the ReceiptLayer: a stored receipt says nothing about
+    // With receipts, put the breaker below the ReceiptGuardLayer: a stored receipt says nothing about
     // the dependency's health (see the crate docs, "Where each layer goes").
 
     let charge = || http::Request::post("http://billing.test/charges")
@@ -381,7 +382,7 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
     use serde::{Deserialize, Serialize};
     use stormguard::class::ToolClass;
     use stormguard::key::{Action, IdempotencyKey, KeyStamp};
-    use stormguard::receipt::{Durability, ReceiptLayer, SqliteStore};
+    use stormguard::receipt::{Durability, ReceiptGuardLayer, SqliteStore};
     use tower::{Layer, ServiceExt};
 
     #[derive(Clone)]
@@ -425,7 +426,7 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
         counter.fetch_add(1, Ordering::SeqCst);
         async move { Ok::<_, std::io::Error>(Sent { message_id: format!("msg-{}", inv.0) }) }
     });
-    let tool = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).layer(provider);
+    let tool = ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action).layer(provider);
     for invoice in [1, 2] {
         let err = tool.clone().oneshot(Invoice(invoice, None)).await.unwrap_err();
         assert_eq!(err.downcast::<stormguard::error::ToolError>().unwrap().code(), ErrorCode::OutcomeUnknown);
@@ -474,7 +475,7 @@ async fn the_hedging_example_answers_a_hung_read_from_its_hedge() -> Result<(), 
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(HttpClassifier).replay(HttpReplay))
         // after 100 answers: a second attempt when no answer came within the 95th percentile
         // of the last 512; an attempt of the operation, paid from the budget; never for writes
-        .layer(HedgeLayer::builder(budget).percentile(0.95, 100).classifier(HttpClassifier).replay(HttpReplay).build()?)
+        .layer(HedgeLayer::percentile(budget, 0.95, 100).classifier(HttpClassifier).replay(HttpReplay).build()?)
         .service(http_client);
 
     let get = || http::Request::get("http://search.test/q?storm").body(String::new()).unwrap();
@@ -505,7 +506,8 @@ async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Resu
     })
     .await;
     let (http_client, budget) = (http_client(addr), RetryBudget::default());
-    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::classify::{ModelApiClassifier};
+    use stormguard::peek::PeekErrorBodyLayer;
 
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
@@ -542,7 +544,7 @@ async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(
     use stormguard::quota::{KeyedQuotaLayer, Rate};
 
     // each tenant: 1,000 tokens a second, a whole second's worth at once; key and cost per call
-    let tokens = Rate::builder().per_second(1_000).burst(1_000).build()?;
+    let tokens = Rate::per_second(1_000).burst(1_000).build()?;
     let mut model = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(ModelApiClassifier).replay(HttpReplay))
         .layer(KeyedQuotaLayer::new(tokens, move |req: &http::Request<String>| (tenant_of(req), tokens_of(req))))
@@ -608,7 +610,7 @@ async fn fleet_worker(
             Error = BoxError,
             Future: Send,
         > + Clone + Send + 'static,
-) -> Result<impl tower::Service<http::Request<String>, Response = http::Response<hyper::body::Incoming>, Error = stormguard::ToolError>, BoxError> {
+) -> Result<impl tower::Service<http::Request<String>, Response = http::Response<hyper::body::Incoming>, Error = stormguard::error::ToolError>, BoxError> {
     use stormguard::classify::HttpClassifier;
     use stormguard::retry::{HttpReplay, RetryLayer};
     use stormguard::class::ToolClass;
@@ -626,8 +628,8 @@ async fn fleet_worker(
     budget.fleet_ready(Duration::from_secs(1)).await; // its first lease: one round trip
     // The provider's 200 requests a second for the whole fleet; each worker's share while Redis is down.
     let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &http::Request<String>| ("org", 1))
-        .rate(Rate::builder().per_second(200).build()?)
-        .fallback(Rate::builder().per_second(200 / WORKERS).build()?)
+        .rate(Rate::per_second(200).build()?)
+        .fallback(Rate::per_second(200 / WORKERS).build()?)
         .build()?;
     // One worker's failures open every worker's breaker.
     let breaker = Breaker::new("payments", BreakerConfig::default());
@@ -706,7 +708,8 @@ async fn the_failover_example_leaves_a_spent_quota_for_the_next_provider() -> Re
     let (anthropic, anthropic_calls) = server::serve(|_| server::status(200, &[])).await;
     let (openai_client, anthropic_client) = (http_client(openai), http_client(anthropic));
     let budget = RetryBudget::default();
-    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::peek::PeekErrorBodyLayer;
     use stormguard::failover::Failover;
     use tower::util::BoxCloneSyncService;
 

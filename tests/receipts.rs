@@ -10,11 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::key::Action;
 use stormguard::key::{IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
-    Action, Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions,
-    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer, ReceiptStore, Resolution,
-    Resolved, SqliteStore, StoreError,
+    Begin, Consistency, Durability, InMemoryStore, ManualClock, PostgresOptions, PostgresStore,
+    ReadBack, ReadBackResult, ReceiptConfig, ReceiptGuardLayer, ReceiptStore, Resolution, Resolved,
+    SqliteStore, StoreError,
 };
 use support::stores::{fresh_schema, temp_db};
 use tower::{Layer, Service, ServiceExt};
@@ -120,8 +121,8 @@ fn send(invoice: u64) -> SendEmail {
 
 type Action_ = fn(&SendEmail) -> Result<Action, stormguard::key::KeyError>;
 
-fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, Action_> {
-    ReceiptLayer::new(store.clone(), class, action as Action_).config(
+fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptGuardLayer<St, Action_> {
+    ReceiptGuardLayer::new(store.clone(), class, action as Action_).config(
         ReceiptConfig::builder()
             .lease(Duration::from_secs(30))
             .wait(Duration::from_secs(2))

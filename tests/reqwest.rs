@@ -15,9 +15,9 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{HttpClassifier, ReqwestClassifier};
 use stormguard::error::ErrorCode;
+use stormguard::error::ToolError;
 use stormguard::key::{Action, SetIdempotencyKeyLayer};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use support::call;
 use tower::ServiceBuilder;
 
@@ -82,14 +82,15 @@ fn retry(class: ToolClass) -> RetryLayer<HttpClassifier, HttpReplay> {
 }
 
 fn retry_with<C>(class: ToolClass, classifier: C) -> RetryLayer<C, HttpReplay> {
-    let fast = stormguard::backoff::Backoff::builder()
-        .exponential(Duration::from_millis(5))
+    let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(5))
         .build()
         .unwrap();
-    RetryLayer::new(class, RetryBudget::default())
-        .policy(ClassPolicy::builder(class).backoff(fast).build().unwrap())
-        .classifier(classifier)
-        .replay(HttpReplay)
+    RetryLayer::new(
+        ClassPolicy::builder(class).backoff(fast).build().unwrap(),
+        RetryBudget::default(),
+    )
+    .classifier(classifier)
+    .replay(HttpReplay)
 }
 
 fn post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {

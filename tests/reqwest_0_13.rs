@@ -121,7 +121,8 @@ async fn the_model_api_classifier_reads_a_reqwest_response_by_its_headers() -> R
 
 #[tokio::test]
 async fn a_used_up_quota_behind_reqwest_is_one_request_with_the_peek() -> Result<(), BoxError> {
-    use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+    use stormguard::classify::ModelApiClassifier;
+    use stormguard::peek::PeekErrorBodyLayer;
     const QUOTA: &str = r#"{"error":{"message":"You exceeded your current quota.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
     let (addr, calls) = server::serve(|_| {
         http::Response::builder()

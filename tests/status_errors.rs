@@ -242,7 +242,8 @@ fn a_mapped_404_is_an_empty_answer_and_a_mapped_200_proves_nothing() {
 #[cfg(feature = "reqwest")]
 #[test]
 fn a_model_api_classifier_over_reqwest_reads_a_mapped_answer_too() {
-    use stormguard::classify::{ClassifiedResponse, FailureClass, ServerHint};
+    use stormguard::classify::hint::ServerHint;
+    use stormguard::classify::{ClassifiedResponse, FailureClass};
     let classify = |err: HttpStatusError| {
         let result: Result<reqwest::Response, BoxError> = Err(Box::new(err));
         match ModelApiClassifier.classify(&result) {

@@ -17,7 +17,7 @@
 //! and parallel duplicates from two branches. Everything runs on tokio's paused clock.
 //!
 //! `stormguard` and `stormguard-readback` run the real layers: `Retry` on a shared budget (one
-//! run handle per episode), `ReceiptLayer` on an `InMemoryStore` whose clock is the simulated
+//! run handle per episode), `ReceiptGuardLayer` on an `InMemoryStore` whose clock is the simulated
 //! one (or SQLite files with `--sqlite DIR`), a `CircuitBreaker` per tool.
 
 #[path = "../common/pictures.rs"]

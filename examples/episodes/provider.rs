@@ -8,9 +8,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use stormguard::classify::hint::ServerHint;
 use stormguard::classify::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
-    NeverClassifyEos, ServerHint,
+    NeverClassifyEos,
 };
 use stormguard::error::ErrorCode;
 use stormguard::key::{IdempotencyKey, KeyStamp};

@@ -12,7 +12,7 @@ use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, KeyError};
 use stormguard::receipt::{
-    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptLayer,
+    Clock, Consistency, InMemoryStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptGuardLayer,
     ReceiptStore,
 };
 use tokio::time::Instant;
@@ -199,7 +199,7 @@ impl Stacks {
                         .service(provider.clone());
                     return BoxCloneService::new(ServiceExt::<Call>::map_err(svc, BoxError::from));
                 }
-                let receipts = ReceiptLayer::new(store.clone(), *class, action as fn(&_) -> _)
+                let receipts = ReceiptGuardLayer::new(store.clone(), *class, action as fn(&_) -> _)
                     .classifier(SimClassifier)
                     .config(
                         ReceiptConfig::builder()

@@ -155,12 +155,7 @@ async fn quota_load<S>(
     S::Future: Send,
     S::Error: Into<stormguard::error::BoxError> + std::fmt::Debug,
 {
-    let rate = |n: u32| {
-        Rate::builder()
-            .per_second(n.max(1))
-            .build()
-            .expect("valid rate")
-    };
+    let rate = |n: u32| Rate::per_second(n.max(1)).build().expect("valid rate");
     if job.fleet {
         let layer = FleetQuotaLayer::builder(fleet, name, |_: &u64| ("org", 1))
             .rate(rate(QUOTA_PER_S))

@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpStatusError;
 use stormguard::error::BoxError;
+use stormguard::key::Action;
 use stormguard::key::{IdempotencyKey, KeyStamp};
-use stormguard::receipt::{Action, Durability, ReceiptConfig, ReceiptLayer, SqliteStore};
+use stormguard::receipt::{Durability, ReceiptConfig, ReceiptGuardLayer, SqliteStore};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
@@ -39,7 +40,7 @@ pub enum Path_ {
     /// No crash: the provider (taking no key) sends the email, then a proxy in front of it
     /// answers 503; the client retries the 503 as a transient failure.
     Naive503,
-    /// The same 503, with stormguard: a `Retry` and a `ReceiptLayer` for an unkeyed write.
+    /// The same 503, with stormguard: a `Retry` and a `ReceiptGuardLayer` for an unkeyed write.
     Receipts503,
 }
 
@@ -383,7 +384,7 @@ pub async fn child(
             Path_::Receipts => {
                 let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
                 let receipts =
-                    ReceiptLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
+                    ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
                         Action::task(
                             RUN,
                             "step-2",
@@ -645,7 +646,7 @@ pub async fn run_503_path(path: Path_, provider: &mut Provider, started: Instant
             let store =
                 SqliteStore::open(dir.join("receipts.db"), Durability::Process).expect("store");
             let receipts =
-                ReceiptLayer::new(store, ToolClass::UnkeyedWrite, |req: &SendInvoice| {
+                ReceiptGuardLayer::new(store, ToolClass::UnkeyedWrite, |req: &SendInvoice| {
                     Action::task(
                         RUN,
                         "step-2",

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::{ModelApiClassifier, PeekErrorBodyLayer};
+use stormguard::classify::ModelApiClassifier;
 use stormguard::failover::Failover;
+use stormguard::peek::PeekErrorBodyLayer;
 use stormguard::retry::RetryLayer;
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
@@ -90,7 +91,7 @@ async fn resetting() -> (std::net::SocketAddr, Arc<Mutex<u64>>) {
 
 type Target = BoxCloneSyncService<
     http::Request<Full<Bytes>>,
-    http::Response<stormguard::classify::PeekedBody<hyper::body::Incoming>>,
+    http::Response<stormguard::peek::PeekedBody<hyper::body::Incoming>>,
     tower::BoxError,
 >;
 

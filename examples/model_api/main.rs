@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
+use stormguard::error::ToolError;
 use stormguard::quota::{QuotaLayer, Rate};
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 const LIMIT_PER_SEC: u64 = 50;
@@ -200,11 +200,7 @@ fn stormguard_nested(client: ModelClient) -> Boxed {
 /// The same, with a client-side quota under the retries: 40 calls a second with bursts of 5 put
 /// at most 45 into any one second, a margin under the API's 50 for network jitter.
 fn stormguard_quota(client: ModelClient) -> Boxed {
-    let quota = Rate::builder()
-        .per_second(40)
-        .burst(5)
-        .build()
-        .expect("a valid rate");
+    let quota = Rate::per_second(40).burst(5).build().expect("a valid rate");
     stormguard_stack(client, Some(QuotaLayer::new(quota).name("model-api")))
 }
 

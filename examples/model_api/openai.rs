@@ -24,8 +24,8 @@ use stormguard::backoff::Backoff;
 use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{HttpClassifier, OkIsSuccess};
+use stormguard::error::ToolError;
 use stormguard::retry::{CloneReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{ServiceBuilder, ServiceExt};
 
 /// What the 503 case cost.
@@ -82,8 +82,7 @@ async fn serve_503() -> (std::net::SocketAddr, Arc<AtomicU64>) {
 fn fast(class: ToolClass) -> ClassPolicy {
     ClassPolicy::builder(class)
         .backoff(
-            Backoff::builder()
-                .exponential(Duration::from_millis(5))
+            Backoff::exponential(Duration::from_millis(5))
                 .build()
                 .unwrap(),
         )
@@ -118,8 +117,7 @@ pub async fn inside() -> SdkCase {
         // The SDK wants its own error type back.
         .map_err(|e: ToolError| OpenAIError::from(tower::BoxError::from(e)))
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 .classifier(HttpClassifier)
                 .replay(CloneReplay),
         )
@@ -159,8 +157,7 @@ pub async fn sdk_retry_kept() -> SdkCase {
     );
     let agent = ServiceBuilder::new()
         .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default())
-                .policy(fast(ToolClass::Read))
+            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
                 // the SDK's typed answer: its failures all arrive as errors
                 .classifier(OkIsSuccess)
                 .replay(CloneReplay),

@@ -18,9 +18,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
-use stormguard::classify::{Classify, ModelApiClassifier, PeekErrorBodyLayer};
+use stormguard::classify::{Classify, ModelApiClassifier};
+use stormguard::error::ToolError;
+use stormguard::peek::PeekErrorBodyLayer;
 use stormguard::retry::{HttpReplay, RetryLayer};
-use stormguard::ToolError;
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 /// The provider whose error shapes a case uses.
@@ -411,8 +412,7 @@ pub async fn run_tokens(guarded: bool) -> Tokens {
         )
     };
     let rate = TENANT_TOKENS_PER_SEC * 9 / 10;
-    let quota = Rate::builder()
-        .per_second(rate)
+    let quota = Rate::per_second(rate)
         .burst(rate)
         .build()
         .expect("valid rate");

@@ -19,8 +19,7 @@
 //! use std::time::Duration;
 //! use stormguard::backoff::{Backoff, Jitter};
 //!
-//! let backoff = Backoff::builder()
-//!     .exponential(Duration::from_millis(100))
+//! let backoff = Backoff::exponential(Duration::from_millis(100))
 //!     .cap(Duration::from_secs(2))
 //!     .jitter(Jitter::Full)
 //!     .build()?;
@@ -45,8 +44,7 @@ use std::time::Duration;
 /// use stormguard::backoff::{Backoff, MAX_CAP};
 ///
 /// assert_eq!(MAX_CAP, Duration::from_secs(3600));
-/// let err = Backoff::builder()
-///     .exponential(Duration::from_secs(1))
+/// let err = Backoff::exponential(Duration::from_secs(1))
 ///     .cap(MAX_CAP + Duration::from_secs(1))
 ///     .build()
 ///     .unwrap_err();
@@ -68,11 +66,11 @@ enum Growth {
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let none = Backoff::builder().exponential(Duration::from_millis(100)).jitter(Jitter::None).build()?;
+/// let none = Backoff::exponential(Duration::from_millis(100)).jitter(Jitter::None).build()?;
 /// let mut state = none.state(7);
 /// assert_eq!(state.next_delay(), Duration::from_millis(100));
 /// assert_eq!(state.next_delay(), Duration::from_millis(200));
-/// let linear = Backoff::builder().linear(Duration::from_millis(100)).jitter(Jitter::Decorrelated);
+/// let linear = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Decorrelated);
 /// assert_eq!(linear.build().unwrap_err().field(), "jitter");
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
@@ -89,15 +87,14 @@ pub enum Jitter {
     Decorrelated,
 }
 
-/// A validated backoff configuration. Build one with [`Backoff::builder`], choosing the curve
-/// ([`exponential`](BackoffBuilder::exponential), [`linear`](BackoffBuilder::linear) or
-/// [`constant`](BackoffBuilder::constant)).
+/// A validated backoff configuration. Build one from its curve:
+/// [`Backoff::exponential`], [`Backoff::linear`] or [`Backoff::constant`].
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let backoff = Backoff::builder().exponential(Duration::from_millis(100)).build()?;
+/// let backoff = Backoff::exponential(Duration::from_millis(100)).build()?;
 /// assert_eq!(backoff.cap(), Duration::from_secs(10));
 /// assert_eq!(backoff.jitter(), Jitter::Full);
 /// assert_eq!(backoff.ceiling(3), Duration::from_millis(800));
@@ -113,15 +110,48 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// A builder with no curve chosen yet: choose one with
-    /// [`exponential`](BackoffBuilder::exponential), [`linear`](BackoffBuilder::linear) or
-    /// [`constant`](BackoffBuilder::constant) (none chosen is refused by `build`).
-    pub fn builder() -> BackoffBuilder {
-        BackoffBuilder {
-            curve: None,
-            cap: None,
-            jitter: None,
-        }
+    /// A builder for exponential growth from `base`, doubling per retry. Defaults: cap 10 s,
+    /// full jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::backoff::Backoff;
+    ///
+    /// let backoff = Backoff::exponential(Duration::from_millis(100)).build()?;
+    /// assert_eq!(backoff.ceiling(2), Duration::from_millis(400));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn exponential(base: Duration) -> BackoffBuilder {
+        BackoffBuilder::new(Growth::Exponential, base)
+    }
+
+    /// A builder for linear growth: `base · (n + 1)`. Defaults: cap 10 s, full jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::backoff::Backoff;
+    ///
+    /// let backoff = Backoff::linear(Duration::from_millis(100)).build()?;
+    /// assert_eq!(backoff.ceiling(2), Duration::from_millis(300));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn linear(base: Duration) -> BackoffBuilder {
+        BackoffBuilder::new(Growth::Linear, base)
+    }
+
+    /// A builder for the same delay every time (zero allowed). Defaults: cap `delay`, no jitter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::backoff::{Backoff, Jitter};
+    ///
+    /// let backoff = Backoff::constant(Duration::from_millis(100)).build()?;
+    /// assert_eq!(backoff.ceiling(5), Duration::from_millis(100));
+    /// assert_eq!(backoff.jitter(), Jitter::None);
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn constant(delay: Duration) -> BackoffBuilder {
+        BackoffBuilder::new(Growth::Constant, delay)
     }
 
     /// Exponential, full jitter; `base <= cap` and `base > 0` are the caller's promise.
@@ -172,48 +202,40 @@ impl Backoff {
     }
 }
 
-/// Builds a [`Backoff`]; [`build`](Self::build) rejects invalid settings, and a curve never
-/// chosen. The defaults depend on the curve: exponential and linear cap at 10 s with full
+/// Builds a [`Backoff`] from the curve it was made with ([`Backoff::exponential`],
+/// [`Backoff::linear`], [`Backoff::constant`]); [`build`](Self::build) rejects invalid settings.
+/// The defaults depend on the curve: exponential and linear cap at 10 s with full
 /// jitter; constant caps at its delay with no jitter.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::backoff::Backoff;
 ///
-/// let err = Backoff::builder().linear(Duration::ZERO).build().unwrap_err();
+/// let err = Backoff::linear(Duration::ZERO).build().unwrap_err();
 /// assert_eq!(err.field(), "base");
-/// assert_eq!(Backoff::builder().build().unwrap_err().field(), "curve");
 /// // A constant backoff may be zero; it has no jitter.
-/// let zero = Backoff::builder().constant(Duration::ZERO).build()?;
+/// let zero = Backoff::constant(Duration::ZERO).build()?;
 /// assert_eq!(zero.state(1).next_delay(), Duration::ZERO);
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct BackoffBuilder {
-    /// The growth and its base delay.
-    curve: Option<(Growth, Duration)>,
+    growth: Growth,
+    /// The base delay of the growth.
+    base: Duration,
     cap: Option<Duration>,
     jitter: Option<Jitter>,
 }
 
 impl BackoffBuilder {
-    /// Exponential growth from `base`, doubling per retry. Defaults: cap 10 s, full jitter.
-    pub fn exponential(mut self, base: Duration) -> Self {
-        self.curve = Some((Growth::Exponential, base));
-        self
-    }
-
-    /// Linear growth: `base · (n + 1)`. Defaults: cap 10 s, full jitter.
-    pub fn linear(mut self, base: Duration) -> Self {
-        self.curve = Some((Growth::Linear, base));
-        self
-    }
-
-    /// The same delay every time (zero allowed). Defaults: cap `delay`, no jitter.
-    pub fn constant(mut self, delay: Duration) -> Self {
-        self.curve = Some((Growth::Constant, delay));
-        self
+    fn new(growth: Growth, base: Duration) -> Self {
+        BackoffBuilder {
+            growth,
+            base,
+            cap: None,
+            jitter: None,
+        }
     }
 
     /// The longest delay (at most [`MAX_CAP`]).
@@ -230,12 +252,7 @@ impl BackoffBuilder {
 
     /// Checks the settings.
     pub fn build(self) -> Result<Backoff, ConfigError> {
-        let Some((growth, base)) = self.curve else {
-            return Err(ConfigError::new(
-                "curve",
-                "choose one: exponential, linear or constant",
-            ));
-        };
+        let (growth, base) = (self.growth, self.base);
         let (cap, jitter) = match growth {
             Growth::Constant => (
                 self.cap.unwrap_or(base),
@@ -279,7 +296,7 @@ impl BackoffBuilder {
 /// use std::time::Duration;
 /// use stormguard::backoff::{Backoff, Jitter};
 ///
-/// let backoff = Backoff::builder().linear(Duration::from_millis(100)).jitter(Jitter::Equal).build()?;
+/// let backoff = Backoff::linear(Duration::from_millis(100)).jitter(Jitter::Equal).build()?;
 /// let (mut a, mut b) = (backoff.state(42), backoff.state(42));
 /// let first = a.next_delay();
 /// assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));

@@ -77,7 +77,7 @@
 //! # Where it belongs
 //!
 //! Below the outermost [`Retry`](crate::retry::Retry), so that each attempt is counted and a
-//! rejection is seen and not retried, and below a [`ReceiptLayer`](crate::receipt::ReceiptLayer),
+//! rejection is seen and not retried, and below a [`ReceiptGuardLayer`](crate::receipt::ReceiptGuardLayer),
 //! so that a result answered from a stored receipt (the dependency was not called) is not taken
 //! as evidence of its health. One [`Breaker`] per dependency (a [`BreakerRegistry`] hands them
 //! out by name).
@@ -85,7 +85,7 @@
 //! Put a `Timeout` *below* the breaker:
 //!
 //! ```text
-//! Retry ──► ReceiptLayer ──► CircuitBreaker ──► Timeout ──► client
+//! Retry ──► ReceiptGuardLayer ──► CircuitBreaker ──► Timeout ──► client
 //!                                  ▲               │
 //!                                  └── Elapsed ────┘  a hung call ends as a counted failure
 //! ```

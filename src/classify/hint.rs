@@ -41,7 +41,8 @@ pub const MAX_HINT: Duration = Duration::from_secs(24 * 60 * 60);
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::classify::{classify_error, ServerHint};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::classify_error;
 /// use stormguard::error::{ErrorCode, ToolError};
 ///
 /// assert_eq!(ServerHint::default(), ServerHint::None);
@@ -51,6 +52,7 @@ pub const MAX_HINT: Duration = Duration::from_secs(24 * 60 * 60);
 /// let bad_arg = ToolError::new(ErrorCode::InvalidArgument); // not retryable
 /// assert_eq!(classify_error(&bad_arg).hint(), ServerHint::DoNotRetry);
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum ServerHint {
     /// No hint.

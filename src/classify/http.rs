@@ -52,7 +52,8 @@ use std::time::SystemTime;
 /// ([`ClassifiedResponse::RequiresEos`]) for a breaker below the tonic client.
 ///
 /// ```
-/// use stormguard::classify::{Classify, ClassifiedResponse, HttpClassifier, ServerHint, Verdict, FailureClass};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classify, ClassifiedResponse, HttpClassifier, Verdict, FailureClass};
 /// use std::time::Duration;
 ///
 /// let resp = http::Response::builder().status(429).header("retry-after", "2").body(()).unwrap();

@@ -29,7 +29,8 @@ use rmcp::model::CallToolResult;
 ///
 /// ```
 /// use rmcp::model::CallToolResult;
-/// use stormguard::classify::{Classify, ClassifiedResponse, McpClassifier, FailureClass, ServerHint};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classify, ClassifiedResponse, McpClassifier, FailureClass};
 /// use stormguard::error::{ErrorCode, ToolError};
 ///
 /// let classify = |r: CallToolResult| {

@@ -38,18 +38,15 @@ mod answer;
 #[cfg(feature = "http")]
 mod body;
 mod error;
-#[cfg(feature = "http")]
-mod error_body;
 mod grpc;
 pub mod hint;
+pub(crate) use hint::ServerHint;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "rmcp")]
 mod mcp;
 #[cfg(feature = "http")]
 mod model_api;
-#[cfg(feature = "http")]
-mod peek;
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 mod reqwest;
 mod retry_info;
@@ -62,17 +59,12 @@ pub use answer::{Answer, OkIsSuccess};
 pub use body::{ClassifiedBody, GrpcClassifier, GrpcEos};
 pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
-pub use hint::ServerHint;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
 #[cfg(feature = "rmcp")]
 pub use mcp::McpClassifier;
 #[cfg(feature = "http")]
 pub use model_api::ModelApiClassifier;
-#[cfg(feature = "http")]
-pub use peek::{
-    ErrorBody, PeekErrorBody, PeekErrorBodyLayer, PeekErrorBodyLayerBuilder, PeekFuture, PeekedBody,
-};
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub use reqwest::ReqwestClassifier;
 pub use retry_info::retry_info_delay;
@@ -82,7 +74,7 @@ pub(crate) use status_error::answered;
 pub use status_error::{HttpStatusError, MAX_BODY_EXCERPT};
 pub use stream::{StreamEnd, WatchStream};
 
-pub use crate::error::FailureClass;
+pub use crate::error::failure::FailureClass;
 use crate::error::{ErrorCode, ToolError};
 
 /// What happened, in one word.
@@ -94,6 +86,7 @@ use crate::error::{ErrorCode, ToolError};
 /// let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
 /// assert_eq!(classify_error(&denied).verdict(), Verdict::Failure(FailureClass::Permanent));
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Verdict {
     /// The call did what was asked.
@@ -109,7 +102,8 @@ pub enum Verdict {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::classify::{Classification, FailureClass, ServerHint, Verdict};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classification, FailureClass, Verdict};
 /// use stormguard::error::ErrorCode;
 ///
 /// let c = Classification::failure(FailureClass::Transient, ErrorCode::RateLimited)
@@ -372,7 +366,7 @@ where
 /// does; an MCP `CallToolResult` by `isError`; a plain value is a success), every `Err` by
 /// [`classify_error`].
 ///
-/// So a `Retry`, a `ReceiptLayer` or a breaker left on its default over an HTTP client reads a
+/// So a `Retry`, a `ReceiptGuardLayer` or a breaker left on its default over an HTTP client reads a
 /// 503 as the failure it is: a retry decides on it, a breaker counts it, and a receipt layer
 /// never stores it as the receipt. An answer type that does not implement [`Answer`] does not
 /// compile with it: implement `Answer`, or give the layer [`OkIsSuccess`] or a closure.

@@ -2,12 +2,12 @@
 //! headers, and the error bodies that tell one 429 from another.
 
 use super::http::{classify_response, status_error};
-use super::peek::ErrorBody;
 use super::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
     NeverClassifyEos, ServerHint,
 };
 use crate::error::{ErrorCode, ToolError};
+use crate::peek::ErrorBody;
 use http::{HeaderMap, Response, StatusCode};
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use std::time::Duration;
 /// `x-should-retry: true` never makes an `Ambiguous` failure (a 500, a 503) look unprocessed: a
 /// write the server may have applied is still retried only if its class allows it.
 ///
-/// The error body is read by a [`PeekErrorBodyLayer`](super::PeekErrorBodyLayer) below the
+/// The error body is read by a [`PeekErrorBodyLayer`](crate::peek::PeekErrorBodyLayer) below the
 /// classifying layers (bounded in size and time, the body still handed on whole); without one,
 /// a 429 is `rate_limited` whatever its body says.
 ///
@@ -38,11 +38,13 @@ use std::time::Duration;
 /// too, by its status and headers (`x-should-retry`, `retry-after-ms`, 529, 409) and its errors
 /// as [`ReqwestClassifier`](super::ReqwestClassifier) does. The peek works on `http::Response`:
 /// for the error body's signals put `.map_response(http::Response::from)` between the client
-/// and the [`PeekErrorBodyLayer`](super::PeekErrorBodyLayer), and the stack answers
+/// and the [`PeekErrorBodyLayer`](crate::peek::PeekErrorBodyLayer), and the stack answers
 /// `http::Response` (the README's "Guarding a model API" has the stack).
 ///
 /// ```
-/// use stormguard::classify::{Classify, ClassifiedResponse, ErrorBody, ModelApiClassifier, FailureClass, ServerHint};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{Classify, ClassifiedResponse, ModelApiClassifier, FailureClass};
+/// use stormguard::peek::ErrorBody;
 /// use stormguard::error::ErrorCode;
 /// use std::time::Duration;
 ///

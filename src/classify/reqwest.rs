@@ -1,12 +1,12 @@
 //! reqwest: its responses by status, its errors by what they say about the request's fate.
 
 use super::model_api::{classify_model_response, model_dependency_error, model_status_error};
-use super::peek::ErrorBody;
 use super::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
     HttpClassifier, ModelApiClassifier, NeverClassifyEos,
 };
 use crate::error::ErrorCode;
+use crate::peek::ErrorBody;
 
 /// `reqwest::Response` by the same status table and hints as `http::Response` (reqwest 0.12 with
 /// the feature `reqwest`, 0.13 with `reqwest-0_13`; the same code for both).

@@ -24,7 +24,8 @@ pub const MAX_BODY_EXCERPT: usize = 4096;
 ///
 /// ```
 /// use std::time::Duration;
-/// use stormguard::classify::{classify_error, FailureClass, HttpStatusError, ServerHint};
+/// use stormguard::classify::hint::ServerHint;
+/// use stormguard::classify::{classify_error, FailureClass, HttpStatusError};
 /// use stormguard::error::BoxError;
 ///
 /// // In a client's `call`: a failure status becomes the error, headers and all.

@@ -8,7 +8,7 @@ use std::fmt;
 /// use std::time::Duration;
 /// use stormguard::backoff::Backoff;
 ///
-/// let err = Backoff::builder().exponential(Duration::from_secs(2))
+/// let err = Backoff::exponential(Duration::from_secs(2))
 ///     .cap(Duration::from_secs(1))
 ///     .build()
 ///     .unwrap_err();

@@ -1,6 +1,6 @@
 //! [`FailureClass`]: what a failure means for a retry. It lives here, below both `classify`
 //! (which assigns it) and `retry` (which acts on it), so neither module imports the other for it;
-//! `classify::FailureClass` is the same type.
+//! its one public path is `classify::FailureClass`.
 
 use serde::{Deserialize, Serialize};
 

@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | [`Retry`](crate::retry::Retry) | `ToolError`, always (an inner error becomes one, kept as its source) | every ending: `outcome_unknown`, `retry_budget_exhausted`, `deadline_exceeded`, ... |
 //! | [`CircuitBreaker`](crate::breaker::CircuitBreaker), [`KeyedBreaker`](crate::breaker::KeyedBreaker) | [`BoxError`] | a boxed `ToolError` (`circuit_open`); the inner error otherwise, boxed |
-//! | [`Receipt`](crate::receipt::Receipt) (the receipt layer) | [`BoxError`] | a boxed `ToolError` (`in_progress`, `receipt_expired`, `store_unavailable`, `idempotency_key_reused`, ...); the inner error otherwise, boxed |
+//! | [`ReceiptGuard`](crate::receipt::ReceiptGuard) (the receipt layer) | [`BoxError`] | a boxed `ToolError` (`in_progress`, `receipt_expired`, `store_unavailable`, `idempotency_key_reused`, ...); the inner error otherwise, boxed |
 //! | [`SetIdempotencyKey`](crate::key::SetIdempotencyKey) | [`BoxError`] | a boxed `ToolError` (`idempotency_key_changed`, `invalid_argument`); the inner error otherwise, boxed |
 //! | [`KeyedQuota`](crate::quota::KeyedQuota), the fleet's quota | [`BoxError`] | a boxed `ToolError` (`invalid_argument`: a call costlier than the burst) |
 //! | [`Quota`](crate::quota::Quota), [`Hedge`](crate::hedge::Hedge), the operation and body-peeking layers | the inner service's error, untouched | nothing |
@@ -62,7 +62,7 @@
 
 mod code;
 mod config;
-mod failure;
+pub(crate) mod failure;
 pub(crate) mod hint;
 mod json;
 #[cfg(feature = "rmcp")]
@@ -70,7 +70,7 @@ mod mcp;
 
 pub use code::ErrorCode;
 pub use config::ConfigError;
-pub use failure::FailureClass;
+pub(crate) use failure::FailureClass;
 pub use json::{MAX_CAUSE_DEPTH, MAX_JSON_DEPTH};
 #[cfg(feature = "rmcp")]
 pub use mcp::MCP_META_KEY;

@@ -75,8 +75,8 @@ type KeyFn<Req> = Arc<dyn Fn(&Req) -> (String, u32) + Send + Sync>;
 /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").build()?;
 /// // 40,000 tokens a minute per tenant for the whole fleet of 8 workers.
 /// let tpm = FleetQuotaLayer::builder(&fleet, "tpm", |p: &Prompt| (p.tenant.clone(), p.tokens))
-///     .rate(Rate::builder().per_minute(40_000).burst(8_000).build()?)
-///     .fallback(Rate::builder().per_minute(5_000).burst(1_000).build()?)
+///     .rate(Rate::per_minute(40_000).burst(8_000).build()?)
+///     .fallback(Rate::per_minute(5_000).burst(1_000).build()?)
 ///     .build()?;
 /// let model = tpm.layer(service_fn(|p: Prompt| async move { Ok::<_, std::io::Error>(p.tokens) }));
 /// model.oneshot(Prompt { tenant: "acme".into(), tokens: 700 }).await?;
@@ -127,10 +127,10 @@ impl<Req> FleetQuotaLayer<Req> {
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
-/// let rate = Rate::builder().per_second(100).build().unwrap();
+/// let rate = Rate::per_second(100).build().unwrap();
 /// let no_fallback = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(rate).build();
 /// assert_eq!(no_fallback.unwrap_err().field(), "fallback");
-/// let too_fine = Rate::builder().per_second(2_000_000).build().unwrap();
+/// let too_fine = Rate::per_second(2_000_000).build().unwrap();
 /// let err = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(too_fine).fallback(rate).build();
 /// assert_eq!(err.unwrap_err().field(), "rate");
 /// # }
@@ -238,15 +238,15 @@ impl<S, Req> Layer<S> for FleetQuotaLayer<Req> {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap(); // down: local fallback
 /// let tpm = FleetQuotaLayer::builder(&fleet, "tokens", |tokens: &u32| ("org", *tokens))
-///     .rate(Rate::builder().per_second(1_000).burst(1_000).build().unwrap())
-///     .fallback(Rate::builder().per_second(100).burst(100).build().unwrap())
+///     .rate(Rate::per_second(1_000).burst(1_000).build().unwrap())
+///     .fallback(Rate::per_second(100).burst(100).build().unwrap())
 ///     .build()
 ///     .unwrap();
 /// let svc: FleetQuota<_, u32> = tpm.layer(service_fn(|t: u32| async move { Ok::<_, std::io::Error>(t) }));
 /// assert_eq!(svc.clone().oneshot(50).await.unwrap(), 50);
 /// // More than the fleet's burst can never go, whichever quota holds the call.
 /// let err = svc.oneshot(5_000).await.unwrap_err();
-/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// assert_eq!(err.downcast_ref::<stormguard::error::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
 pub struct FleetQuota<S, Req> {

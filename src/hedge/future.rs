@@ -4,7 +4,7 @@
 //! the race on a paused clock.
 
 use super::decide::{decide, Decision, Op};
-use super::Shared;
+use super::HedgeState;
 use crate::classify::{ClassifiedResponse, Classify, Verdict};
 use crate::operation::ledger::with_current;
 use crate::operation::Operation;
@@ -40,11 +40,11 @@ pin_project! {
     /// use std::time::Duration;
     /// use tower::{Layer, Service, ServiceExt, service_fn};
     /// use stormguard::budget::RetryBudget;
-    /// use stormguard::hedge::{HedgeLayer, ResponseFuture};
+    /// use stormguard::hedge::{future::ResponseFuture, HedgeLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
-    /// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(20)).build().unwrap();
+    /// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(20)).build().unwrap();
     /// let mut svc = layer.layer(service_fn(|q: u32| async move { Ok::<_, std::io::Error>(q * 2) }));
     /// let future: ResponseFuture<_, _, _, u32> = svc.ready().await.unwrap().call(21);
     /// assert_eq!(future.await.unwrap(), 42);
@@ -63,7 +63,7 @@ pin_project! {
         spare: Option<Spare<S, Req>>,
         // The delay passed; the spare service is being driven ready.
         arming: bool,
-        shared: Arc<Shared<C, R>>,
+        shared: Arc<HedgeState<C, R>>,
         started: Instant,
     }
 }
@@ -75,7 +75,7 @@ where
     pub(super) fn new(
         first: S::Future,
         hedge: Option<(Spare<S, Req>, Instant)>,
-        shared: Arc<Shared<C, R>>,
+        shared: Arc<HedgeState<C, R>>,
         started: Instant,
     ) -> Self {
         let (spare, sleep) = match hedge {
@@ -177,7 +177,7 @@ where
 }
 
 /// Decides the hedge (the operation's ledger, then the budget) and sends it if it may go.
-fn launch<S, C, R, Req>(shared: &Shared<C, R>, mut spare: Spare<S, Req>) -> Option<S::Future>
+fn launch<S, C, R, Req>(shared: &HedgeState<C, R>, mut spare: Spare<S, Req>) -> Option<S::Future>
 where
     S: Service<Req>,
     R: Replay<Req>,

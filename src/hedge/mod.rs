@@ -33,7 +33,7 @@
 //!
 //! # The delay
 //!
-//! [`HedgeLayerBuilder::fixed`] waits a set time; [`HedgeLayerBuilder::percentile`] waits the `q` quantile
+//! [`HedgeLayer::fixed`] waits a set time; [`HedgeLayer::percentile`] waits the `q` quantile
 //! of the last 512 answers' latencies (nearest rank, recomputed every 32 answers, after at
 //! least `min_samples`; no hedge before). Recording an answer is two atomic operations and the
 //! recompute copies the ring to the stack: no lock and no allocation on any call. The request is
@@ -62,7 +62,7 @@
 //! let budget = RetryBudget::default();
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-//!     .layer(HedgeLayer::builder(budget).fixed(Duration::from_millis(50)).build().unwrap())
+//!     .layer(HedgeLayer::fixed(budget, Duration::from_millis(50)).build().unwrap())
 //!     .service(search);
 //!
 //! let start = tokio::time::Instant::now();
@@ -76,7 +76,7 @@
 //!
 //! Below the innermost [`Retry`](crate::retry::Retry) (so the ledger it joins is the
 //! operation's) and above the breaker and the client. Not below a
-//! [`ReceiptLayer`](crate::receipt::ReceiptLayer): receipts are for writes, which are never
+//! [`ReceiptGuardLayer`](crate::receipt::ReceiptGuardLayer): receipts are for writes, which are never
 //! hedged.
 //!
 //! # Observability
@@ -87,14 +87,15 @@
 
 mod decide;
 pub mod future;
+use future::ResponseFuture;
 mod latency;
+mod layer;
 
-pub use future::ResponseFuture;
+pub use layer::{HedgeLayer, HedgeLayerBuilder};
 
 use crate::budget::RetryBudget;
 use crate::class::ToolClass;
 use crate::classify::{Classify, DefaultClassifier};
-use crate::error::ConfigError;
 use crate::operation::ledger::with_current;
 use crate::retry::{DefaultReplay, Replay};
 use future::Spare;
@@ -105,14 +106,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_layer::Layer;
 use tower_service::Service;
 
-/// The longest fixed delay accepted.
-const MAX_DELAY: Duration = Duration::from_secs(3600);
-
-/// What a layer's services share.
-pub(crate) struct Shared<C, R> {
+/// What every service of one [`HedgeLayer`] hedges with: the budget, the delay (fixed, or from
+/// the latency record), the classifier, the replay and the name.
+pub(crate) struct HedgeState<C, R> {
     budget: RetryBudget,
     fixed: Option<Duration>,
     latencies: Latencies,
@@ -121,204 +119,11 @@ pub(crate) struct Shared<C, R> {
     name: Cow<'static, str>,
 }
 
-impl<C, R> Shared<C, R> {
+impl<C, R> HedgeState<C, R> {
     #[cold]
     fn count(&self, event: &'static str) {
         metrics::counter!("stormguard_hedge_total", "layer" => self.name.clone(), "event" => event)
             .increment(1);
-    }
-}
-
-/// Builds a [`HedgeLayer`]; choose the delay with [`fixed`](Self::fixed) or
-/// [`percentile`](Self::percentile).
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
-///
-/// let region = "eu";
-/// // The name (a `&'static str`, or a `String` made at run time) labels its metrics.
-/// let layer = HedgeLayer::builder(RetryBudget::default())
-///     .percentile(0.95, 100)
-///     .name(format!("search-{region}"))
-///     .build()?;
-/// assert!(format!("{layer:?}").contains("search-eu"));
-/// assert_eq!(layer.delay(), None); // no hedge before 100 answers were seen
-/// // No delay chosen, a quantile outside (0, 1): refused.
-/// assert_eq!(HedgeLayer::builder(RetryBudget::default()).build().unwrap_err().field(), "delay");
-/// assert!(HedgeLayer::builder(RetryBudget::default()).percentile(1.0, 10).build().is_err());
-/// # Ok::<(), stormguard::error::ConfigError>(())
-/// ```
-#[must_use]
-pub struct HedgeLayerBuilder<C = DefaultClassifier, R = DefaultReplay> {
-    budget: RetryBudget,
-    delay: Option<DelaySpec>,
-    classifier: C,
-    replay: R,
-    name: Cow<'static, str>,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum DelaySpec {
-    Fixed(Duration),
-    Percentile { q: f64, min_samples: u32 },
-}
-
-impl<C, R> fmt::Debug for HedgeLayerBuilder<C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HedgeLayerBuilder")
-            .field("delay", &self.delay)
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<C, R> HedgeLayerBuilder<C, R> {
-    /// Hedge a call still unanswered after `delay` (1 µs to 1 h).
-    pub fn fixed(mut self, delay: Duration) -> Self {
-        self.delay = Some(DelaySpec::Fixed(delay));
-        self
-    }
-
-    /// Hedge a call still unanswered after the `q` quantile (`0 < q < 1`, e.g. 0.95) of the
-    /// last 512 answers' latencies, once `min_samples` (1 to 1,000,000) answers were seen.
-    pub fn percentile(mut self, q: f64, min_samples: u32) -> Self {
-        self.delay = Some(DelaySpec::Percentile { q, min_samples });
-        self
-    }
-
-    /// The layer's name in metrics (`layer` label) and traces (default `hedge`).
-    pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// Replaces the classifier (what a failure is: a failure waits for the other attempt).
-    pub fn classifier<C2>(self, classifier: C2) -> HedgeLayerBuilder<C2, R> {
-        HedgeLayerBuilder {
-            budget: self.budget,
-            delay: self.delay,
-            classifier,
-            replay: self.replay,
-            name: self.name,
-        }
-    }
-
-    /// Replaces how a request is copied for the hedge (default: `Clone`; `HttpReplay`,
-    /// `GrpcReplay` for those requests).
-    pub fn replay<R2>(self, replay: R2) -> HedgeLayerBuilder<C, R2> {
-        HedgeLayerBuilder {
-            budget: self.budget,
-            delay: self.delay,
-            classifier: self.classifier,
-            replay,
-            name: self.name,
-        }
-    }
-
-    /// The layer, or what is wrong with the settings.
-    pub fn build(self) -> Result<HedgeLayer<C, R>, ConfigError> {
-        let (fixed, latencies) = match self.delay {
-            None => {
-                return Err(ConfigError::new(
-                    "delay",
-                    "choose a fixed delay or a latency percentile",
-                ))
-            }
-            Some(DelaySpec::Fixed(d)) => {
-                if d < Duration::from_micros(1) || d > MAX_DELAY {
-                    return Err(ConfigError::new("delay", "must be between 1 µs and 1 h"));
-                }
-                (Some(d), Latencies::new(0.5, u32::MAX))
-            }
-            Some(DelaySpec::Percentile { q, min_samples }) => {
-                if !(q > 0.0 && q < 1.0) {
-                    return Err(ConfigError::new(
-                        "percentile",
-                        "the quantile must be above 0 and below 1",
-                    ));
-                }
-                if !(1..=1_000_000).contains(&min_samples) {
-                    return Err(ConfigError::new(
-                        "min_samples",
-                        "must be between 1 and 1,000,000",
-                    ));
-                }
-                (None, Latencies::new(q, min_samples))
-            }
-        };
-        Ok(HedgeLayer {
-            shared: Arc::new(Shared {
-                budget: self.budget,
-                fixed,
-                latencies,
-                classifier: self.classifier,
-                replay: self.replay,
-                name: self.name,
-            }),
-        })
-    }
-}
-
-/// Applies [`Hedge`] to a service; every service it makes shares one latency record.
-///
-/// ```
-/// use std::time::Duration;
-/// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};
-///
-/// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(30)).build()?;
-/// # let _ = layer;
-/// # Ok::<(), stormguard::error::ConfigError>(())
-/// ```
-pub struct HedgeLayer<C = DefaultClassifier, R = DefaultReplay> {
-    shared: Arc<Shared<C, R>>,
-}
-
-impl HedgeLayer {
-    /// A builder drawing hedges from `budget` (the budget the `Retry` layers share).
-    pub fn builder(budget: RetryBudget) -> HedgeLayerBuilder {
-        HedgeLayerBuilder {
-            budget,
-            delay: None,
-            classifier: DefaultClassifier,
-            replay: DefaultReplay,
-            name: Cow::Borrowed("hedge"),
-        }
-    }
-}
-
-impl<C, R> HedgeLayer<C, R> {
-    /// The delay a call made now would wait before its hedge, if one is known yet.
-    pub fn delay(&self) -> Option<Duration> {
-        self.shared.fixed.or_else(|| self.shared.latencies.delay())
-    }
-}
-
-impl<C, R> Clone for HedgeLayer<C, R> {
-    fn clone(&self) -> Self {
-        HedgeLayer {
-            shared: self.shared.clone(),
-        }
-    }
-}
-
-impl<C, R> fmt::Debug for HedgeLayer<C, R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HedgeLayer")
-            .field("name", &self.shared.name)
-            .field("delay", &self.delay())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
-    type Service = Hedge<S, C, R>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Hedge {
-            inner,
-            shared: self.shared.clone(),
-        }
     }
 }
 
@@ -343,7 +148,7 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
 ///     }
 /// });
 /// let budget = RetryBudget::default();
-/// let hedge = HedgeLayer::builder(budget.clone()).fixed(Duration::from_millis(50)).build().unwrap();
+/// let hedge = HedgeLayer::fixed(budget.clone(), Duration::from_millis(50)).build().unwrap();
 /// let mut write = ServiceBuilder::new()
 ///     .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget))
 ///     .layer(hedge)
@@ -355,7 +160,7 @@ impl<S, C, R> Layer<S> for HedgeLayer<C, R> {
 /// ```
 pub struct Hedge<S, C = DefaultClassifier, R = DefaultReplay> {
     inner: S,
-    shared: Arc<Shared<C, R>>,
+    shared: Arc<HedgeState<C, R>>,
 }
 
 impl<S: Clone, C, R> Clone for Hedge<S, C, R> {
@@ -386,7 +191,7 @@ impl<S, C, R> Hedge<S, C, R> {
     ///
     /// struct Client { region: &'static str }
     ///
-    /// let layer = HedgeLayer::builder(RetryBudget::default()).fixed(Duration::from_millis(50)).build()?;
+    /// let layer = HedgeLayer::fixed(RetryBudget::default(), Duration::from_millis(50)).build()?;
     /// let mut svc = layer.layer(Client { region: "eu" });
     /// svc.get_mut().region = "us";
     /// assert_eq!(svc.get_ref().region, "us");

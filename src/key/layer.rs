@@ -63,7 +63,7 @@ pub trait KeyStamp {
 
 /// Makes the [`Action`] (idempotency key and fingerprint) of a request: the one derivation a
 /// stack shares. [`SetIdempotencyKeyLayer`] stamps its key; a
-/// [`ReceiptLayer`](crate::receipt::ReceiptLayer) records it. Any
+/// [`ReceiptGuardLayer`](crate::receipt::ReceiptGuardLayer) records it. Any
 /// `Fn(&Req) -> Result<Action, KeyError>` is one (tower-http's `MakeRequestId` is the shape).
 ///
 /// ```
@@ -196,7 +196,7 @@ impl<T> KeyStamp for tonic::Request<T> {
 ///
 /// [`new`](Self::new)'s `derive` maps a request to its [`Action`](super::Action) (a
 /// [`MakeIdempotencyKey`]: any `Fn(&Req) -> Result<Action, KeyError>`), whose key it stamps. Give
-/// a [`ReceiptLayer`](crate::receipt::ReceiptLayer) the same maker: it stamps the key itself, so
+/// a [`ReceiptGuardLayer`](crate::receipt::ReceiptGuardLayer) the same maker: it stamps the key itself, so
 /// a stack with receipts needs no `SetIdempotencyKeyLayer`, and one maker, cloned, can never
 /// derive two keys for one request. Placed below a [`Retry`](crate::retry::Retry), the layer sees
 /// every attempt; it records the key's fingerprint in the operation's ledger on the first attempt

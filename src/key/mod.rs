@@ -45,7 +45,6 @@ mod layer;
 pub use action::Action;
 use canonical::to_value;
 pub use canonical::{canonical_json, es_number, MAX_DEPTH};
-pub use future::SetIdempotencyKeyFuture;
 pub(crate) use layer::check_stamped;
 pub use layer::{KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyLayer};
 

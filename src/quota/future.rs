@@ -25,7 +25,7 @@ pin_project! {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {
     /// // 10 tokens a second per tenant, 10 at once.
-    /// let rate = Rate::builder().per_second(10).burst(10).build().unwrap();
+    /// let rate = Rate::per_second(10).burst(10).build().unwrap();
     /// let model = service_fn(|(_, tokens): (&'static str, u32)| async move { Ok::<_, std::io::Error>(tokens) });
     /// let mut svc = KeyedQuotaLayer::new(rate, |&(tenant, tokens): &(&'static str, u32)| (tenant, tokens)).layer(model);
     /// let start = tokio::time::Instant::now();

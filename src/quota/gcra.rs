@@ -80,12 +80,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slow_quota_with_a_long_line_never_overflows() {
-        let gcra = Gcra::new(
-            Rate::builder()
-                .per(1, Duration::from_secs(86_400))
-                .build()
-                .unwrap(),
-        );
+        let gcra = Gcra::new(Rate::per(1, Duration::from_secs(86_400)).build().unwrap());
         let mut last = Duration::ZERO;
         for _ in 0..300_000 {
             let wait = gcra.reserve();
@@ -98,13 +93,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn weighted_reservations_are_spaced_by_their_cost() {
         // 1,000 tokens a second, up to 1,000 at once.
-        let gcra = Gcra::new(
-            Rate::builder()
-                .per_second(1_000)
-                .burst(1_000)
-                .build()
-                .unwrap(),
-        );
+        let gcra = Gcra::new(Rate::per_second(1_000).burst(1_000).build().unwrap());
         assert_eq!(gcra.reserve_n(600), Duration::ZERO);
         assert_eq!(gcra.reserve_n(400), Duration::ZERO);
         // The bucket is empty: 500 more wait half a second, 1,000 after them a second more.
@@ -119,7 +108,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_goes_at_once_then_calls_are_spaced() {
-        let gcra = Gcra::new(Rate::builder().per_second(10).burst(3).build().unwrap());
+        let gcra = Gcra::new(Rate::per_second(10).burst(3).build().unwrap());
         for _ in 0..3 {
             assert_eq!(gcra.reserve(), Duration::ZERO);
         }

@@ -54,7 +54,7 @@ use tower_service::Service;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// // 1,000 tokens a second per tenant, up to 1,000 at once.
-/// let tpm = Rate::builder().per_second(1_000).burst(1_000).build().unwrap();
+/// let tpm = Rate::per_second(1_000).burst(1_000).build().unwrap();
 /// let layer = KeyedQuotaLayer::builder(tpm, |p: &Prompt| (p.tenant, p.tokens))
 ///     .name("tokens")
 ///     .build()
@@ -71,7 +71,7 @@ use tower_service::Service;
 /// assert_eq!(start.elapsed(), Duration::from_millis(500));
 /// // More than the burst can never go.
 /// let err = svc.ready().await.unwrap().call(Prompt { tenant: "a", tokens: 5_000 }).await.unwrap_err();
-/// assert_eq!(err.downcast_ref::<stormguard::ToolError>().unwrap().code().as_str(), "invalid_argument");
+/// assert_eq!(err.downcast_ref::<stormguard::error::ToolError>().unwrap().code().as_str(), "invalid_argument");
 /// # }
 /// ```
 pub struct KeyedQuotaLayer<K, Req> {
@@ -105,7 +105,7 @@ impl<K, Req> KeyedQuotaLayer<K, Req> {
     /// ```
     /// use stormguard::quota::{KeyedQuotaLayer, Rate};
     ///
-    /// let rate = Rate::builder().per_minute(500).build()?;
+    /// let rate = Rate::per_minute(500).build()?;
     /// let layer = KeyedQuotaLayer::builder(rate, |tenant: &String| (tenant.clone(), 1))
     ///     .name("per-tenant")
     ///     .capacity(10_000)
@@ -165,7 +165,7 @@ const DEFAULT_CAPACITY: usize = 100_000;
 /// ```
 /// use stormguard::quota::{KeyedQuotaLayer, KeyedQuotaLayerBuilder, Rate};
 ///
-/// let rate = Rate::builder().per_minute(60).build()?;
+/// let rate = Rate::per_minute(60).build()?;
 /// let builder: KeyedQuotaLayerBuilder<String, String> = KeyedQuotaLayer::builder(rate, |t: &String| (t.clone(), 1));
 /// let region = "eu";
 /// let layer = builder.name(format!("tenants-{region}")).capacity(1_000).build()?;
@@ -264,7 +264,7 @@ impl<S, K, Req> Layer<S> for KeyedQuotaLayer<K, Req> {
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// let rate = Rate::builder().per_second(2).burst(1).build().unwrap();
+/// let rate = Rate::per_second(2).burst(1).build().unwrap();
 /// let echo = service_fn(|tenant: &'static str| async move { Ok::<_, std::io::Error>(tenant) });
 /// let mut svc: KeyedQuota<_, _, _> = KeyedQuotaLayer::new(rate, |t: &&'static str| (*t, 1)).layer(echo);
 /// let start = tokio::time::Instant::now();
@@ -307,7 +307,7 @@ impl<S, K, Req> KeyedQuota<S, K, Req> {
     ///
     /// struct Client { region: &'static str }
     ///
-    /// let rate = Rate::builder().per_second(5).build().unwrap();
+    /// let rate = Rate::per_second(5).build().unwrap();
     /// let layer = KeyedQuotaLayer::new(rate, |tenant: &String| (tenant.clone(), 1));
     /// let mut svc = layer.layer(Client { region: "eu" });
     /// svc.get_mut().region = "us";
@@ -369,7 +369,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_keys_are_dropped_when_a_shard_fills() {
-        let rate = Rate::builder().per_second(10).build().unwrap();
+        let rate = Rate::per_second(10).build().unwrap();
         let layer = KeyedQuotaLayer::builder(rate, |k: &u32| (*k, 1))
             .capacity(16)
             .build()
@@ -391,7 +391,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_call_that_costs_nothing_waits_for_nothing_and_reserves_nothing() {
         use tower::ServiceExt;
-        let rate = Rate::builder().per_second(10).burst(10).build().unwrap();
+        let rate = Rate::per_second(10).burst(10).build().unwrap();
         let layer = KeyedQuotaLayer::new(rate, |c: &(u32, u32)| (c.0, c.1));
         let svc = layer.layer(tower::service_fn(|c: (u32, u32)| async move {
             Ok::<_, std::io::Error>(c.1)
@@ -410,7 +410,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_layer_with_a_static_str_key_runs_inside_tokio_spawn() {
         use tower::ServiceExt;
-        let rate = Rate::builder().per_second(10).build().unwrap();
+        let rate = Rate::per_second(10).build().unwrap();
         let served = tokio::spawn(async move {
             let layer = KeyedQuotaLayer::builder(rate, |_: &String| ("org", 1u32))
                 .build()

@@ -10,7 +10,7 @@ use tower_layer::Layer;
 /// ```
 /// use stormguard::quota::{QuotaLayer, Rate};
 ///
-/// let layer = QuotaLayer::new(Rate::builder().per_minute(3_000).burst(20).build().unwrap())
+/// let layer = QuotaLayer::new(Rate::per_minute(3_000).burst(20).build().unwrap())
 ///     .name("model-api");
 /// assert_eq!(layer.rate().burst(), 20);
 /// ```

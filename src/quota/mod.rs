@@ -8,7 +8,7 @@
 //! `Retry` does before every attempt, and `ServiceExt::ready` does) never sends over the limit.
 //!
 //! The names are tower's `limit::rate`: the config is a [`Rate`] (built with
-//! [`Rate::builder`]), [`QuotaLayer`] holds it, and the service it makes is a [`Quota`].
+//! [`Rate::per_second`]), [`QuotaLayer`] holds it, and the service it makes is a [`Quota`].
 //!
 //! The limit is GCRA (the generic cell rate algorithm, as in `governor`): one atomic word holds
 //! the theoretical arrival time of the next call, so a call within the quota takes one
@@ -43,7 +43,7 @@
 //! // same handles. (A `RetryBudget::default()` per stack, or per call, is a budget each: in an
 //! // outage every one of them pays for its own retries.)
 //! let budget = RetryBudget::default();
-//! let quota = QuotaLayer::new(Rate::builder().per_second(10).burst(2).build().unwrap());
+//! let quota = QuotaLayer::new(Rate::per_second(10).burst(2).build().unwrap());
 //! let model = service_fn(|prompt: &'static str| async move { Ok::<_, std::io::Error>(prompt.len()) });
 //! let mut svc = ServiceBuilder::new()
 //!     .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
@@ -97,7 +97,7 @@ use tower_service::Service;
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
-/// let layer = QuotaLayer::new(Rate::builder().per_second(5).build().unwrap());
+/// let layer = QuotaLayer::new(Rate::per_second(5).build().unwrap());
 /// let echo = service_fn(|n: u32| async move { Ok::<_, std::io::Error>(n) });
 /// // Two clones, one quota: together they make one call every 200 ms.
 /// let (mut a, mut b) = (layer.layer(echo), layer.layer(echo));
@@ -157,7 +157,7 @@ impl<S> Quota<S> {
     ///
     /// struct Client { region: &'static str }
     ///
-    /// let layer = QuotaLayer::new(Rate::builder().per_second(5).build().unwrap());
+    /// let layer = QuotaLayer::new(Rate::per_second(5).build().unwrap());
     /// let mut svc = layer.layer(Client { region: "eu" });
     /// svc.get_mut().region = "us";
     /// assert_eq!(svc.get_ref().region, "us");

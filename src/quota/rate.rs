@@ -11,10 +11,10 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// use stormguard::quota::Rate;
 ///
-/// let rate = Rate::builder().per_minute(3_000).burst(20).build().unwrap();
+/// let rate = Rate::per_minute(3_000).burst(20).build().unwrap();
 /// assert_eq!(rate.interval(), Duration::from_millis(20));
 /// assert_eq!(rate.burst(), 20);
-/// assert_eq!(Rate::builder().per_second(0).build().unwrap_err().field(), "rate");
+/// assert_eq!(Rate::per_second(0).build().unwrap_err().field(), "rate");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
@@ -24,11 +24,47 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// A builder with no rate chosen yet (choose one with [`RateBuilder::per_second`],
-    /// [`RateBuilder::per_minute`] or [`RateBuilder::per`]) and a burst of 1.
-    pub fn builder() -> RateBuilder {
+    /// A builder for `rate` calls per second, with a burst of 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::quota::Rate;
+    ///
+    /// assert_eq!(Rate::per_second(10).build()?.interval(), Duration::from_millis(100));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn per_second(rate: u32) -> RateBuilder {
+        Rate::per(rate, Duration::from_secs(1))
+    }
+
+    /// A builder for `rate` calls per minute (a provider's "requests per minute"), with a burst
+    /// of 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::quota::Rate;
+    ///
+    /// assert_eq!(Rate::per_minute(600).build()?.interval(), Duration::from_millis(100));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn per_minute(rate: u32) -> RateBuilder {
+        Rate::per(rate, Duration::from_secs(60))
+    }
+
+    /// A builder for `rate` calls per `period` (longer than zero, at most a day), with a burst
+    /// of 1.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::quota::Rate;
+    ///
+    /// assert_eq!(Rate::per(5, Duration::from_secs(10)).build()?.interval(), Duration::from_secs(2));
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn per(rate: u32, period: Duration) -> RateBuilder {
         RateBuilder {
-            rate: None,
+            rate,
+            per: period,
             burst: 1,
         }
     }
@@ -44,41 +80,27 @@ impl Rate {
     }
 }
 
-/// Builds a [`Rate`]; [`build`](Self::build) rejects what cannot work, and a rate never chosen.
+/// Builds a [`Rate`] from its rate ([`Rate::per_second`], [`Rate::per_minute`], [`Rate::per`]);
+/// [`build`](Self::build) rejects what cannot work.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::quota::Rate;
 ///
-/// assert_eq!(Rate::builder().burst(2).build().unwrap_err().field(), "rate");
-/// assert_eq!(Rate::builder().per_second(10).burst(0).build().unwrap_err().field(), "burst");
-/// assert_eq!(Rate::builder().per(1, Duration::ZERO).build().unwrap_err().field(), "per");
+/// assert_eq!(Rate::per_second(0).burst(2).build().unwrap_err().field(), "rate");
+/// assert_eq!(Rate::per_second(10).burst(0).build().unwrap_err().field(), "burst");
+/// assert_eq!(Rate::per(1, Duration::ZERO).build().unwrap_err().field(), "per");
 /// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct RateBuilder {
-    /// Calls, per period.
-    rate: Option<(u32, Duration)>,
+    /// Calls per `per`.
+    rate: u32,
+    per: Duration,
     burst: u32,
 }
 
 impl RateBuilder {
-    /// `rate` calls per second.
-    pub fn per_second(self, rate: u32) -> Self {
-        self.per(rate, Duration::from_secs(1))
-    }
-
-    /// `rate` calls per minute (a provider's "requests per minute").
-    pub fn per_minute(self, rate: u32) -> Self {
-        self.per(rate, Duration::from_secs(60))
-    }
-
-    /// `rate` calls per `period` (longer than zero, at most a day).
-    pub fn per(mut self, rate: u32, period: Duration) -> Self {
-        self.rate = Some((rate, period));
-        self
-    }
-
     /// Up to `calls` may go at once after a quiet spell (1 by default: perfectly even spacing).
     pub fn burst(mut self, calls: u32) -> Self {
         self.burst = calls;
@@ -87,15 +109,9 @@ impl RateBuilder {
 
     /// The rate, or the setting that cannot work.
     pub fn build(self) -> Result<Rate, ConfigError> {
-        let Some((rate, per)) = self.rate else {
-            return Err(ConfigError::new(
-                "rate",
-                "choose one: per_second, per_minute or per",
-            ));
-        };
         let r = Rate {
-            rate,
-            per,
+            rate: self.rate,
+            per: self.per,
             burst: self.burst,
         };
         if r.rate == 0 {

@@ -37,7 +37,7 @@ pub trait Codec<Res>: Clone + Send + Sync + 'static {
 
 /// For a response that is never stored as a receipt: a streamed answer (a body of tokens, a
 /// gRPC stream), which the receipt layer hands on before its end. Give it to
-/// [`ReceiptLayer::codec`](super::ReceiptLayer::codec) over such a service, whose response no
+/// [`ReceiptGuardLayer::codec`](super::ReceiptGuardLayer::codec) over such a service, whose response no
 /// codec could store: the layer still records the intent and stamps the key, so a repeat is
 /// resumed with the same key (or escalated, by class), and a success leaves the intent pending,
 /// its lease given up, as any streamed answer does.

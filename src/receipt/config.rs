@@ -4,22 +4,22 @@
 use crate::error::ConfigError;
 use std::time::Duration;
 
-/// The times a [`ReceiptLayer`](super::ReceiptLayer) works with, given to it with
-/// [`ReceiptLayer::config`](super::ReceiptLayer::config). The defaults: a 30 s lease, a 10 s
+/// The times a [`ReceiptGuardLayer`](super::ReceiptGuardLayer) works with, given to it with
+/// [`ReceiptGuardLayer::config`](super::ReceiptGuardLayer::config). The defaults: a 30 s lease, a 10 s
 /// wait for a parallel duplicate, 7 days' retention, a 24 h provider key window.
 ///
 /// ```
 /// use std::time::Duration;
 /// use stormguard::class::ToolClass;
 /// use stormguard::key::Action;
-/// use stormguard::receipt::{InMemoryStore, ReceiptConfig, ReceiptLayer};
+/// use stormguard::receipt::{InMemoryStore, ReceiptConfig, ReceiptGuardLayer};
 ///
 /// let config = ReceiptConfig::builder()
 ///     .lease(Duration::from_secs(5))
 ///     .wait(Duration::from_secs(2))
 ///     .build()?;
 /// let action = |invoice: &u64| Action::new("run-1", "step-2", "send_invoice", invoice);
-/// let layer = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action).config(config);
+/// let layer = ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action).config(config);
 /// # let _ = layer;
 ///
 /// // Invalid settings are refused when the config is built.
@@ -101,7 +101,7 @@ pub struct ReceiptConfigBuilder {
 impl ReceiptConfigBuilder {
     /// How long a call may be in flight before its intent counts as abandoned (a crash): at
     /// least 1 ms, at most one day (default 30 s). With a
-    /// [`read_back`](super::ReceiptLayer::read_back), the lease must also outlast the
+    /// [`read_back`](super::ReceiptGuardLayer::read_back), the lease must also outlast the
     /// provider's in-flight time: a read-back runs only once it has passed.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;

@@ -3,7 +3,7 @@
 use super::codec::JsonCodec;
 use super::config::ReceiptConfig;
 use super::read_back::{Consistency, NoReadBack};
-use super::run::{Run, Settings, Shared};
+use super::run::{GuardState, Run, Settings};
 use super::store::ReceiptStore;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
@@ -33,19 +33,19 @@ use tower_service::Service;
 /// use std::time::Duration;
 /// use stormguard::class::ToolClass;
 /// use stormguard::key::Action;
-/// use stormguard::receipt::{InMemoryStore, ReceiptConfig, ReceiptLayer};
+/// use stormguard::receipt::{InMemoryStore, ReceiptConfig, ReceiptGuardLayer};
 ///
 /// let action = |invoice: &u64| Action::new("run-1", "step-2", "send_invoice", invoice);
 /// let config = ReceiptConfig::builder()
 ///     .lease(Duration::from_secs(5))
 ///     .wait(Duration::from_secs(2))
 ///     .build()?;
-/// let layer = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action).config(config);
+/// let layer = ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action).config(config);
 /// # let _ = layer;
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone)]
-pub struct ReceiptLayer<St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
+pub struct ReceiptGuardLayer<St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
     store: St,
     action: F,
     classifier: C,
@@ -54,10 +54,10 @@ pub struct ReceiptLayer<St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoRea
     settings: Settings,
 }
 
-impl<St, F> ReceiptLayer<St, F> {
+impl<St, F> ReceiptGuardLayer<St, F> {
     /// A layer recording to `store` for a tool of `class`.
     pub fn new(store: St, class: ToolClass, action: F) -> Self {
-        ReceiptLayer {
+        ReceiptGuardLayer {
             store,
             action,
             classifier: DefaultClassifier,
@@ -68,7 +68,7 @@ impl<St, F> ReceiptLayer<St, F> {
     }
 }
 
-impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
+impl<St, F, C, Cd, RB> ReceiptGuardLayer<St, F, C, Cd, RB> {
     /// The times it works with (lease, wait, retention, key window); see [`ReceiptConfig`].
     /// With a [`read_back`](Self::read_back), the lease must outlast the provider's in-flight
     /// time: a read-back runs only once it has passed.
@@ -84,8 +84,8 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     /// [`DefaultClassifier`], reads an answer by its type ([`Answer`](crate::classify::Answer)):
     /// an `http::Response` by its status, so a 503 is never stored as the receipt; a success
     /// is stored, and only a success.
-    pub fn classifier<C2>(self, classifier: C2) -> ReceiptLayer<St, F, C2, Cd, RB> {
-        ReceiptLayer {
+    pub fn classifier<C2>(self, classifier: C2) -> ReceiptGuardLayer<St, F, C2, Cd, RB> {
+        ReceiptGuardLayer {
             store: self.store,
             action: self.action,
             classifier,
@@ -97,8 +97,8 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
 
     /// Replaces how results are stored (JSON by default). Over a streamed response, which no
     /// receipt holds, give it [`NotStored`](super::NotStored).
-    pub fn codec<Cd2>(self, codec: Cd2) -> ReceiptLayer<St, F, C, Cd2, RB> {
-        ReceiptLayer {
+    pub fn codec<Cd2>(self, codec: Cd2) -> ReceiptGuardLayer<St, F, C, Cd2, RB> {
+        ReceiptGuardLayer {
             store: self.store,
             action: self.action,
             classifier: self.classifier,
@@ -120,10 +120,10 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
         self,
         read_back: RB2,
         consistency: Consistency,
-    ) -> ReceiptLayer<St, F, C, Cd, RB2> {
+    ) -> ReceiptGuardLayer<St, F, C, Cd, RB2> {
         let mut settings = self.settings;
         settings.consistency = consistency;
-        ReceiptLayer {
+        ReceiptGuardLayer {
             store: self.store,
             action: self.action,
             classifier: self.classifier,
@@ -134,24 +134,24 @@ impl<St, F, C, Cd, RB> ReceiptLayer<St, F, C, Cd, RB> {
     }
 }
 
-impl<St, F, C, Cd, RB> fmt::Debug for ReceiptLayer<St, F, C, Cd, RB> {
+impl<St, F, C, Cd, RB> fmt::Debug for ReceiptGuardLayer<St, F, C, Cd, RB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReceiptLayer")
+        f.debug_struct("ReceiptGuardLayer")
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
-    for ReceiptLayer<St, F, C, Cd, RB>
+    for ReceiptGuardLayer<St, F, C, Cd, RB>
 {
-    type Service = Receipt<S, St, F, C, Cd, RB>;
+    type Service = ReceiptGuard<S, St, F, C, Cd, RB>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Receipt {
+        ReceiptGuard {
             inner,
             action: self.action.clone(),
-            shared: Arc::new(Shared {
+            shared: Arc::new(GuardState {
                 store: self.store.clone(),
                 classifier: self.classifier.clone(),
                 codec: self.codec.clone(),
@@ -162,7 +162,7 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
     }
 }
 
-/// The service [`ReceiptLayer`] makes.
+/// The service [`ReceiptGuardLayer`] makes.
 ///
 /// It is always ready: the store is asked first, and the inner service is driven ready only for
 /// a call that will be sent, so a call answered from a receipt (or refused) never waits for, or
@@ -173,7 +173,7 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
 /// use tower::{Layer, ServiceExt, service_fn};
 /// use stormguard::class::ToolClass;
 /// use stormguard::key::Action;
-/// use stormguard::receipt::{InMemoryStore, Receipt, ReceiptLayer};
+/// use stormguard::receipt::{InMemoryStore, ReceiptGuard, ReceiptGuardLayer};
 ///
 /// # #[derive(Clone)] struct Invoice(u64, Option<String>);
 /// # impl stormguard::key::KeyStamp for Invoice {
@@ -184,19 +184,19 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
 /// # async fn main() {
 /// let provider = service_fn(|inv: Invoice| async move { Ok::<_, Infallible>(format!("sent {}", inv.0)) });
 /// let action = |inv: &Invoice| Action::new("run-1", "step-2", "send_invoice", &inv.0);
-/// let tool: Receipt<_, _, _> = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action)
+/// let tool: ReceiptGuard<_, _, _> = ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, action)
 ///     .layer(provider);
 /// assert_eq!(tool.oneshot(Invoice(4471, None)).await.unwrap(), "sent 4471");
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct Receipt<S, St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
+pub struct ReceiptGuard<S, St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
     inner: S,
     action: F,
-    shared: Arc<Shared<St, C, Cd, RB>>,
+    shared: Arc<GuardState<St, C, Cd, RB>>,
 }
 
-impl<S, St, F, C, Cd, RB> Receipt<S, St, F, C, Cd, RB> {
+impl<S, St, F, C, Cd, RB> ReceiptGuard<S, St, F, C, Cd, RB> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -213,9 +213,9 @@ impl<S, St, F, C, Cd, RB> Receipt<S, St, F, C, Cd, RB> {
     }
 }
 
-impl<S: fmt::Debug, St, F, C, Cd, RB> fmt::Debug for Receipt<S, St, F, C, Cd, RB> {
+impl<S: fmt::Debug, St, F, C, Cd, RB> fmt::Debug for ReceiptGuard<S, St, F, C, Cd, RB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Receipt")
+        f.debug_struct("ReceiptGuard")
             .field("inner", &self.inner)
             .field("settings", &self.shared.settings)
             .finish_non_exhaustive()
@@ -228,7 +228,7 @@ fn refused<T: Send + 'static>(err: ToolError) -> BoxFuture<T> {
     Box::pin(std::future::ready(Err(Box::new(err) as BoxError)))
 }
 
-impl<S, St, F, C, Cd, RB, Req> Service<Req> for Receipt<S, St, F, C, Cd, RB>
+impl<S, St, F, C, Cd, RB, Req> Service<Req> for ReceiptGuard<S, St, F, C, Cd, RB>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Response: Send + 'static,

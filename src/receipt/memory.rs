@@ -40,7 +40,8 @@ impl Row {
 
 type Shard = Mutex<HashMap<Box<str>, Row>>;
 
-struct Shared {
+/// The receipt table: rows in shards, each behind its own lock, and the store's clock.
+struct Table {
     shards: Box<[Shard]>,
     hasher: RandomState,
     clock: StoreClock,
@@ -69,13 +70,13 @@ struct Shared {
 /// ```
 #[derive(Clone)]
 pub struct InMemoryStore {
-    shared: Arc<Shared>,
+    shared: Arc<Table>,
 }
 
 impl Default for InMemoryStore {
     fn default() -> Self {
         InMemoryStore {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Table {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::new(),
                 clock: StoreClock::default(),
@@ -94,7 +95,7 @@ impl InMemoryStore {
     /// [`ManualClock`](super::ManualClock)).
     pub fn with_clock(clock: impl Clock) -> Self {
         InMemoryStore {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Table {
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
                 hasher: RandomState::new(),
                 clock: StoreClock::of(clock),

@@ -1,7 +1,7 @@
 //! Receipts: record intent before the call, the receipt after, and check before doing anything.
 //!
 //! "A checkpoint records position. It does not, and cannot, record whether the outside world did
-//! the work." [`ReceiptLayer`] makes every side effect go through three steps:
+//! the work." [`ReceiptGuardLayer`] makes every side effect go through three steps:
 //!
 //! 1. **intent**: [`ReceiptStore::begin`] records the action's key (and a fingerprint of its
 //!    arguments) atomically, before anything is sent. A store that cannot record it fails the
@@ -149,7 +149,7 @@
 //! let store = InMemoryStore::with_clock(clock.clone());
 //!
 //! // A keyed write: a repeat (a retry, a resume) is answered from the receipt.
-//! let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action).layer(provider.clone());
+//! let tool = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, action).layer(provider.clone());
 //! let first = tool.clone().oneshot(SendInvoice { invoice_id: 4471, key: None }).await.unwrap();
 //! let again = tool.oneshot(SendInvoice { invoice_id: 4471, key: None }).await.unwrap();
 //! assert_eq!((first, sends.load(Ordering::SeqCst)), (again, 1));
@@ -159,7 +159,7 @@
 //! store.begin(crashed.key().as_str(), crashed.fingerprint(), "crashed", Duration::from_secs(30))
 //!     .await.unwrap();
 //! clock.advance_ms(60_000);
-//! let unkeyed = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action);
+//! let unkeyed = ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action);
 //! let err = unkeyed.clone().layer(provider.clone())
 //!     .oneshot(SendInvoice { invoice_id: 4472, key: None }).await.unwrap_err();
 //! let err = err.downcast::<stormguard::error::ToolError>().unwrap();
@@ -189,13 +189,12 @@ mod run;
 mod sqlite;
 mod store;
 
-pub use crate::key::Action;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec, NotStored};
 #[cfg(feature = "http")]
 pub use codec::{HttpCodec, StoredBody};
 pub use config::{ReceiptConfig, ReceiptConfigBuilder};
-pub use layer::{Receipt, ReceiptLayer};
+pub use layer::{ReceiptGuard, ReceiptGuardLayer};
 pub use memory::InMemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresOptions, PostgresOptionsBuilder, PostgresStore};

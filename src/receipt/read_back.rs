@@ -12,6 +12,7 @@ use std::future::Future;
 /// use stormguard::receipt::Consistency;
 /// assert_ne!(Consistency::Immediate, Consistency::Eventual);
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Consistency {
     /// A read right after a write sees it: a miss means "not done". The only kind used.
@@ -28,6 +29,7 @@ pub enum Consistency {
 /// let found: ReadBackResult<&str> = ReadBackResult::Found("msg-4471");
 /// assert!(matches!(found, ReadBackResult::Found("msg-4471")));
 /// ```
+#[non_exhaustive]
 #[derive(Debug)]
 pub enum ReadBackResult<Res> {
     /// The action's effect is there; this is its result (recorded as the receipt).

@@ -41,8 +41,9 @@ impl Settings {
     }
 }
 
-/// What every call of one layer shares: built once, one pointer cloned per call.
-pub(super) struct Shared<St, C, Cd, RB> {
+/// What every call of one [`ReceiptGuard`](super::ReceiptGuard) guards with (store, classifier,
+/// codec, read-back, settings): built once, one pointer cloned per call.
+pub(super) struct GuardState<St, C, Cd, RB> {
     pub(super) store: St,
     pub(super) classifier: C,
     pub(super) codec: Cd,
@@ -53,7 +54,7 @@ pub(super) struct Shared<St, C, Cd, RB> {
 /// One call: the service to send with (a clone, driven ready here), the action and its owner.
 pub(super) struct Run<S, Req, St, C, Cd, RB> {
     pub(super) inner: S,
-    pub(super) shared: Arc<Shared<St, C, Cd, RB>>,
+    pub(super) shared: Arc<GuardState<St, C, Cd, RB>>,
     pub(super) action: Action,
     pub(super) _req: PhantomData<fn(Req)>,
 }

@@ -28,6 +28,7 @@ use std::time::Duration;
 /// assert_eq!(done, Begin::Done { age_ms: 1, receipt: b"msg-4471".to_vec() });
 /// # }
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
     /// No record (or this caller's own intent, recorded by an earlier try of this same `begin`):
@@ -68,6 +69,7 @@ pub enum Begin {
 /// let not_done = Resolution::NotDone;
 /// assert_ne!(done, not_done);
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
     /// The effect happened; these bytes (encoded as the layer's codec would) become its receipt.
@@ -167,6 +169,7 @@ pub enum Resolved {
 /// // Durability::Process is what the demos and benchmarks use; PowerLoss flushes every commit.
 /// assert_ne!(Durability::Process, Durability::PowerLoss);
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Durability {
     /// Survives the death of the client processes. SQLite: `synchronous = NORMAL` in WAL mode;

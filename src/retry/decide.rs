@@ -95,10 +95,10 @@ pub(crate) enum Next {
     Success,
     /// A failure to hand back as it is: retrying cannot help, or a layer below ended the
     /// operation.
-    HandBack,
+    ReturnFailure,
     /// This nested layer's own attempts are spent, the operation's are not: hand the failure to
     /// the layer above, still retryable.
-    PassUp,
+    LeaveToOuterLayer,
     /// End the operation: no layer retries it again.
     GiveUp(GiveUp),
     /// Retry after `delay`; `throttled` when the server scheduled it after throttling the call
@@ -152,11 +152,11 @@ pub(crate) fn decide(
         Verdict::Failure(failure) => failure,
     };
     if view.closed {
-        return Next::HandBack;
+        return Next::ReturnFailure;
     }
     match view.class.decide(failure, view.keyed) {
         Decision::Retry => {}
-        Decision::Return => return Next::HandBack,
+        Decision::Return => return Next::ReturnFailure,
         Decision::Escalate(code) => return Next::GiveUp(GiveUp::Escalate(code)),
     }
     let hint = classification.hint();
@@ -170,7 +170,7 @@ pub(crate) fn decide(
         return Next::GiveUp(GiveUp::MaxAttempts);
     }
     if view.layer_attempts >= policy.max_attempts() {
-        return Next::PassUp;
+        return Next::LeaveToOuterLayer;
     }
     let (delay, throttled) = match hint {
         ServerHint::RetryAfter(after) => {

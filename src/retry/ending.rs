@@ -3,8 +3,8 @@
 //! own error as `cause`) and a hint that agrees with its `retryable` flag.
 
 use super::decide::GiveUp;
-use super::future::Track;
-use super::Kit;
+use super::part::LayerPart;
+use super::Retrier;
 use crate::budget::Refusal;
 use crate::class::ToolClass;
 use crate::classify::{Classification, Classify, ServerHint};
@@ -13,8 +13,9 @@ use crate::operation::ledger::OpState;
 use crate::telemetry;
 use tower_service::Service;
 
-/// Why and on what an operation ends.
-pub(super) struct Ending<'a> {
+/// The failure an operation gives up on: why it gives up, the operation's class, and the last
+/// attempt's failure class and classification (what the final error is built from).
+pub(super) struct LastFailure<'a> {
     pub(super) why: GiveUp,
     pub(super) class: ToolClass,
     pub(super) failure: FailureClass,
@@ -24,9 +25,9 @@ pub(super) struct Ending<'a> {
 /// Ends the operation: records why, closes the ledger so no other layer retries it, and builds
 /// the non-retryable error, keeping the dependency's own error as its source.
 pub(super) fn give_up<S, C, R, Req>(
-    kit: &Kit<S, C, R>,
-    track: &mut Track,
-    ending: Ending<'_>,
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+    ended: LastFailure<'_>,
     result: Result<S::Response, S::Error>,
 ) -> ToolError
 where
@@ -34,15 +35,15 @@ where
     S::Error: Into<BoxError>,
     C: Classify<S::Response, S::Error>,
 {
-    let Ending {
+    let LastFailure {
         why,
         class,
         failure,
         classification,
-    } = ending;
+    } = ended;
     let last = classification.code().unwrap_or(ErrorCode::Internal);
     let code = why.code(last);
-    let mut attempts = track.op(kit, |op| {
+    let mut attempts = part.op(retrier, |op| {
         op.close(code);
         op.sent_attempts()
     });
@@ -51,7 +52,7 @@ where
         why => telemetry::retry_refused(class, why.reason()),
     }
     tracing::info!(
-        layer = %kit.name,
+        layer = %retrier.name,
         code = code.as_str(),
         attempts,
         reason = why.reason(),
@@ -94,7 +95,7 @@ where
             }
             Err(other) => Some(other),
         },
-        Ok(response) => kit
+        Ok(response) => retrier
             .classifier
             .dependency_error(&response)
             .map(|e| Box::new(e) as BoxError),
@@ -135,18 +136,21 @@ where
 }
 
 /// The deadline passed while a granted retry waited for its service to be ready.
-pub(super) fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) -> ToolError {
+pub(super) fn deadline_passed<S, C, R>(
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+) -> ToolError {
     let code = ErrorCode::DeadlineExceeded;
-    let attempts = track.op(kit, |op| {
+    let attempts = part.op(retrier, |op| {
         op.close(code);
         op.sent_attempts()
     });
-    telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
-    tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "giving up");
+    telemetry::retry_refused(retrier.policy.class(), GiveUp::Deadline.reason());
+    tracing::info!(layer = %retrier.name, code = code.as_str(), attempts, reason = "deadline", "giving up");
     let mut err = ToolError::new(code)
         .with_attempts(attempts)
         .with_retryable(false);
-    if let Some((failure, _)) = track.last() {
+    if let Some((failure, _)) = part.last() {
         err = err.with_class(failure);
     }
     err
@@ -155,13 +159,13 @@ pub(super) fn deadline_passed<S, C, R>(kit: &Kit<S, C, R>, track: &mut Track) ->
 /// The deadline passed before this layer's first attempt could be sent (it waited for its
 /// service to be ready, or behind a boundary): nothing was sent by it. Ends the operation `op`.
 #[cold]
-pub(super) fn not_sent<S, C, R>(kit: &Kit<S, C, R>, op: &mut OpState) -> ToolError {
+pub(super) fn not_sent<S, C, R>(retrier: &Retrier<S, C, R>, op: &mut OpState) -> ToolError {
     let code = ErrorCode::DeadlineExceeded;
     op.close(code);
     // The ledger counts the attempt that was not sent (the first, or a retry granted above).
     let attempts = op.attempts().saturating_sub(1);
-    telemetry::retry_refused(kit.policy.class(), GiveUp::Deadline.reason());
-    tracing::info!(layer = %kit.name, code = code.as_str(), attempts, reason = "deadline", "not sent");
+    telemetry::retry_refused(retrier.policy.class(), GiveUp::Deadline.reason());
+    tracing::info!(layer = %retrier.name, code = code.as_str(), attempts, reason = "deadline", "not sent");
     ToolError::new(code)
         .with_attempts(attempts)
         .with_retryable(false)
@@ -172,8 +176,8 @@ pub(super) fn not_sent<S, C, R>(kit: &Kit<S, C, R>, op: &mut OpState) -> ToolErr
 /// layer above as a retryable `ToolError` that keeps its class, code and server delay. An `Ok`
 /// response classified as a failure becomes one too (with what the dependency answered as its
 /// cause), so that a layer above with another classifier still sees a failure.
-pub(super) fn pass_up<S, C, R, Req>(
-    kit: &Kit<S, C, R>,
+pub(super) fn leave_to_outer_layer<S, C, R, Req>(
+    retrier: &Retrier<S, C, R>,
     result: Result<S::Response, S::Error>,
     classification: &Classification,
     failure: FailureClass,
@@ -190,7 +194,7 @@ where
             Ok(tool) => return tool.with_attempts(attempts),
             Err(other) => Some(other),
         },
-        Ok(response) => kit
+        Ok(response) => retrier
             .classifier
             .dependency_error(&response)
             .map(|e| Box::new(e) as BoxError),

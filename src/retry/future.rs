@@ -26,15 +26,14 @@
 //! ```
 
 use super::decide::{decide, settle, under_key, Next, OperationView};
-use super::ending::{deadline_passed, give_up, hand_back, pass_up, Ending};
-use super::{into_tool_error, Kit, Replay};
-use crate::backoff::BackoffState;
+use super::ending::{deadline_passed, give_up, hand_back, leave_to_outer_layer, LastFailure};
+use super::part::LayerPart;
+use super::{into_tool_error, Replay, Retrier};
 use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
 use crate::classify::{Classification, ClassifiedResponse, Classify, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
-use crate::operation::ledger::{in_scope, with_current_or, Ledger, OpState};
-use crate::operation::Operation;
+use crate::operation::ledger::{in_scope, Ledger};
 use crate::telemetry;
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -43,7 +42,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Span;
 
@@ -56,7 +55,7 @@ pin_project! {
     /// ```
     /// use tower::{Layer, Service, ServiceExt, service_fn};
     /// use stormguard::{budget::RetryBudget, class::ToolClass};
-    /// use stormguard::retry::{ResponseFuture, RetryLayer};
+    /// use stormguard::retry::{future::ResponseFuture, RetryLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -73,10 +72,10 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
-        kit: Arc<Kit<S, C, R>>,
+        retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         service: Option<S>,
-        track: Track,
+        part: LayerPart,
         span: Span,
         // The agent run of an operation that reached this layer in its request (across a
         // `Buffer` or a spawned task): lent to the thread while this future is polled, so the
@@ -98,31 +97,6 @@ pin_project! {
     }
 }
 
-/// This layer's part of the operation.
-pub(super) struct Track {
-    /// The ledger this future owns (the outermost layer), or one it had to open after losing the
-    /// operation it joined; `None` while it reads the one installed on the thread.
-    ledger: Option<Ledger>,
-    /// Attempts this layer has made in a row for this call.
-    attempts: u32,
-    /// Whether a success credits this layer's budget: the outermost layer's always, a nested
-    /// one's when its budget differs from its caller's (decided when it joined).
-    credits: bool,
-    /// What only a retry needs: boxed, made on the first failure, kept out of the future's size
-    /// (nested futures contain each other, and are moved whole).
-    retry: Option<Box<Retrying>>,
-}
-
-/// The state of a layer that is retrying.
-#[derive(Default)]
-struct Retrying {
-    backoff: Option<BackoffState>,
-    /// The backoff's sleep, then the deadline's while the service gets ready.
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// The failure the pending retry follows, for the error if the deadline passes first.
-    last: Option<(FailureClass, ErrorCode)>,
-}
-
 /// What the state machine does after a result.
 enum Step<T> {
     Done(Result<T, ToolError>),
@@ -135,47 +109,47 @@ where
 {
     pub(super) fn owner(
         future: S::Future,
-        kit: Arc<Kit<S, C, R>>,
+        retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
         span: Span,
     ) -> Self {
-        Self::new(future, kit, request, ledger, true, span)
+        Self::new(future, retrier, request, ledger, true, span)
     }
 
     /// A nested layer that joined the operation its request carried: it holds the ledger and
     /// lends it to the layers below it on this task.
     pub(super) fn carried(
         future: S::Future,
-        kit: Arc<Kit<S, C, R>>,
+        retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
         credits: bool,
         run: Option<RetryBudget>,
     ) -> Self {
-        let mut future = Self::new(future, kit, request, ledger, credits, Span::none());
+        let mut future = Self::new(future, retrier, request, ledger, credits, Span::none());
         future.run = run;
         future
     }
 
     pub(super) fn nested(
         future: S::Future,
-        kit: Arc<Kit<S, C, R>>,
+        retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         credits: bool,
     ) -> Self {
-        Self::new(future, kit, request, None, credits, Span::none())
+        Self::new(future, retrier, request, None, credits, Span::none())
     }
 
     /// The operation's deadline passed before this layer's first attempt was sent (it waited
     /// for readiness): the future ends with `deadline_exceeded` and sends nothing.
-    pub(super) fn expired(kit: Arc<Kit<S, C, R>>, error: ToolError) -> Self {
+    pub(super) fn expired(retrier: Arc<Retrier<S, C, R>>, error: ToolError) -> Self {
         ResponseFuture {
             state: State::Expired { error: Some(error) },
-            kit,
+            retrier,
             request: None,
             service: None,
-            track: Track {
+            part: LayerPart {
                 ledger: None,
                 attempts: 0,
                 credits: false,
@@ -188,7 +162,7 @@ where
 
     fn new(
         future: S::Future,
-        kit: Arc<Kit<S, C, R>>,
+        retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
         credits: bool,
@@ -196,10 +170,10 @@ where
     ) -> Self {
         ResponseFuture {
             state: State::Called { future },
-            kit,
+            retrier,
             request,
             service: None,
-            track: Track {
+            part: LayerPart {
                 ledger,
                 attempts: 1,
                 credits,
@@ -245,23 +219,23 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let result = ready!(in_scope(&mut this.track.ledger, || future.poll(cx)));
+                    let result = ready!(in_scope(&mut this.part.ledger, || future.poll(cx)));
                     let has_request = this.request.is_some();
-                    match on_result(this.kit, this.track, has_request, result) {
+                    match on_result(this.retrier, this.part, has_request, result) {
                         Step::Done(output) => return Poll::Ready(output),
                         Step::Wait(delay) => {
-                            this.track.sleep_for(delay);
+                            this.part.sleep_for(delay);
                             this.state.set(State::Backoff);
                         }
                     }
                 }
                 StateProj::Backoff => {
-                    if let Some(sleep) = this.track.sleep() {
+                    if let Some(sleep) = this.part.sleep() {
                         ready!(sleep.as_mut().poll(cx));
                     }
                     // From here the sleep is the deadline's, if the operation has one.
-                    let deadline = this.track.op(this.kit, |op| op.deadline());
-                    this.track.sleep_until(deadline);
+                    let deadline = this.part.op(this.retrier, |op| op.deadline());
+                    this.part.sleep_until(deadline);
                     this.state.set(State::Ready);
                 }
                 StateProj::Expired { error } => {
@@ -271,28 +245,28 @@ where
                     return Poll::Ready(Err(error));
                 }
                 StateProj::Ready => {
-                    let kit = &**this.kit;
-                    let service = this.service.get_or_insert_with(|| kit.service());
-                    let ready = in_scope(&mut this.track.ledger, || service.poll_ready(cx));
+                    let retrier = &**this.retrier;
+                    let service = this.service.get_or_insert_with(|| retrier.service());
+                    let ready = in_scope(&mut this.part.ledger, || service.poll_ready(cx));
                     let ready = match ready {
                         Poll::Ready(ready) => ready,
                         Poll::Pending => {
                             // Not ready: the retry is abandoned if the deadline passes first.
-                            if let Some(sleep) = this.track.sleep() {
+                            if let Some(sleep) = this.part.sleep() {
                                 ready!(sleep.as_mut().poll(cx));
-                                return Poll::Ready(Err(deadline_passed(kit, this.track)));
+                                return Poll::Ready(Err(deadline_passed(retrier, this.part)));
                             }
                             return Poll::Pending;
                         }
                     };
                     // Ready at or after the deadline (the service and the deadline's sleep
                     // woke together): the retry is not sent.
-                    let deadline = this.track.op(kit, |op| op.deadline());
+                    let deadline = this.part.op(retrier, |op| op.deadline());
                     if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Poll::Ready(Err(deadline_passed(kit, this.track)));
+                        return Poll::Ready(Err(deadline_passed(retrier, this.part)));
                     }
                     if let Err(e) = ready {
-                        let attempts = this.track.op(kit, |op| {
+                        let attempts = this.part.op(retrier, |op| {
                             op.close(ErrorCode::Unavailable);
                             op.sent_attempts()
                         });
@@ -305,21 +279,21 @@ where
                         // A retry is only granted with a copy of the request in hand.
                         return Poll::Ready(Err(ToolError::new(ErrorCode::Internal)));
                     };
-                    *this.request = kit.replay.replay(&request);
+                    *this.request = retrier.replay.replay(&request);
                     // The ledger counts the granted retry already: the ones before it are one fewer.
-                    let previous = this.track.op(kit, |op| op.attempts().saturating_sub(1));
-                    kit.replay.mark_retry(&mut request, previous);
-                    if kit.replay.can_carry() && kit.replay.operation(&request).is_none() {
+                    let previous = this.part.op(retrier, |op| op.attempts().saturating_sub(1));
+                    retrier.replay.mark_retry(&mut request, previous);
+                    if retrier.replay.can_carry() && retrier.replay.operation(&request).is_none() {
                         // A copy leaves the operation out: the retry takes it along again.
-                        if let Some(op) = this.track.operation() {
-                            kit.replay.attach(&mut request, &op);
+                        if let Some(op) = this.part.operation() {
+                            retrier.replay.attach(&mut request, &op);
                         }
                     }
                     // The layers below compare their budgets with this one's again.
-                    let budget = kit.budget.id();
-                    this.track.op(kit, |op| op.set_caller(budget));
-                    let future = in_scope(&mut this.track.ledger, || service.call(request));
-                    this.track.attempts += 1;
+                    let budget = retrier.budget.id();
+                    this.part.op(retrier, |op| op.set_caller(budget));
+                    let future = in_scope(&mut this.part.ledger, || service.call(request));
+                    this.part.attempts += 1;
                     this.state.set(State::Called { future });
                 }
             }
@@ -327,72 +301,10 @@ where
     }
 }
 
-impl Track {
-    /// Runs `f` on the operation: the ledger this future holds, else the one installed on the
-    /// thread, else (the operation was lost across a task boundary) a new one of its own.
-    pub(super) fn op<S, C, R, T>(
-        &mut self,
-        kit: &Kit<S, C, R>,
-        f: impl FnOnce(&mut OpState) -> T,
-    ) -> T {
-        let attempts = self.attempts;
-        with_current_or(
-            &mut self.ledger,
-            || {
-                let policy = &kit.policy;
-                OpState::new(policy.max_attempts(), policy.class(), false, None)
-                    .with_retries(attempts.saturating_sub(1))
-            },
-            f,
-        )
-    }
-
-    /// The operation as a handle that can travel with a request: the ledger this future holds
-    /// if it is on the heap, else the one installed on the thread.
-    fn operation(&self) -> Option<Operation> {
-        match &self.ledger {
-            Some(ledger) => Operation::of(ledger, crate::budget::scope::current()),
-            None => Operation::current(),
-        }
-    }
-
-    fn retrying(&mut self) -> &mut Retrying {
-        self.retry.get_or_insert_with(Box::default)
-    }
-
-    /// The class and code of the failure the pending retry follows.
-    pub(super) fn last(&self) -> Option<(FailureClass, ErrorCode)> {
-        self.retry.as_ref().and_then(|r| r.last)
-    }
-
-    fn sleep(&mut self) -> Option<&mut Pin<Box<Sleep>>> {
-        self.retry.as_mut()?.sleep.as_mut()
-    }
-
-    fn sleep_for(&mut self, delay: Duration) {
-        let at = Instant::now() + delay;
-        let retrying = self.retrying();
-        match retrying.sleep.as_mut() {
-            Some(sleep) => sleep.as_mut().reset(at),
-            None if delay.is_zero() => {}
-            None => retrying.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
-        }
-    }
-
-    fn sleep_until(&mut self, deadline: Option<Instant>) {
-        let retrying = self.retrying();
-        match (deadline, retrying.sleep.as_mut()) {
-            (None, _) => retrying.sleep = None,
-            (Some(at), Some(sleep)) => sleep.as_mut().reset(at),
-            (Some(at), None) => retrying.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
-        }
-    }
-}
-
 #[inline]
 fn on_result<S, C, R, Req>(
-    kit: &Kit<S, C, R>,
-    track: &mut Track,
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
     has_request: bool,
     result: Result<S::Response, S::Error>,
 ) -> Step<S::Response>
@@ -401,33 +313,33 @@ where
     S::Error: Into<BoxError>,
     C: Classify<S::Response, S::Error>,
 {
-    let classification = match kit.classifier.classify(&result) {
+    let classification = match retrier.classifier.classify(&result) {
         ClassifiedResponse::Ready(c) => c,
         // The head has arrived: the response is committed and goes to the caller.
         ClassifiedResponse::RequiresEos(_) => Classification::success(),
     };
     let Verdict::Failure(failure) = classification.verdict() else {
         // Each budget once per operation: not if the layer above draws on the same one.
-        if track.credits {
-            kit.budget.deposit();
+        if part.credits {
+            retrier.budget.deposit();
         }
         return match result {
             Ok(response) => Step::Done(Ok(response)),
-            Err(e) => Step::Done(Err(answered_err(kit, track, e, &classification))),
+            Err(e) => Step::Done(Err(answered_err(retrier, part, e, &classification))),
         };
     };
-    on_failure(kit, track, has_request, result, classification, failure)
+    on_failure(retrier, part, has_request, result, classification, failure)
 }
 
 /// An `Err` the classifier called a success or an empty answer, as a `ToolError`.
 #[inline(never)]
 fn answered_err<S, C, R, E: Into<BoxError>>(
-    kit: &Kit<S, C, R>,
-    track: &mut Track,
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
     e: E,
     classification: &Classification,
 ) -> ToolError {
-    let attempts = track.op(kit, |op| op.sent_attempts());
+    let attempts = part.op(retrier, |op| op.sent_attempts());
     hand_back(e, classification, None, attempts)
 }
 
@@ -435,8 +347,8 @@ fn answered_err<S, C, R, E: Into<BoxError>>(
 /// line so that the first-try path stays small.
 #[inline(never)]
 fn on_failure<S, C, R, Req>(
-    kit: &Kit<S, C, R>,
-    track: &mut Track,
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
     has_request: bool,
     result: Result<S::Response, S::Error>,
     classification: Classification,
@@ -447,9 +359,9 @@ where
     S::Error: Into<BoxError>,
     C: Classify<S::Response, S::Error>,
 {
-    let (own_class, layer_attempts) = (kit.policy.class(), track.attempts);
+    let (own_class, layer_attempts) = (retrier.policy.class(), part.attempts);
     let now = Instant::now();
-    let (view, sent) = track.op(kit, |op| {
+    let (view, sent) = part.op(retrier, |op| {
         let view = OperationView {
             class: op.class().strictest(own_class),
             keyed: op.keyed(),
@@ -467,20 +379,20 @@ where
     // A 409 or 422 under an idempotency key means what the class and the key make of it.
     let classification = under_key(view.class, view.keyed, classification);
     let failure = classification.failure_class().unwrap_or(failure);
-    let retrying = track.retrying();
-    let next = decide(&view, &classification, &kit.policy, || {
+    let retrying = part.retrying();
+    let next = decide(&view, &classification, &retrier.policy, || {
         retrying
             .backoff
-            .get_or_insert_with(|| kit.policy.backoff().state(kit.budget.next_seed()))
+            .get_or_insert_with(|| retrier.policy.backoff().state(retrier.budget.next_seed()))
             .next_delay()
     });
     let next = match next {
         Next::Retry { delay, throttled } => settle(
             next,
             if throttled {
-                kit.budget.try_withdraw_throttled(delay)
+                retrier.budget.try_withdraw_throttled(delay)
             } else {
-                kit.budget.try_withdraw(delay)
+                retrier.budget.try_withdraw(delay)
             },
         ),
         next => next,
@@ -488,31 +400,37 @@ where
     let code = classification.code().unwrap_or(ErrorCode::Internal);
     match next {
         // `decide` answers a failure with one of the others; hand it back if it ever does not.
-        Next::Success | Next::HandBack => {
+        Next::Success | Next::ReturnFailure => {
             if !view.closed {
                 // Retrying cannot help, by this layer's class and classifier: the operation ends
                 // here, and a layer above (whose classifier may not see what this one saw, as a
                 // provider's error body) hands it back too.
-                track.op(kit, |op| op.close(code));
+                part.op(retrier, |op| op.close(code));
             }
             Step::Done(result.map_err(|e| hand_back(e, &classification, Some(failure), sent)))
         }
-        Next::PassUp => Step::Done(Err(pass_up(kit, result, &classification, failure, sent))),
+        Next::LeaveToOuterLayer => Step::Done(Err(leave_to_outer_layer(
+            retrier,
+            result,
+            &classification,
+            failure,
+            sent,
+        ))),
         Next::GiveUp(why) => {
-            let ending = Ending {
+            let ended = LastFailure {
                 why,
                 class: view.class,
                 failure,
                 classification: &classification,
             };
-            Step::Done(Err(give_up(kit, track, ending, result)))
+            Step::Done(Err(give_up(retrier, part, ended, result)))
         }
         Next::Retry { delay, .. } => {
-            track.op(kit, |op| op.grant_retry());
-            track.retrying().last = Some((failure, code));
+            part.op(retrier, |op| op.grant_retry());
+            part.retrying().last = Some((failure, code));
             telemetry::retry_granted(view.class, failure.as_str());
             tracing::debug!(
-                layer = %kit.name,
+                layer = %retrier.name,
                 attempt = view.attempts + 1,
                 failure = failure.as_str(),
                 code = code.as_str(),
@@ -530,9 +448,9 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("name", &self.kit.name)
-            .field("attempts", &self.track.attempts)
-            .field("owner", &self.track.ledger.is_some())
+            .field("name", &self.retrier.name)
+            .field("attempts", &self.part.attempts)
+            .field("owner", &self.part.ledger.is_some())
             .finish()
     }
 }

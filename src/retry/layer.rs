@@ -1,6 +1,8 @@
-use super::{DefaultReplay, Kit, Retry};
+use super::{DefaultReplay, Retrier, Retry};
 use crate::budget::RetryBudget;
-use crate::class::{ClassPolicy, ToolClass};
+use crate::class::ClassPolicy;
+#[cfg(doc)]
+use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -30,10 +32,29 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
 }
 
 impl RetryLayer {
-    /// Retries as `class`'s default policy allows, drawing from `budget`.
-    pub fn new(class: ToolClass, budget: RetryBudget) -> Self {
+    /// Retries as `policy` allows, drawing from `budget`. `policy` is a [`ToolClass`] (its
+    /// default policy, [`ToolClass::policy`]) or a [`ClassPolicy`] built for it: the layer's one
+    /// way to be given its class.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stormguard::{budget::RetryBudget, class::{ClassPolicy, ToolClass}, retry::RetryLayer};
+    /// use tower::{Layer, service_fn};
+    ///
+    /// let svc = service_fn(|x: u32| async move { Ok::<_, std::io::Error>(x) });
+    /// let read = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(svc);
+    /// assert_eq!(read.policy(), &ToolClass::Read.policy());
+    ///
+    /// let five = ClassPolicy::builder(ToolClass::KeyedWrite).max_attempts(5).build().unwrap();
+    /// let write = RetryLayer::new(five, RetryBudget::default()).layer(read.into_inner());
+    /// assert_eq!(write.policy().class(), ToolClass::KeyedWrite);
+    /// assert_eq!(write.policy().max_attempts(), 5);
+    /// ```
+    pub fn new(policy: impl Into<ClassPolicy>, budget: RetryBudget) -> Self {
+        let policy = policy.into();
+        let class = policy.class();
         RetryLayer {
-            policy: class.policy(),
+            policy,
             budget,
             classifier: DefaultClassifier,
             replay: DefaultReplay,
@@ -44,12 +65,6 @@ impl RetryLayer {
 }
 
 impl<C, R> RetryLayer<C, R> {
-    /// Replaces the policy (attempts, backoff, server-hint cap, deadline) and class.
-    pub fn policy(mut self, policy: ClassPolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
     /// Names the dependency, for traces and metrics (defaults to the class name).
     pub fn name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.name = name.into();
@@ -109,7 +124,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
     type Service = Retry<S, C, R>;
 
     fn layer(&self, inner: S) -> Retry<S, C, R> {
-        let kit = Kit {
+        let retrier = Retrier {
             template: Mutex::new(inner.clone()),
             policy: self.policy,
             budget: self.budget.clone(),
@@ -118,6 +133,6 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             name: self.name.clone(),
             own_operation: self.own_operation,
         };
-        Retry::new(inner, kit)
+        Retry::new(inner, retrier)
     }
 }

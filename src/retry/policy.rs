@@ -88,6 +88,20 @@ impl ClassPolicy {
     }
 }
 
+/// A class's default policy ([`ToolClass::policy`]): what
+/// [`RetryLayer::new`](crate::retry::RetryLayer::new) applies when it is given a bare class.
+///
+/// ```
+/// use stormguard::class::{ClassPolicy, ToolClass};
+///
+/// assert_eq!(ClassPolicy::from(ToolClass::KeyedWrite), ToolClass::KeyedWrite.policy());
+/// ```
+impl From<ToolClass> for ClassPolicy {
+    fn from(class: ToolClass) -> Self {
+        class.policy()
+    }
+}
+
 /// Builds a [`ClassPolicy`]; invalid settings are rejected by [`build`](Self::build).
 ///
 /// ```

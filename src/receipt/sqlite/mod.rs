@@ -53,10 +53,11 @@ type Job = Box<dyn FnOnce(Result<(&Connection, u64), &str>) -> (Deliver, bool) +
 /// ```
 #[derive(Clone)]
 pub struct SqliteStore {
-    shared: Arc<Shared>,
+    shared: Arc<Worker>,
 }
 
-struct Shared {
+/// The handle on the store's worker thread: where its jobs go, and the file it opened.
+struct Worker {
     jobs: mpsc::Sender<Job>,
     path: PathBuf,
 }
@@ -156,7 +157,7 @@ impl SqliteStore {
             .spawn(move || writer(conn, queue, &watched, id, &clock))
             .map_err(|e| StoreError::from_source("start the writer thread", e))?;
         Ok(SqliteStore {
-            shared: Arc::new(Shared {
+            shared: Arc::new(Worker {
                 jobs,
                 path: path.to_path_buf(),
             }),

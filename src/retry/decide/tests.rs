@@ -40,10 +40,10 @@ fn model(c: &Case) -> Next {
     };
     let v = &c.view;
     if v.closed {
-        return Next::HandBack;
+        return Next::ReturnFailure;
     }
     match table(v.class, failure, v.keyed) {
-        "return" => return Next::HandBack,
+        "return" => return Next::ReturnFailure,
         "outcome_unknown" => return Next::GiveUp(GiveUp::Escalate(ErrorCode::OutcomeUnknown)),
         "missing_idempotency_key" => {
             return Next::GiveUp(GiveUp::Escalate(ErrorCode::MissingIdempotencyKey))
@@ -62,7 +62,7 @@ fn model(c: &Case) -> Next {
         return Next::GiveUp(GiveUp::MaxAttempts);
     }
     if v.layer_attempts >= c.policy_attempts {
-        return Next::PassUp;
+        return Next::LeaveToOuterLayer;
     }
     let delay = server_delay.map_or(c.backoff, |d| d.min(c.max_server_delay));
     if let Some(left) = v.time_left {

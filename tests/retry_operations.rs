@@ -1,6 +1,6 @@
-//! The promises of `Retry` where two features meet: a server hint and a tool class, a nested
-//! layer's own settings, giving up on an `Ok` response, budgets per layer, runs sharing a budget,
-//! a readiness wait under a deadline, a service changed through `get_mut`.
+//! A `Retry` across an operation: nested layers' deadlines and attempt caps, a readiness wait
+//! under a deadline, budgets credited once per operation, runs sharing a budget, a layer with its
+//! own operation, a cancelled or carried operation, a service changed through `get_mut`.
 mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,144 +9,20 @@ use std::time::Duration;
 use stormguard::backoff::{Backoff, Jitter};
 use stormguard::budget::{RetryBudget, RunLimits};
 use stormguard::class::{ClassPolicy, ToolClass};
-use stormguard::classify::{FailureClass, HttpClassifier};
-use stormguard::error::{ErrorCode, ToolError};
+use stormguard::classify::FailureClass;
+use stormguard::error::ErrorCode;
 use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::retry::{HttpReplay, RetryLayer};
-use support::{call, http_script, no_floor, Dependency, Outcome};
+use stormguard::retry::RetryLayer;
+use support::{call, no_floor, Dependency, Outcome};
 use tokio::time::Instant;
 use tower::{service_fn, Layer, ServiceBuilder};
 
-type Req = http::Request<String>;
-
-fn post() -> Req {
-    http::Request::post("/send").body(String::new()).unwrap()
-}
-
 fn constant(class: ToolClass, ms: u64) -> stormguard::class::ClassPolicyBuilder {
-    let backoff = Backoff::builder()
-        .constant(Duration::from_millis(ms))
+    let backoff = Backoff::constant(Duration::from_millis(ms))
         .jitter(Jitter::None)
         .build()
         .unwrap();
     ClassPolicy::builder(class).backoff(backoff)
-}
-
-/// A hint never skips escalation: an ambiguous failure of an unkeyed write ends as
-/// `outcome_unknown`, whatever the server said about retrying.
-#[tokio::test(start_paused = true)]
-async fn a_pushback_never_skips_the_escalation_of_an_ambiguous_write() {
-    for pushback in ["-1", "abc", "250"] {
-        let headers: &'static [(&str, &str)] = match pushback {
-            "-1" => &[("grpc-retry-pushback-ms", "-1")],
-            "abc" => &[("grpc-retry-pushback-ms", "abc")],
-            _ => &[("grpc-retry-pushback-ms", "250")],
-        };
-        let (calls, dep) = http_script(502, headers, 10);
-        let mut svc = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
-            .classifier(HttpClassifier)
-            .replay(HttpReplay)
-            .layer(dep);
-        let err = call(&mut svc, post()).await.unwrap_err();
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "pushback {pushback}");
-        assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "pushback {pushback}");
-        assert!(!err.retryable());
-        assert!(err.hint().contains("escalate"), "{}", err.hint());
-    }
-}
-
-/// The same for a non-retryable `ToolError` classed `Ambiguous` (from a tool, or from a
-/// stormguard layer that lost the operation), on an unkeyed write and a keyless keyed write.
-#[tokio::test(start_paused = true)]
-async fn a_non_retryable_ambiguous_tool_error_is_escalated() {
-    for (class, code) in [
-        (ToolClass::UnkeyedWrite, ErrorCode::OutcomeUnknown),
-        (ToolClass::MultiStep, ErrorCode::OutcomeUnknown),
-        (ToolClass::KeyedWrite, ErrorCode::MissingIdempotencyKey),
-    ] {
-        let dep = service_fn(|_: u32| async {
-            Err::<u32, _>(
-                ToolError::new(ErrorCode::Unavailable)
-                    .with_class(FailureClass::Ambiguous)
-                    .with_retryable(false)
-                    .with_hint("the upstream reset the connection after the request was sent"),
-            )
-        });
-        let mut svc = RetryLayer::new(class, RetryBudget::default()).layer(dep);
-        let err = call(&mut svc, 1).await.unwrap_err();
-        assert_eq!(err.code(), code, "{class:?}");
-        assert!(!err.retryable());
-        // The dependency's own error is the cause.
-        let cause = err.cause().expect("the tool's error is kept");
-        assert_eq!(cause.code(), ErrorCode::Unavailable);
-        assert_eq!(err.to_json()["cause"]["code"], "unavailable");
-    }
-}
-
-/// A malformed pushback means "do not retry" (gRFC A6): one call, and a hint that does not say
-/// "retry later".
-#[tokio::test(start_paused = true)]
-async fn a_malformed_pushback_means_do_not_retry() {
-    for bad in ["abc", "1.5", "", "99999999999"] {
-        let headers: &'static [(&str, &str)] = Box::leak(Box::new([(
-            "grpc-retry-pushback-ms",
-            Box::leak(bad.to_string().into_boxed_str()) as &str,
-        )]));
-        let (calls, dep) = http_script(503, headers, 10);
-        let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-            .classifier(HttpClassifier)
-            .layer(dep);
-        let err = call(&mut svc, post()).await.unwrap_err();
-        assert_eq!(calls.load(Ordering::SeqCst), 1, "pushback {bad:?}");
-        assert_eq!(err.code(), ErrorCode::Unavailable);
-        assert!(!err.retryable());
-        assert!(!err.hint().contains("retry later"), "{}", err.hint());
-        assert!(
-            err.hint().contains("asked not to be retried"),
-            "{}",
-            err.hint()
-        );
-    }
-}
-
-/// Giving up on an `Ok` response classified as a failure keeps the evidence: the real attempt
-/// count, a hint that agrees with `retryable: false`, and what the dependency answered.
-#[tokio::test(start_paused = true)]
-async fn giving_up_on_a_response_keeps_the_evidence() {
-    let (calls, dep) = http_script(503, &[], 100);
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .classifier(HttpClassifier)
-        .layer(dep);
-    let err = call(&mut svc, post()).await.unwrap_err();
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
-    assert_eq!(err.attempts(), 3);
-    assert_eq!(err.code(), ErrorCode::Unavailable);
-    assert!(!err.retryable());
-    assert!(
-        err.hint().contains("do not repeat it now"),
-        "{}",
-        err.hint()
-    );
-    let cause = err.cause().expect("the response's status is kept");
-    assert!(cause.hint().contains("503"), "{}", cause.hint());
-
-    // Three nested layers, only the innermost reading HTTP: the count is the operation's.
-    let (calls, dep) = http_script(503, &[], 100);
-    let budget = RetryBudget::default();
-    let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier))
-        .service(dep);
-    let err = call(&mut stack, post()).await.unwrap_err();
-    assert_eq!(calls.load(Ordering::SeqCst), 3);
-    assert_eq!(err.attempts(), 3);
-    assert!(err.cause().is_some());
-
-    // Every way of giving up says not to retry now.
-    let json = err.to_json();
-    assert_eq!(json["retryable"], false);
-    assert_eq!(json["attempts"], 3);
 }
 
 /// A nested layer's own deadline holds: the earliest deadline of the operation wins.
@@ -160,11 +36,7 @@ async fn a_nested_layers_deadline_holds() {
         .unwrap();
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()).name("agent-loop"))
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .policy(inner)
-                .name("client"),
-        )
+        .layer(RetryLayer::new(inner, budget).name("client"))
         .service(dep.clone());
     let start = Instant::now();
     let err = call(&mut stack, 1u32).await.unwrap_err();
@@ -184,11 +56,11 @@ async fn a_nested_layers_deadline_holds() {
         .unwrap();
     let budget = RetryBudget::default();
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(outer))
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .policy(constant(ToolClass::Read, 700).build().unwrap()),
-        )
+        .layer(RetryLayer::new(outer, budget.clone()))
+        .layer(RetryLayer::new(
+            constant(ToolClass::Read, 700).build().unwrap(),
+            budget,
+        ))
         .service(dep.clone());
     let err = call(&mut stack, 1u32).await.unwrap_err();
     assert_eq!(
@@ -209,10 +81,8 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
         .build()
         .unwrap();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()).policy(policy))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(1).build().unwrap(),
-        ))
+        .layer(RetryLayer::new(policy, RetryBudget::default()))
+        .layer(QuotaLayer::new(Rate::per_second(1).build().unwrap()))
         .service(dep.clone());
     let start = Instant::now();
     let err = call(&mut svc, 1u32).await.unwrap_err();
@@ -225,9 +95,7 @@ async fn a_retry_waiting_for_readiness_is_bounded_by_the_deadline() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
     let mut svc = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, RetryBudget::default()))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(1).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(1).build().unwrap()))
         .service(dep.clone());
     assert!(call(&mut svc, 1u32).await.is_ok());
     assert_eq!(dep.calls(), 2);
@@ -295,7 +163,7 @@ async fn every_budget_is_credited_once_per_operation() {
         .unwrap();
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, a.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, b.clone()).policy(once))
+        .layer(RetryLayer::new(once, b.clone()))
         .service(Dependency::script(
             [Outcome::Fail(FailureClass::Transient)],
             Outcome::Ok,
@@ -352,7 +220,7 @@ async fn the_outermost_layer_sets_the_operations_attempts() {
         .unwrap();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(five))
+        .layer(RetryLayer::new(five, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .service(dep.clone());
@@ -369,7 +237,7 @@ async fn the_outermost_layer_sets_the_operations_attempts() {
     let dep = Dependency::script([Outcome::Fail(FailureClass::Transient)], Outcome::Ok);
     let mut stack = ServiceBuilder::new()
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-        .layer(RetryLayer::new(ToolClass::Read, budget).policy(once))
+        .layer(RetryLayer::new(once, budget))
         .service(dep.clone());
     assert!(call(&mut stack, 1u32).await.is_ok());
     assert_eq!(dep.calls(), 2);
@@ -453,14 +321,14 @@ async fn a_cancelled_operation_leaves_the_next_one_clean() {
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     // A 100 ms backoff without jitter: full jitter may draw less than the 1 ms timeout below.
     let mut stack = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone())
-                .policy(constant(ToolClass::UnkeyedWrite, 100).build().unwrap()),
-        )
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget.clone())
-                .policy(constant(ToolClass::Read, 100).build().unwrap()),
-        )
+        .layer(RetryLayer::new(
+            constant(ToolClass::UnkeyedWrite, 100).build().unwrap(),
+            budget.clone(),
+        ))
+        .layer(RetryLayer::new(
+            constant(ToolClass::Read, 100).build().unwrap(),
+            budget.clone(),
+        ))
         .service(dep.clone());
     // Dropped during its first backoff.
     let cut = tokio::time::timeout(Duration::from_millis(1), call(&mut stack, 1u32)).await;
@@ -486,9 +354,7 @@ async fn a_carried_operation_takes_the_spawned_layers_deadline() {
         .deadline(Duration::from_secs(1))
         .build()
         .unwrap();
-    let inner = RetryLayer::new(ToolClass::Read, budget.clone())
-        .policy(inner_policy)
-        .layer(dep.clone());
+    let inner = RetryLayer::new(inner_policy, budget.clone()).layer(dep.clone());
     let tool = service_fn(move |arg: u32| {
         let mut inner = inner.clone();
         async move {
@@ -519,44 +385,10 @@ async fn the_largest_attempt_cap_is_honoured_exactly() {
         .unwrap();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
     let mut stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).policy(most))
-        .layer(RetryLayer::new(ToolClass::Read, budget).policy(most))
+        .layer(RetryLayer::new(most, budget.clone()))
+        .layer(RetryLayer::new(most, budget))
         .service(dep.clone());
     let err = call(&mut stack, 1u32).await.unwrap_err();
     assert_eq!(dep.calls(), MAX_ATTEMPTS_LIMIT);
     assert_eq!(err.attempts(), MAX_ATTEMPTS_LIMIT);
-}
-
-/// An escalation keeps the attempts made below it (across a boundary the operation did not
-/// cross): whoever verifies the write learns it was sent 3 times, not once. (Outside review.)
-#[tokio::test(start_paused = true)]
-async fn an_escalation_keeps_the_attempts_made_below() {
-    let below = service_fn(|_: u32| async {
-        Err::<u32, _>(
-            ToolError::new(ErrorCode::Unavailable)
-                .with_class(FailureClass::Ambiguous)
-                .with_retryable(false)
-                .with_attempts(3),
-        )
-    });
-    let mut svc = RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default()).layer(below);
-    let err = call(&mut svc, 1).await.unwrap_err();
-    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
-    assert_eq!(err.attempts(), 3);
-}
-
-/// No hint of an error a `Retry` gives up with invites the reader to try again. (Outside review.)
-#[tokio::test(start_paused = true)]
-async fn a_final_hint_never_invites_a_retry() {
-    let (_, dep) = http_script(503, &[], 100);
-    let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
-        .classifier(HttpClassifier)
-        .layer(dep);
-    let err = call(&mut svc, post()).await.unwrap_err();
-    assert!(!err.retryable());
-    for phrase in ["try again", "try later", "retry later"] {
-        assert!(!err.hint().contains(phrase), "{}", err.hint());
-    }
-    let budget = ErrorCode::RetryBudgetExhausted.default_hint();
-    assert!(!budget.contains("try later"), "{budget}");
 }

@@ -1,4 +1,4 @@
-//! The promises of keys and receipts that outsiders broke (issue 10), one test each, on real
+//! The receipt guard and its stores on real backends, one test each: real
 //! SQLite files, the real PostgreSQL (when `STORMGUARD_POSTGRES_URL` is set; CI sets it) and real
 //! HTTP servers on 127.0.0.1.
 #![cfg(all(feature = "sqlite", feature = "postgres"))]
@@ -16,8 +16,8 @@ use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::key::{Action, IdempotencyKey, KeyStamp};
 use stormguard::receipt::{
     Begin, Codec, Consistency, Durability, InMemoryStore, ManualClock, NotStored, PostgresOptions,
-    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptConfigBuilder, ReceiptLayer,
-    ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
+    PostgresStore, ReadBack, ReadBackResult, ReceiptConfig, ReceiptConfigBuilder,
+    ReceiptGuardLayer, ReceiptStore, Resolution, Resolved, SqliteStore, StoreError,
 };
 use stormguard::retry::{HttpReplay, RetryLayer};
 use support::server::{self, Body, HttpClient};
@@ -108,8 +108,9 @@ impl Service<Send_> for Provider {
     }
 }
 
-fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptLayer<St, ActionFn> {
-    ReceiptLayer::new(store.clone(), class, action as ActionFn).config(timing().build().unwrap())
+fn layer<St: ReceiptStore>(store: &St, class: ToolClass) -> ReceiptGuardLayer<St, ActionFn> {
+    ReceiptGuardLayer::new(store.clone(), class, action as ActionFn)
+        .config(timing().build().unwrap())
 }
 
 /// A 30 s lease, a 2 s wait for a parallel duplicate.
@@ -173,7 +174,7 @@ async fn a_503_after_the_work_is_never_a_second_email_reported_as_success() {
     // The provider sends the email, then a proxy in front of it answers 503 (upstream reset).
     let (addr, emails) = server::serve(|_| server::status(503, &[])).await;
     let store = SqliteStore::open(temp_db("503"), Durability::Process).unwrap();
-    let receipts = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, email_action)
+    let receipts = ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, email_action)
         .classifier(HttpClassifier)
         .codec(StatusCodec);
     let mut tool = ServiceBuilder::new()
@@ -245,7 +246,7 @@ async fn a_503_on_a_read_is_still_retried_and_a_documented_not_processed_503_is_
                 .replay(HttpReplay),
         )
         .layer(
-            ReceiptLayer::new(store, ToolClass::UnkeyedWrite, email_action)
+            ReceiptGuardLayer::new(store, ToolClass::UnkeyedWrite, email_action)
                 .classifier(documented)
                 .codec(StatusCodec),
         )
@@ -282,7 +283,7 @@ async fn postgres_judges_every_lease_by_the_server_clock() {
         ..Provider::default()
     };
     let lease = |st: &PostgresStore| {
-        ReceiptLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn).config(
+        ReceiptGuardLayer::new(st.clone(), ToolClass::KeyedWrite, action as ActionFn).config(
             ReceiptConfig::builder()
                 .lease(Duration::from_millis(1_500))
                 .wait(Duration::from_secs(5))
@@ -544,7 +545,7 @@ async fn waiters_wait_short<St: ReceiptStore>(store: St) {
         ..Provider::keyed()
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let svc = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
+    let svc = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, action as ActionFn)
         .config(
             ReceiptConfig::builder()
                 .lease(Duration::from_secs(30))
@@ -705,9 +706,7 @@ async fn a_receipt_hit_never_waits_for_or_spends_a_quota_slot() {
     let provider = Provider::default();
     let mut svc = ServiceBuilder::new()
         .layer(layer(&store, ToolClass::KeyedWrite))
-        .layer(QuotaLayer::new(
-            Rate::builder().per_second(5).build().unwrap(),
-        ))
+        .layer(QuotaLayer::new(Rate::per_second(5).build().unwrap()))
         .service(provider.clone());
     let started = Instant::now();
     for _ in 0..6 {
@@ -1011,10 +1010,11 @@ async fn a_failed_receipt_write_gives_up_its_lease() {
 #[tokio::test]
 async fn a_non_ascii_idempotency_key_from_the_caller_is_refused_not_overwritten() {
     let (addr, calls) = server::serve(|_| server::status(200, &[])).await;
-    let mut tool = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
-        .classifier(HttpClassifier)
-        .codec(StatusCodec)
-        .layer(status_client());
+    let mut tool =
+        ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
+            .classifier(HttpClassifier)
+            .codec(StatusCodec)
+            .layer(status_client());
     let mut req = email(addr);
     req.headers_mut().insert(
         "idempotency-key",
@@ -1040,15 +1040,16 @@ async fn a_non_ascii_idempotency_key_from_the_caller_is_refused_not_overwritten(
 async fn an_operator_settles_an_outcome_unknown() {
     let store = SqliteStore::open(temp_db("resolve"), Durability::Process).unwrap();
     let provider = Provider::default();
-    let mut svc = ReceiptLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn)
-        .config(
-            ReceiptConfig::builder()
-                .lease(Duration::from_millis(10))
-                .wait(Duration::from_secs(2))
-                .build()
-                .unwrap(),
-        )
-        .layer(provider.clone());
+    let mut svc =
+        ReceiptGuardLayer::new(store.clone(), ToolClass::UnkeyedWrite, action as ActionFn)
+            .config(
+                ReceiptConfig::builder()
+                    .lease(Duration::from_millis(10))
+                    .wait(Duration::from_secs(2))
+                    .build()
+                    .unwrap(),
+            )
+            .layer(provider.clone());
     for (invoice, resolution) in [
         (144, Resolution::NotDone),
         (
@@ -1183,7 +1184,7 @@ async fn a_keyed_write_answered_503_is_retried_not_stored_as_its_receipt() {
     let (addr, calls) =
         server::serve(|n| server::status(if n == 0 { 503 } else { 200 }, &[])).await;
     let store = InMemoryStore::new();
-    let receipts = ReceiptLayer::new(store, ToolClass::KeyedWrite, email_action)
+    let receipts = ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, email_action)
         .classifier(HttpClassifier)
         .codec(StatusCodec);
     let mut tool = ServiceBuilder::new()
@@ -1267,9 +1268,10 @@ async fn an_answer_from_a_stored_receipt_is_not_counted_as_an_attempt() {
     // A receipt layer whose classifier disagrees with the Retry's: it stores the 503.
     let every_answer_a_success =
         |_: &Result<http::Response<()>, BoxError>| stormguard::classify::Classification::success();
-    let receipts = ReceiptLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
-        .classifier(every_answer_a_success)
-        .codec(StatusCodec);
+    let receipts =
+        ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, email_action)
+            .classifier(every_answer_a_success)
+            .codec(StatusCodec);
     let tool = ServiceBuilder::new()
         .layer(
             RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
@@ -1291,7 +1293,7 @@ async fn a_receipt_layer_runs_over_a_streaming_body() {
     let (addr, calls) =
         server::serve(|_| http::Response::new(Body::from("a stream of tokens"))).await;
     let store = InMemoryStore::new();
-    let tool = ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, email_action)
+    let tool = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, email_action)
         .classifier(stormguard::classify::GrpcClassifier)
         .codec(NotStored)
         .layer(HttpClient::new());
@@ -1356,7 +1358,7 @@ async fn a_key_reused_with_other_arguments_is_refused_with_what_became_of_the_fi
         async move { Ok::<_, std::io::Error>(format!("ch-{}", req.order)) }
     });
     let tool =
-        ReceiptLayer::new(store.clone(), ToolClass::KeyedWrite, amount_action).layer(provider);
+        ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, amount_action).layer(provider);
     // Pending: a crashed run recorded the order with amount 100.
     let first = amount_action(&amount(7, 100)).unwrap();
     store

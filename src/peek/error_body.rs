@@ -4,10 +4,10 @@
 /// What an error response's body said, as far as a model API's error shape tells (OpenAI:
 /// `{"error": {"type", "code", "message"}}`; Anthropic: `{"type": "error", "error": {"type",
 /// "message"}}`). Put in the response's extensions by [`PeekErrorBody`](super::PeekErrorBody); read by
-/// [`ModelApiClassifier`](super::ModelApiClassifier).
+/// [`ModelApiClassifier`](crate::classify::ModelApiClassifier).
 ///
 /// ```
-/// use stormguard::classify::ErrorBody;
+/// use stormguard::peek::ErrorBody;
 ///
 /// let openai = br#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
 /// let e = ErrorBody::parse(openai);

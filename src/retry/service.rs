@@ -1,0 +1,365 @@
+//! [`Retry`]: the service, and the [`Retrier`] it shares with its futures.
+
+use super::ending;
+use super::future::ResponseFuture;
+use super::{ClassPolicy, DefaultReplay, Replay};
+use crate::budget::scope::in_run;
+use crate::budget::RetryBudget;
+use crate::class::ToolClass;
+use crate::classify::{Classify, DefaultClassifier};
+use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::operation::ledger::{
+    current_deadline, join_current, with_current, Installed, Joined, Ledger, OpState,
+};
+use crate::operation::Operation;
+use crate::telemetry;
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// Retries a service's failures as its tool class, the shared budget and the operation's ledger
+/// allow. See the [module docs](super).
+///
+/// ```
+/// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use stormguard::{budget::RetryBudget, class::ToolClass, error::ErrorCode};
+/// use stormguard::retry::{Retry, RetryLayer};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let counter = calls.clone();
+/// // Refuses connections twice (nothing was sent: transient), then answers.
+/// let flaky = service_fn(move |q: &'static str| {
+///     let n = counter.fetch_add(1, Ordering::SeqCst);
+///     async move {
+///         if n < 2 {
+///             Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+///         } else {
+///             Ok(format!("results for {q}"))
+///         }
+///     }
+/// });
+/// let mut search: Retry<_> = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(flaky);
+/// let found = search.ready().await.unwrap().call("storm").await.unwrap();
+/// assert_eq!(found, "results for storm");
+/// assert_eq!(calls.load(Ordering::SeqCst), 3);
+///
+/// // A dependency that stays down: the Read class's 3 attempts, then a final error.
+/// let down = service_fn(|_: &'static str| async {
+///     Err::<String, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+/// });
+/// let mut search = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(down);
+/// let err = search.ready().await.unwrap().call("storm").await.unwrap_err();
+/// assert_eq!(err.code(), ErrorCode::Unavailable);
+/// assert_eq!(err.attempts(), 3);
+/// assert!(!err.retryable());
+/// # }
+/// ```
+pub struct Retry<S, C = DefaultClassifier, R = DefaultReplay> {
+    inner: S,
+    retrier: Arc<Retrier<S, C, R>>,
+    /// `get_mut` lent the inner service out: the retry template is refreshed at the next call.
+    stale: bool,
+    /// When the inner service first answered "not ready" before the next call (only with a
+    /// deadline): the operation's deadline counts from then.
+    waiting_since: Option<Instant>,
+}
+
+/// What makes a retry (the service to clone, the policy, budget, classifier and replay): shared
+/// by a [`Retry`] and its futures, so a call clones one `Arc` and not the service.
+pub(crate) struct Retrier<S, C, R> {
+    /// Cloned (on the cold path) for a retry: the inner service as it was at the last call that
+    /// followed a `get_mut` (or when the layer was built). Behind a mutex so that a `Send`
+    /// service that is not `Sync` still gives a `Send` future.
+    pub(crate) template: Mutex<S>,
+    pub(crate) policy: ClassPolicy,
+    pub(crate) budget: RetryBudget,
+    pub(crate) classifier: C,
+    pub(crate) replay: R,
+    pub(crate) name: Cow<'static, str>,
+    pub(crate) own_operation: bool,
+}
+
+impl<S: Clone, C, R> Retrier<S, C, R> {
+    /// A fresh clone of the inner service, for a retry.
+    pub(crate) fn service(&self) -> S {
+        self.template
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl<S, C, R> Retry<S, C, R> {
+    pub(crate) fn new(inner: S, retrier: Retrier<S, C, R>) -> Self {
+        Retry {
+            inner,
+            retrier: Arc::new(retrier),
+            stale: false,
+            waiting_since: None,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably: a change made here reaches the retries of the calls made
+    /// after it. (Retries clone a copy of the service taken when the layer was built or at the
+    /// first call after a `get_mut`, not the service at every call as tower's `Retry` does: state
+    /// a service changes inside its own `call` is not seen by retries; keep it behind an `Arc`.)
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    ///
+    /// /// Refuses the first call it gets, answers with its `region` after that.
+    /// #[derive(Clone)]
+    /// struct Client { region: &'static str, calls: Arc<AtomicU32> }
+    /// impl Service<()> for Client {
+    ///     type Response = &'static str;
+    ///     type Error = std::io::Error;
+    ///     type Future = std::future::Ready<Result<&'static str, std::io::Error>>;
+    ///     fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), std::io::Error>> {
+    ///         std::task::Poll::Ready(Ok(()))
+    ///     }
+    ///     fn call(&mut self, _: ()) -> Self::Future {
+    ///         let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+    ///         std::future::ready(if first { Err(std::io::ErrorKind::ConnectionRefused.into()) } else { Ok(self.region) })
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let client = Client { region: "eu", calls: Arc::new(AtomicU32::new(0)) };
+    /// let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(client);
+    /// svc.get_mut().region = "us";
+    /// // The first attempt is refused; the retry goes through the changed service.
+    /// assert_eq!(svc.ready().await.unwrap().call(()).await.unwrap(), "us");
+    /// # }
+    /// ```
+    pub fn get_mut(&mut self) -> &mut S {
+        self.stale = true;
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The policy this layer applies.
+    pub fn policy(&self) -> &ClassPolicy {
+        &self.retrier.policy
+    }
+}
+
+impl<S: Clone, C, R> Clone for Retry<S, C, R> {
+    fn clone(&self) -> Self {
+        Retry {
+            inner: self.inner.clone(),
+            retrier: self.retrier.clone(),
+            stale: self.stale,
+            waiting_since: None,
+        }
+    }
+}
+
+impl<S: fmt::Debug, C, R> fmt::Debug for Retry<S, C, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("name", &self.retrier.name)
+            .field("policy", &self.retrier.policy)
+            .field("budget", &self.retrier.budget)
+            .finish()
+    }
+}
+
+/// Turns an inner error into the `ToolError` this layer returns, keeping a `ToolError` as it is.
+pub(crate) fn into_tool_error<E: Into<BoxError>>(err: E, code: ErrorCode) -> ToolError {
+    ToolError::from_boxed(err.into(), code)
+}
+
+impl<S, C, R, Req> Service<Req> for Retry<S, C, R>
+where
+    S: Service<Req> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error> + Clone,
+    R: Replay<Req> + Clone,
+{
+    type Response = S::Response;
+    type Error = ToolError;
+    type Future = ResponseFuture<S, C, R, Req>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => {
+                if self.waiting_since.is_none() && self.retrier.policy.deadline().is_some() {
+                    self.waiting_since = Some(Instant::now());
+                }
+                Poll::Pending
+            }
+            Poll::Ready(ready) => {
+                Poll::Ready(ready.map_err(|e| into_tool_error(e, ErrorCode::Unavailable)))
+            }
+        }
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        if self.stale {
+            self.refresh_template();
+        }
+        let retrier = &*self.retrier;
+        let keyed = retrier.replay.carries_key(&req);
+        let class = retrier.policy.class();
+        let since = self.waiting_since.take();
+        let deadline = retrier
+            .policy
+            .deadline()
+            .map(|d| since.unwrap_or_else(Instant::now) + d);
+        let budget = retrier.budget.id();
+
+        if !retrier.own_operation {
+            // The operation the request carries: it crossed a `Buffer` or a spawned task with it.
+            if let Some(op) = retrier.replay.operation(&req) {
+                let copy = retrier.replay.replay(&req);
+                let mut ledger = Some(op.ledger());
+                // The run the operation acts for decides which account this layer draws on.
+                let mut run = op.run();
+                let joined = in_run(&mut run, || {
+                    let budget = retrier.budget.id();
+                    op.with(|op| op.join(class, keyed, deadline, budget))
+                });
+                let (joined, credits) = joined;
+                note_join(retrier, joined);
+                // The operation's deadline may have passed on the way (a queue, a spawn).
+                if passed(op.with(|op| op.deadline())) {
+                    let err = op.with(|op| ending::not_sent(retrier, op));
+                    return ResponseFuture::expired(self.retrier.clone(), err);
+                }
+                let future = in_run(&mut run, || {
+                    let _installed = Installed::new(&mut ledger);
+                    self.inner.call(req)
+                });
+                let retrier = self.retrier.clone();
+                return ResponseFuture::carried(future, retrier, copy, ledger, credits, run);
+            }
+            // The operation of a layer above on this task.
+            match join_current(class, keyed, deadline, budget) {
+                (Joined::No, _) => {}
+                (joined, credits) => {
+                    note_join(retrier, joined);
+                    if retrier.replay.can_carry() {
+                        // From here it travels with the request, to layers behind a boundary.
+                        if let Some(op) = Operation::current() {
+                            retrier.replay.attach(&mut req, &op);
+                        }
+                    }
+                    let copy = retrier.replay.replay(&req);
+                    // The operation's deadline (the earliest) may have passed while this layer
+                    // waited to be ready, or behind a boundary: then nothing is sent.
+                    if passed(current_deadline()) {
+                        let err = with_current(|op| ending::not_sent(retrier, op));
+                        let err =
+                            err.unwrap_or_else(|| ToolError::new(ErrorCode::DeadlineExceeded));
+                        return ResponseFuture::expired(self.retrier.clone(), err);
+                    }
+                    // Nested: the operation's owner has installed its ledger on this thread.
+                    let future = self.inner.call(req);
+                    return ResponseFuture::nested(future, self.retrier.clone(), copy, credits);
+                }
+            }
+        }
+
+        // Outermost (or its own operation): open the ledger and lend it to the inner call; a
+        // request that can carry it takes it along (one allocation per operation).
+        telemetry::operation_opened(class);
+        let max_attempts = retrier.policy.max_attempts();
+        let mut state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
+        if since.is_some() && passed(deadline) {
+            // The wait for readiness (a quota, a pool) outlasted the deadline: nothing is sent.
+            let err = ending::not_sent(retrier, &mut state);
+            return ResponseFuture::expired(self.retrier.clone(), err);
+        }
+        let copy = retrier.replay.replay(&req);
+        let mut ledger = Some(if retrier.replay.can_carry() {
+            let op = Operation::open(state);
+            retrier.replay.attach(&mut req, &op);
+            op.ledger()
+        } else {
+            Ledger::inline(state)
+        });
+        let span = tracing::debug_span!(
+            "stormguard.operation",
+            layer = %retrier.name,
+            class = class.as_str()
+        );
+        let future = {
+            let _entered = span.enter();
+            let _installed = Installed::new(&mut ledger);
+            self.inner.call(req)
+        };
+        ResponseFuture::owner(future, self.retrier.clone(), copy, ledger, span)
+    }
+}
+
+/// Traces a join that made the operation stricter.
+#[inline]
+fn note_join<S, C, R>(retrier: &Retrier<S, C, R>, joined: Joined) {
+    if let Joined::Tightened { was } = joined {
+        let class = retrier.policy.class();
+        if !was.decides_like(class) {
+            class_tightened(&retrier.name, was, class);
+        }
+    }
+}
+
+impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
+    /// After a `get_mut`: retries of the calls from now on clone the service as it is now. This
+    /// service gets a retrier of its own; its clones made before keep theirs.
+    #[cold]
+    fn refresh_template(&mut self) {
+        let retrier = &*self.retrier;
+        self.retrier = Arc::new(Retrier {
+            template: Mutex::new(self.inner.clone()),
+            policy: retrier.policy,
+            budget: retrier.budget.clone(),
+            classifier: retrier.classifier.clone(),
+            replay: retrier.replay.clone(),
+            name: retrier.name.clone(),
+            own_operation: retrier.own_operation,
+        });
+        self.stale = false;
+    }
+}
+
+/// Whether `deadline` has come: no attempt starts at or after it.
+#[inline]
+fn passed(deadline: Option<Instant>) -> bool {
+    deadline.is_some_and(|d| Instant::now() >= d)
+}
+
+/// A layer joined an operation with a stricter class: the operation is now decided as that
+/// class. Right when the layer's calls are part of the operation (a retry of the whole repeats
+/// them); wrong for a separate operation inside it (an auth refresh): `.own_operation()`.
+#[cold]
+fn class_tightened(layer: &str, was: ToolClass, now: ToolClass) {
+    telemetry::class_tightened(was, now);
+    tracing::warn!(
+        layer,
+        from = was.as_str(),
+        to = now.as_str(),
+        "a nested layer made the operation stricter: it is now retried as {}; if this layer's calls \
+         are an operation of their own (an auth-token refresh, one branch of a fan-out), give it \
+         .own_operation()",
+        now.as_str()
+    );
+}
