@@ -21,6 +21,9 @@ struct Charged {
     body: String,
 }
 
+// Its receipt is its JSON.
+stormguard::stored_as_json!(Charged);
+
 /// One classifier for the retry, the receipt and the breaker: by HTTP status, or by the error.
 fn classify(r: &Result<Charged, BoxError>) -> Classification {
     match r {

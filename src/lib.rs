@@ -146,3 +146,9 @@ pub mod receipt;
 pub mod retry;
 
 mod telemetry;
+
+/// What the crate's macros name; not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use serde_json;
+}

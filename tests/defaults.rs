@@ -8,7 +8,7 @@ use stormguard::budget::RetryBudget;
 use stormguard::class::ToolClass;
 use stormguard::error::{BoxError, ErrorCode};
 use stormguard::key::Action;
-use stormguard::receipt::{HttpCodec, InMemoryStore, ReceiptGuardLayer};
+use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
 use stormguard::retry::RetryLayer;
 use support::call;
 use tower::{service_fn, Layer, ServiceBuilder};
@@ -55,12 +55,12 @@ fn by_path(req: &http::Request<String>) -> Result<Action, stormguard::key::KeyEr
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_receipt_layer_with_no_classifier_given_over_an_http_client_never_stores_a_503() {
+async fn a_receipt_layer_left_on_its_defaults_over_an_http_client_never_stores_a_503() {
+    // No classifier and no codec given: the answer is read by its status and stored by its type.
     let (calls, provider) = provider(1);
     let store = InMemoryStore::new();
-    let mut tool = ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, by_path)
-        .codec(HttpCodec)
-        .layer(provider);
+    let mut tool =
+        ReceiptGuardLayer::new(store.clone(), ToolClass::KeyedWrite, by_path).layer(provider);
 
     // The 503 comes back, and is not the receipt.
     let first = call(&mut tool, charge()).await;

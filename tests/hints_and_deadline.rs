@@ -434,3 +434,65 @@ async fn a_receipt_layer_does_not_send_a_call_after_the_deadline() {
     assert_eq!(call(&mut svc, req()).await.unwrap(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// A limit on the server's wait cuts a long `Retry-After` to the limit but never below the
+/// class's backoff: with the limit at zero, a 429 asking for 7 s is retried after the backoff,
+/// not at once (outside review: three calls at t = 0).
+#[tokio::test(start_paused = true)]
+async fn a_server_wait_past_the_limit_is_cut_to_the_limit_but_never_below_the_backoff() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use stormguard::class::{ClassPolicy, ToolClass};
+    use stormguard::retry::RetryLayer;
+    use tower::{Layer, Service, ServiceExt};
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let dependency = tower::service_fn(move |_: http::Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let status = if n < 2 { 429 } else { 200 };
+            Ok::<_, std::io::Error>(
+                http::Response::builder()
+                    .status(status)
+                    .header("retry-after", "7")
+                    .body(String::new())
+                    .unwrap(),
+            )
+        }
+    });
+    for (limit, at_least, at_most) in [
+        (
+            Duration::ZERO,
+            Duration::from_millis(1),
+            Duration::from_secs(7),
+        ),
+        (
+            Duration::from_secs(2),
+            Duration::from_secs(4),
+            Duration::from_secs(7),
+        ),
+    ] {
+        calls.store(0, Ordering::SeqCst);
+        let policy = ClassPolicy::builder(ToolClass::Read)
+            .max_server_delay(limit)
+            .build()
+            .unwrap();
+        let mut read = RetryLayer::new(policy, stormguard::budget::RetryBudget::default())
+            .layer(dependency.clone());
+        let started = tokio::time::Instant::now();
+        let answer = read
+            .ready()
+            .await
+            .unwrap()
+            .call(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        let waited = started.elapsed();
+        assert!(
+            waited >= at_least && waited < at_most,
+            "limit {limit:?}: waited {waited:?}"
+        );
+    }
+}

@@ -107,7 +107,7 @@ type Tool = ReceiptGuardLayer<
     InMemoryStore,
     ActionFn,
     stormguard::classify::DefaultClassifier,
-    stormguard::receipt::JsonCodec,
+    stormguard::receipt::DefaultCodec,
     Log,
 >;
 

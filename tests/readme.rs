@@ -250,6 +250,7 @@ async fn receipts_answer_a_reworded_reissue_and_a_resume_without_a_second_send()
         message_id: String,
     }
     impl stormguard::classify::Answer for Sent {}
+    stormguard::stored_as_json!(Sent);
 
     let dir = std::env::temp_dir().join(format!("stormguard-readme-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -398,6 +399,7 @@ async fn settling_an_outcome_unknown_answers_or_sends_the_next_attempt() -> Resu
     #[derive(Serialize, Deserialize, Debug, PartialEq)]
     struct Sent { message_id: String }
     impl stormguard::classify::Answer for Sent {}
+    stormguard::stored_as_json!(Sent);
     /// The provider's sent log: invoice 1 went out before the crash, invoice 2 did not.
     struct ProviderLog(std::collections::HashMap<String, String>);
     impl ProviderLog {

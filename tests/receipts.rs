@@ -1192,3 +1192,5 @@ async fn an_attempt_in_doubt_survives_a_restart_of_the_sqlite_store() {
         Resolved::Settled
     );
 }
+
+stormguard::stored_as_json!(Sent);

@@ -65,6 +65,9 @@ pub struct Done {
     pub receipt: String,
 }
 
+// Its receipt is its JSON.
+stormguard::stored_as_json!(Done);
+
 /// The provider's failures, as the client sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimError {

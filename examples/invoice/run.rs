@@ -80,6 +80,9 @@ pub struct Accepted {
     pub message_id: String,
 }
 
+// Its receipt is its JSON.
+stormguard::stored_as_json!(Accepted);
+
 /// Every accepted send is a success (the client maps a failure status to an error).
 impl stormguard::classify::Answer for Accepted {}
 

@@ -27,6 +27,11 @@ use std::io;
 ///     fn as_dyn_error(&self) -> &(dyn std::error::Error + 'static) { self }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "stormguard cannot read a `{Self}` error",
+    label = "`{Self}` does not implement `AsDynError`",
+    note = "box the client's errors under the layer: `ServiceBuilder::new().layer(..).map_err(BoxError::from).service(client)`, or `impl stormguard::classify::AsDynError for {Self}` (one line: `fn as_dyn_error(&self) -> &(dyn std::error::Error + 'static) {{ self }}`)"
+)]
 pub trait AsDynError {
     /// The error as a trait object.
     fn as_dyn_error(&self) -> &(dyn Error + 'static);

@@ -319,7 +319,8 @@ impl ClassifyEos for NeverClassifyEos {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot classify a `Result<{Res}, {E}>`",
     label = "this classifier does not know `{Res}` answers or `{E}` errors",
-    note = "use `HttpClassifier` for `http::Response` (and `reqwest::Response`, feature `reqwest`), `GrpcClassifier` for tonic, `ModelApiClassifier` for a model API, `McpClassifier` for rmcp results, or a closure `|r: &Result<{Res}, {E}>| -> Classification`"
+    note = "the default classifier reads the answer by its type and the error by its chain: if `{E}` is your client's own error type (hyper-util's `legacy::Error`, say), box it under the layer with `ServiceBuilder::map_err(BoxError::from)` or `impl stormguard::classify::AsDynError for {E}`; if `{Res}` is your own answer type, `impl stormguard::classify::Answer for {Res} {{}}`",
+    note = "a classifier for one kind of answer: `HttpClassifier` for `http::Response` (and `reqwest::Response`), `GrpcClassifier` for tonic, `ModelApiClassifier` for a model API, `McpClassifier` for rmcp results, or a closure `|r: &Result<{Res}, {E}>| -> Classification`"
 )]
 pub trait Classify<Res, E> {
     /// The end-of-stream classifier for responses that need one, and how it watches a

@@ -1,10 +1,10 @@
 //! The layer and its service: derive the action, stamp its key, hand the call to a [`Run`].
 
-use super::codec::JsonCodec;
 use super::config::ReceiptConfig;
 use super::read_back::{Consistency, NoReadBack};
 use super::run::{GuardState, Run, Settings};
 use super::store::ReceiptStore;
+use super::stored::DefaultCodec;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
 use crate::error::{BoxError, ErrorCode, ToolError};
@@ -45,7 +45,7 @@ use tower_service::Service;
 /// # Ok::<(), stormguard::error::ConfigError>(())
 /// ```
 #[derive(Clone)]
-pub struct ReceiptGuardLayer<St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
+pub struct ReceiptGuardLayer<St, F, C = DefaultClassifier, Cd = DefaultCodec, RB = NoReadBack> {
     store: St,
     action: F,
     classifier: C,
@@ -61,7 +61,7 @@ impl<St, F> ReceiptGuardLayer<St, F> {
             store,
             action,
             classifier: DefaultClassifier,
-            codec: JsonCodec,
+            codec: DefaultCodec,
             read_back: NoReadBack,
             settings: Settings::new(class, ReceiptConfig::default()),
         }
@@ -95,8 +95,11 @@ impl<St, F, C, Cd, RB> ReceiptGuardLayer<St, F, C, Cd, RB> {
         }
     }
 
-    /// Replaces how results are stored (JSON by default). Over a streamed response, which no
-    /// receipt holds, give it [`NotStored`](super::NotStored).
+    /// Replaces how results are stored. By default ([`DefaultCodec`]) an answer is stored by its
+    /// type: an `http::Response` with its body in memory, JSON values, strings, numbers, an MCP
+    /// result, or your own [`Stored`](super::Stored) type; give [`JsonCodec`](super::JsonCodec)
+    /// for any serde type, and [`NotStored`](super::NotStored) over a streamed response, which no
+    /// receipt holds.
     pub fn codec<Cd2>(self, codec: Cd2) -> ReceiptGuardLayer<St, F, C, Cd2, RB> {
         ReceiptGuardLayer {
             store: self.store,
@@ -190,7 +193,7 @@ impl<S, St: Clone, F: Clone, C: Clone, Cd: Clone, RB: Clone> Layer<S>
 /// # }
 /// ```
 #[derive(Clone)]
-pub struct ReceiptGuard<S, St, F, C = DefaultClassifier, Cd = JsonCodec, RB = NoReadBack> {
+pub struct ReceiptGuard<S, St, F, C = DefaultClassifier, Cd = DefaultCodec, RB = NoReadBack> {
     inner: S,
     action: F,
     shared: Arc<GuardState<St, C, Cd, RB>>,

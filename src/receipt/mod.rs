@@ -188,6 +188,7 @@ mod run;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
+mod stored;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec, NotStored};
@@ -205,3 +206,4 @@ pub use store::{
     Begin, Durability, InDoubt, PendingIntent, ReceiptStore, Record, Resolution, Resolved,
     StoreError,
 };
+pub use stored::{DefaultCodec, Stored};

@@ -174,9 +174,16 @@ pub(crate) fn decide(
     }
     let (delay, throttled) = match hint {
         ServerHint::RetryAfter(after) => {
-            let delay = after.min(policy.max_server_delay());
             // Only a retry that waits what the server asked, in full and not zero, is throttled.
             let full = !after.is_zero() && after <= policy.max_server_delay();
+            // A wait longer than the layer allows is cut to its limit, but never below the
+            // class's own backoff: a limit of zero means "do not wait for the server", not
+            // "retry at once".
+            let delay = if full || after.is_zero() {
+                after
+            } else {
+                policy.max_server_delay().max(backoff())
+            };
             (
                 delay,
                 full && classification.code() == Some(ErrorCode::RateLimited),

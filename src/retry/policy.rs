@@ -147,7 +147,9 @@ impl ClassPolicyBuilder {
         self
     }
 
-    /// The longest server hint honoured (at most one hour).
+    /// The longest server hint honoured (at most one hour; default 30 s). A server that asks for
+    /// longer is retried after this limit or the class's backoff, whichever is longer, so a limit
+    /// of zero ignores the server's wait and keeps the backoff (it never means "retry at once").
     pub fn max_server_delay(mut self, d: Duration) -> Self {
         self.policy.max_server_delay = d;
         self

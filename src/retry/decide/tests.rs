@@ -64,7 +64,14 @@ fn model(c: &Case) -> Next {
     if v.layer_attempts >= c.policy_attempts {
         return Next::LeaveToOuterLayer;
     }
-    let delay = server_delay.map_or(c.backoff, |d| d.min(c.max_server_delay));
+    // The server's wait if within the limit; past it, the limit, but never under the backoff.
+    let delay = server_delay.map_or(c.backoff, |d| {
+        if d <= c.max_server_delay {
+            d
+        } else {
+            c.max_server_delay.max(c.backoff)
+        }
+    });
     if let Some(left) = v.time_left {
         if delay >= left {
             return Next::GiveUp(GiveUp::Deadline);

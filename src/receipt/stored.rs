@@ -1,0 +1,109 @@
+//! The receipt layer's default codec: it stores an answer by its type, as the default
+//! classifier reads one.
+
+use super::codec::Codec;
+use crate::error::BoxError;
+
+/// An answer the receipt layer's default codec ([`DefaultCodec`]) knows how to store: an
+/// `http::Response` whose body is in memory (status, headers and body, as [`HttpCodec`](super::HttpCodec)),
+/// JSON values, strings, bytes, numbers, and an rmcp `CallToolResult` (feature `rmcp`).
+///
+/// For your own serde type, one line ([`stored_as_json!`](crate::stored_as_json)), or give the
+/// layer `.codec(JsonCodec)`:
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Sent { message_id: String }
+///
+/// stormguard::stored_as_json!(Sent);
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "the receipt layer's default codec does not know how to store a `{Self}`",
+    label = "`{Self}` does not implement `stormguard::receipt::Stored`",
+    note = "for a serde type give the layer `.codec(JsonCodec)` or `impl Stored for {Self}`; an `http::Response` is stored when its body is in memory (`String`, `Vec<u8>`, `Bytes`): collect a streamed body (hyper's `Incoming`, a reqwest response) into one first, or store what the tool returns; a streamed answer that must not be stored: `.codec(NotStored)`"
+)]
+pub trait Stored: Sized {
+    /// The bytes of the receipt.
+    fn to_receipt(&self) -> Result<Vec<u8>, BoxError>;
+    /// The answer a receipt stands for.
+    fn from_receipt(bytes: &[u8]) -> Result<Self, BoxError>;
+}
+
+/// The receipt layer's default codec: stores any [`Stored`] answer.
+///
+/// ```
+/// use stormguard::receipt::{Codec, DefaultCodec};
+///
+/// let answer = http::Response::builder().status(201).body("sent".to_string()).unwrap();
+/// let bytes = DefaultCodec.encode(&answer).unwrap();
+/// let back: http::Response<String> = DefaultCodec.decode(&bytes).unwrap();
+/// assert_eq!((back.status().as_u16(), back.body().as_str()), (201, "sent"));
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultCodec;
+
+impl<Res: Stored> Codec<Res> for DefaultCodec {
+    fn encode(&self, res: &Res) -> Result<Vec<u8>, BoxError> {
+        res.to_receipt()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Res, BoxError> {
+        Res::from_receipt(bytes)
+    }
+}
+
+#[cfg(feature = "http")]
+impl<B: super::StoredBody> Stored for http::Response<B> {
+    fn to_receipt(&self) -> Result<Vec<u8>, BoxError> {
+        super::HttpCodec.encode(self)
+    }
+
+    fn from_receipt(bytes: &[u8]) -> Result<Self, BoxError> {
+        super::HttpCodec.decode(bytes)
+    }
+}
+
+/// Implements [`Stored`](crate::receipt::Stored) for serde types: their receipts are their JSON.
+///
+/// ```
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Charged { charge_id: String }
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Refunded { refund_id: String }
+///
+/// stormguard::stored_as_json!(Charged, Refunded);
+/// ```
+#[macro_export]
+macro_rules! stored_as_json {
+    ($($t:ty),* $(,)?) => {$(
+        impl $crate::receipt::Stored for $t {
+            fn to_receipt(&self) -> ::std::result::Result<::std::vec::Vec<u8>, $crate::error::BoxError> {
+                ::std::result::Result::Ok($crate::__private::serde_json::to_vec(self)?)
+            }
+
+            fn from_receipt(bytes: &[u8]) -> ::std::result::Result<Self, $crate::error::BoxError> {
+                ::std::result::Result::Ok($crate::__private::serde_json::from_slice(bytes)?)
+            }
+        }
+    )*};
+}
+
+crate::stored_as_json!(
+    serde_json::Value,
+    String,
+    Vec<u8>,
+    bool,
+    (),
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i32,
+    i64
+);
+
+#[cfg(feature = "rmcp")]
+crate::stored_as_json!(rmcp::model::CallToolResult);
