@@ -63,7 +63,11 @@ fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
     counted(code.as_str());
     answered_here();
-    Box::new(ToolError::new(code).with_retryable(code.default_retryable()))
+    Box::new(
+        ToolError::new(code)
+            .with_retryable(code.default_retryable())
+            .with_class(refusal_class(code)),
+    )
 }
 
 fn refused(code: ErrorCode, key: &IdempotencyKey, hint: &'static str) -> BoxError {
@@ -73,8 +77,20 @@ fn refused(code: ErrorCode, key: &IdempotencyKey, hint: &'static str) -> BoxErro
     Box::new(
         ToolError::new(code)
             .with_retryable(code.default_retryable())
+            .with_class(refusal_class(code))
             .with_hint(hint),
     )
+}
+
+/// What a refusal means for a retry: the same action in flight elsewhere is worth asking again
+/// later; an outcome nobody recorded may have taken effect; the rest end the operation.
+fn refusal_class(code: ErrorCode) -> crate::classify::FailureClass {
+    use crate::classify::FailureClass;
+    match code {
+        ErrorCode::InProgress => FailureClass::Transient,
+        ErrorCode::OutcomeUnknown => FailureClass::Ambiguous,
+        _ => FailureClass::Permanent,
+    }
 }
 
 fn counted(outcome: &'static str) {
