@@ -13,8 +13,8 @@
 //! `Idempotency-Key` header, if any, as every reqwest request.
 //!
 //! What it returns: the answer, or a `reqwest_middleware::Error::Middleware` holding the
-//! [`ToolError`](crate::error::ToolError) (`err.downcast_ref::<ToolError>()` on the
-//! `anyhow::Error`, or [`ToolError::from`](crate::error::ToolError) on a `BoxError`). The
+//! [`ToolError`] (`err.downcast_ref::<ToolError>()` on the
+//! `anyhow::Error`, or [`ToolError::from`] on a `BoxError`). The
 //! `http::Extensions` the chain passes along reach the middlewares after this one as a copy on
 //! each attempt; what they write into them does not come back up.
 //!

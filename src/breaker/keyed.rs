@@ -1,6 +1,7 @@
 //! A breaker per key (host, model, tenant), chosen per request: [`KeyedBreakerLayer`].
 
-use super::{BreakerRegistry, CircuitBreaker, CountDependencyFailures, KeyedBreakerFuture};
+use super::future::KeyedBreakerFuture;
+use super::{BreakerRegistry, CircuitBreaker, CountDependencyFailures};
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::BoxError;
 use std::fmt;
@@ -114,7 +115,7 @@ impl<S, F: Clone, C: Clone, P: Clone> Layer<S> for KeyedBreakerLayer<F, C, P> {
 
 /// The service [`KeyedBreakerLayer`] makes: always ready, it picks each request's breaker in
 /// `call` (made on first use of its name) and returns a
-/// [`KeyedBreakerFuture`](super::KeyedBreakerFuture).
+/// [`KeyedBreakerFuture`](super::future::KeyedBreakerFuture).
 ///
 /// ```
 /// use tower::{Layer, Service, ServiceExt, service_fn};

@@ -106,7 +106,7 @@
 //! ([`GrpcClassifier`](crate::classify::GrpcClassifier) on a tonic `Channel`), the breaker hands
 //! the response on with its body wrapped in a
 //! [`ClassifiedBody`](crate::classify::ClassifiedBody) that carries the call's
-//! [`StreamTicket`]: the trailers' status is counted when the caller reads the stream to its
+//! [`StreamTicket`](future::StreamTicket): the trailers' status is counted when the caller reads the stream to its
 //! end; a stream dropped before its end counts as nothing. A half-open trial whose answer is a
 //! stream is judged at its head (the dependency answered; `trial_timeout` bounds the wait for
 //! the head, not the stream, which may rightly last minutes), and its end is then counted like
@@ -152,8 +152,7 @@ mod transition;
 mod window;
 
 pub use config::{BreakerConfig, BreakerConfigBuilder, FailureRate, OnTransition, Window};
-pub use future::Watched as WatchedResponse;
-pub use future::{KeyedBreakerFuture, ResponseFuture, StreamTicket};
+use future::ResponseFuture;
 pub use keyed::{KeyedBreaker, KeyedBreakerLayer};
 pub use layer::CircuitBreakerLayer;
 pub use policy::{Count, CountDependencyFailures, CountPolicy};

@@ -18,7 +18,7 @@
 //! to an earlier one within `probe_every` of its healing. Each move to another target is an
 //! attempt of the operation (it counts against the `Retry` above's cap and is refused after the
 //! operation's deadline) and a withdrawal from the failover's [`RetryBudget`]. When no target is
-//! left, the call ends with a [`ToolError`] whose code is the last reason (`quota_exhausted`,
+//! left, the call ends with a [`ToolError`](crate::error::ToolError) whose code is the last reason (`quota_exhausted`,
 //! `circuit_open`, `unavailable`, `rate_limited`), whose hint names every target and why it was
 //! left, and whose source is an [`Exhausted`] listing them.
 //!

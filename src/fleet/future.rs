@@ -20,7 +20,7 @@
 //! ```
 
 use crate::error::BoxError;
-use crate::quota::KeyedQuotaFuture;
+use crate::quota::future::KeyedQuotaFuture;
 use pin_project_lite::pin_project;
 use std::fmt;
 use std::future::Future;

@@ -80,9 +80,8 @@ pub mod status;
 mod sync_props;
 
 pub use breaker::SharedBreaker;
-pub use future::FleetQuotaFuture;
 pub use quota::{FleetQuota, FleetQuotaLayer, FleetQuotaLayerBuilder};
-pub use status::{BreakerStatus, BudgetStatus, FleetStatus, StatusError, StatusErrorKind};
+use status::{BreakerStatus, BudgetStatus, FleetStatus, StatusError};
 
 use crate::error::ConfigError;
 use link::Link;
@@ -150,7 +149,7 @@ impl Fleet {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use stormguard::fleet::{Fleet, StatusErrorKind};
+    /// use stormguard::fleet::{status::StatusErrorKind, Fleet};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let fleet = Fleet::builder("redis://127.0.0.1:1/").timeout(Duration::from_millis(20)).build().unwrap();

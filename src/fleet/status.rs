@@ -133,7 +133,7 @@ impl StatusError {
     ///
     /// ```
     /// use stormguard::budget::RetryBudget;
-    /// use stormguard::fleet::StatusErrorKind;
+    /// use stormguard::fleet::status::StatusErrorKind;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let err = RetryBudget::default().fleet_status().await.unwrap_err();

@@ -1,8 +1,9 @@
 //! A quota per key (tenant, run, model), with weighted calls (tokens): [`KeyedQuotaLayer`].
 
+use super::future::KeyedQuotaFuture;
 use super::keys::{Keys, SHARDS};
 use super::wait::{sleep_for, too_costly};
-use super::{KeyedQuotaFuture, Rate};
+use super::Rate;
 use crate::error::{BoxError, ConfigError};
 use std::borrow::Cow;
 use std::fmt;

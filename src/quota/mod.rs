@@ -71,7 +71,6 @@ mod layer;
 mod rate;
 pub(crate) mod wait;
 
-pub use future::KeyedQuotaFuture;
 pub use keyed::{KeyedQuota, KeyedQuotaLayer, KeyedQuotaLayerBuilder};
 pub use layer::QuotaLayer;
 pub use rate::{Rate, RateBuilder};

@@ -5,7 +5,8 @@ use super::{Lease, LEASE_TTL};
 use crate::budget::balance::{Balance, BalanceTerms, OpenBalance};
 use crate::budget::{Refusal, RetryBudget, RetryBudgetBuilder, RETRY};
 use crate::error::ConfigError;
-use crate::fleet::{status, BudgetStatus, Fleet, StatusError};
+use crate::fleet::status::{self, BudgetStatus, StatusError};
+use crate::fleet::Fleet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,7 +128,7 @@ impl RetryBudget {
     ///
     /// ```
     /// use stormguard::budget::RetryBudget;
-    /// use stormguard::fleet::StatusErrorKind;
+    /// use stormguard::fleet::status::StatusErrorKind;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// // A budget of one process has no fleet to read.
