@@ -75,7 +75,8 @@ impl Ticket {
 /// use http_body::Frame;
 /// use http_body_util::{BodyExt, StreamBody};
 /// use tower::{Layer, Service, ServiceExt, service_fn};
-/// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, CountDependencyFailures, State, StreamTicket};
+/// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, CountDependencyFailures, State};
+/// use stormguard::breaker::future::StreamTicket;
 /// use stormguard::classify::{ClassifiedBody, GrpcClassifier, GrpcEos};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -169,7 +170,8 @@ pin_project! {
     ///
     /// ```
     /// use tower::{Layer, Service, ServiceExt, service_fn};
-    /// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer, ResponseFuture};
+    /// use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
+    /// use stormguard::breaker::future::ResponseFuture;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -325,7 +327,8 @@ pin_project! {
     ///
     /// ```
     /// use tower::{Layer, Service, ServiceExt, service_fn};
-    /// use stormguard::breaker::{BreakerConfig, BreakerRegistry, KeyedBreakerFuture, KeyedBreakerLayer};
+    /// use stormguard::breaker::{BreakerConfig, BreakerRegistry, KeyedBreakerLayer};
+    /// use stormguard::breaker::future::KeyedBreakerFuture;
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {

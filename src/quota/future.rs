@@ -20,7 +20,8 @@ pin_project! {
     /// use std::time::Duration;
     /// use tower::{Layer, Service, ServiceExt, service_fn};
     /// use stormguard::error::{ErrorCode, ToolError};
-    /// use stormguard::quota::{KeyedQuotaFuture, KeyedQuotaLayer, Rate};
+    /// use stormguard::quota::future::KeyedQuotaFuture;
+    /// use stormguard::quota::{KeyedQuotaLayer, Rate};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() {

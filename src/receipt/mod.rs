@@ -121,8 +121,10 @@
 //! }
 //! #[derive(Serialize, Deserialize, Debug, PartialEq)]
 //! struct Sent { message_id: String }
-//! // Every `Ok` is a sent message (what the default classifier asks of an answer type).
+//! // Every `Ok` is a sent message (what the default classifier asks of an answer type), and its
+//! // receipt is its JSON (what the default codec asks).
 //! impl stormguard::classify::Answer for Sent {}
+//! stormguard::stored_as_json!(Sent);
 //!
 //! /// The provider's sent log, consistent: what it does not hold was not sent.
 //! #[derive(Clone)]
