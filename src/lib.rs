@@ -132,6 +132,7 @@ pub mod operation;
 pub mod quota;
 pub mod receipt;
 pub mod retry;
+pub mod tool;
 
 mod telemetry;
 
