@@ -261,9 +261,10 @@ pub struct Tool {
     pub annotations: Option<Annotations>,
 }
 
+/// A tool as read, before its checks.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ToolFields {
+pub(super) struct ToolFields {
     name: String,
     class: ToolClass,
     retry: Vec<RetryOwner>,

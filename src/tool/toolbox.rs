@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::spec::Tool;
+use super::spec::{Tool, ToolFields};
 
 /// A tool table that cannot work: names the tool (when one is at fault), the field and why.
 ///
@@ -164,7 +164,7 @@ struct ToolboxFields {
     stores: BTreeMap<String, StoreSpec>,
     #[serde(default)]
     hedges: BTreeSet<String>,
-    tools: Vec<Tool>,
+    tools: Vec<ToolFields>,
 }
 
 impl TryFrom<ToolboxFields> for Toolbox {
@@ -176,7 +176,7 @@ impl TryFrom<ToolboxFields> for Toolbox {
             quotas: f.quotas,
             stores: f.stores,
             hedges: f.hedges,
-            tools: f.tools,
+            tools: f.tools.into_iter().map(Tool::try_from).collect::<Result<_, _>>()?,
         };
         tb.validate()?;
         Ok(tb)
@@ -195,6 +195,20 @@ impl Toolbox {
         let tb = Toolbox { tools, ..Default::default() };
         tb.validate()?;
         Ok(tb)
+    }
+
+    /// Adds a tool (after the shared parts it names) and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{BudgetSpec, RetryOwner, Tool, Toolbox}};
+    /// let tb = Toolbox::new(vec![]).unwrap()
+    ///     .with_budget("b", BudgetSpec { ratio: 0.1, min_per_sec: 1 }).unwrap()
+    ///     .with_tool(Tool::new("t", ToolClass::Read, RetryOwner::Layer).budget("b")).unwrap();
+    /// assert_eq!(tb.tools().len(), 1);
+    /// ```
+    pub fn with_tool(mut self, tool: Tool) -> Result<Self, SpecError> {
+        self.tools.push(tool);
+        self.validate().map(|()| self)
     }
 
     /// Adds a named budget and checks the toolbox again.
