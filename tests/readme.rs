@@ -26,6 +26,7 @@ const PAGES: &[(&str, &str)] = &[
         include_str!("../docs/observability.md"),
     ),
     ("docs/results.md", include_str!("../docs/results.md")),
+    ("docs/tools.md", include_str!("../docs/tools.md")),
 ];
 
 #[test]
@@ -691,5 +692,34 @@ async fn the_fleet_example_opens_both_workers_breakers_on_the_fleets_count() -> 
     let sent = calls.load(Ordering::SeqCst);
     assert!(sent < 40, "{sent} calls reached the provider");
     eprintln!("{sent} calls reached the provider before both breakers opened");
+    Ok(())
+}
+
+#[test]
+fn tools_declare_each_tool_once() -> Result<(), stormguard::tool::SpecError> {
+    use stormguard::class::ToolClass;
+    use stormguard::tool::{KeyPart, RetryOwner, StoreSpec, Tool, Toolbox, UnknownOutcome};
+
+    let send_invoice = Tool::new("send_invoice", ToolClass::KeyedWrite, RetryOwner::Layer)
+        .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")])
+        .receipt("pg", Some(86_400))
+        .unknown_outcome(UnknownOutcome::Escalate)
+        .resume_window_secs(3_600);
+    let toolbox = Toolbox::new(vec![])?
+        .with_store("pg", StoreSpec { kind: "postgres".into(), retention_secs: 604_800 })?
+        .with_tool(send_invoice)?;
+    assert!(toolbox.audit().findings.is_empty());
+    Ok(())
+}
+
+#[cfg(feature = "audit")]
+#[test]
+fn tools_audit_your_tool_table() -> Result<(), stormguard::tool::SpecError> {
+    use stormguard::tool::Toolbox;
+
+    let toolbox = Toolbox::from_toml_str(include_str!("../examples/tools.toml"))?;
+    let audit = toolbox.audit();
+    assert!(audit.has_errors());
+    assert_eq!(audit.findings.len(), 11);
     Ok(())
 }
