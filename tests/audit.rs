@@ -1,12 +1,20 @@
 //! One test per audit finding: it fires on the defect and not on the fixed tool.
 
 use stormguard::class::ToolClass;
-use stormguard::tool::{Annotations, KeyPart, RetryOwner, Severity, StoreSpec, Tool, Toolbox, UnknownOutcome, QuotaSpec};
+use stormguard::tool::{
+    Annotations, KeyPart, QuotaSpec, RetryOwner, Severity, StoreSpec, Tool, Toolbox, UnknownOutcome,
+};
 
 fn codes(tools: Vec<Tool>) -> Vec<&'static str> {
     let mut tb = Toolbox::new(vec![])
         .unwrap()
-        .with_store("pg", StoreSpec { kind: "postgres".into(), retention_secs: 3600 })
+        .with_store(
+            "pg",
+            StoreSpec {
+                kind: "postgres".into(),
+                retention_secs: 3600,
+            },
+        )
         .unwrap();
     for t in tools {
         tb = tb.with_tool(t).unwrap();
@@ -15,7 +23,16 @@ fn codes(tools: Vec<Tool>) -> Vec<&'static str> {
 }
 
 fn codes_with_quota(tools: Vec<Tool>) -> Vec<&'static str> {
-    let mut tb = Toolbox::new(vec![]).unwrap().with_quota("q", QuotaSpec { per_sec: 1, burst: 1 }).unwrap();
+    let mut tb = Toolbox::new(vec![])
+        .unwrap()
+        .with_quota(
+            "q",
+            QuotaSpec {
+                per_sec: 1,
+                burst: 1,
+            },
+        )
+        .unwrap();
     for t in tools {
         tb = tb.with_tool(t).unwrap();
     }
@@ -49,9 +66,11 @@ fn key_includes_free_text() {
 
 #[test]
 fn unkeyed_write_with_retries() {
-    let bad = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Client).unknown_outcome(UnknownOutcome::Escalate);
+    let bad = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Client)
+        .unknown_outcome(UnknownOutcome::Escalate);
     assert_eq!(codes(vec![bad]), ["unkeyed-write-with-retries"]);
-    let fixed = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model).unknown_outcome(UnknownOutcome::Escalate);
+    let fixed = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model)
+        .unknown_outcome(UnknownOutcome::Escalate);
     assert!(codes(vec![fixed]).is_empty());
 }
 
@@ -90,8 +109,14 @@ fn resume_longer_than_key_window() {
 
 #[test]
 fn idempotent_hint_on_a_keyed_or_unkeyed_write() {
-    let hint = Annotations { idempotent_hint: Some(true), ..Default::default() };
-    assert_eq!(codes(vec![keyed().annotations(hint)]), ["annotation-idempotent-contradicts-class"]);
+    let hint = Annotations {
+        idempotent_hint: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        codes(vec![keyed().annotations(hint)]),
+        ["annotation-idempotent-contradicts-class"]
+    );
     let fine = Tool::new("upsert", ToolClass::IdempotentWrite, RetryOwner::Layer)
         .unknown_outcome(UnknownOutcome::Escalate)
         .annotations(hint);
@@ -100,8 +125,14 @@ fn idempotent_hint_on_a_keyed_or_unkeyed_write() {
 
 #[test]
 fn read_only_hint_on_a_write() {
-    let hint = Annotations { read_only_hint: Some(true), ..Default::default() };
-    assert_eq!(codes(vec![keyed().annotations(hint)]), ["annotation-read-only-contradicts-class"]);
+    let hint = Annotations {
+        read_only_hint: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        codes(vec![keyed().annotations(hint)]),
+        ["annotation-read-only-contradicts-class"]
+    );
     let fine = Tool::new("search", ToolClass::Read, RetryOwner::Layer).annotations(hint);
     assert!(codes(vec![fine]).is_empty());
 }
@@ -110,16 +141,27 @@ fn read_only_hint_on_a_write() {
 fn quota_used_with_two_settings() {
     let a = Tool::new("a", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 1);
     let b = Tool::new("b", ToolClass::Read, RetryOwner::Layer).quota("q", "user", 1);
-    assert_eq!(codes_with_quota(vec![a.clone(), b]), ["quota-used-with-two-settings"]);
+    assert_eq!(
+        codes_with_quota(vec![a.clone(), b]),
+        ["quota-used-with-two-settings"]
+    );
     let c = Tool::new("c", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 2);
-    assert_eq!(codes_with_quota(vec![a.clone(), c]), ["quota-used-with-two-settings"]);
+    assert_eq!(
+        codes_with_quota(vec![a.clone(), c]),
+        ["quota-used-with-two-settings"]
+    );
     let same = Tool::new("d", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 1);
     assert!(codes_with_quota(vec![a, same]).is_empty());
 }
 
 #[test]
 fn step_in_key_of_reissued_write() {
-    let mut t = keyed().key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::Step, KeyPart::id("invoice_id")]);
+    let mut t = keyed().key(vec![
+        KeyPart::Run,
+        KeyPart::Tool,
+        KeyPart::Step,
+        KeyPart::id("invoice_id"),
+    ]);
     t.reissue_likely = true;
     assert_eq!(codes(vec![t.clone()]), ["step-in-key-of-reissued-write"]);
     t.reissue_likely = false;
@@ -137,7 +179,9 @@ fn severities_and_has_errors() {
     assert_eq!(audit.findings[0].tool, "send_invoice");
     let v: serde_json::Value = serde_json::from_str(&audit.to_json()).unwrap();
     assert_eq!(v["findings"][0]["code"], "keyed-write-without-key-source");
-    assert!(audit.to_markdown().contains("| send_invoice | keyed_write | - | - | escalate | layer |"));
+    assert!(audit
+        .to_markdown()
+        .contains("| send_invoice | keyed_write | - | - | escalate | layer |"));
 }
 
 #[test]

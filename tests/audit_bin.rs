@@ -18,8 +18,14 @@ const CODES: [&str; 11] = [
 ];
 
 fn run(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_stormguard-audit")).args(args).output().unwrap();
-    (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap())
+    let out = Command::new(env!("CARGO_BIN_EXE_stormguard-audit"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
+    )
 }
 
 #[test]
@@ -32,7 +38,10 @@ fn the_defective_table_exits_1_with_each_finding_once() {
     let (code, json) = run(&["examples/tools.toml", "--json"]);
     assert_eq!(code, 1);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["audit"]["findings"].as_array().unwrap().len(), CODES.len());
+    assert_eq!(
+        v["audit"]["findings"].as_array().unwrap().len(),
+        CODES.len()
+    );
 }
 
 #[test]
@@ -47,12 +56,20 @@ fn a_bad_file_exits_2_with_the_typed_error() {
     let dir = std::env::temp_dir().join(format!("sg-audit-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.toml");
-    std::fs::write(&bad, "[[tools]]\nname = \"t\"\nclass = \"read\"\nretry = []\n").unwrap();
+    std::fs::write(
+        &bad,
+        "[[tools]]\nname = \"t\"\nclass = \"read\"\nretry = []\n",
+    )
+    .unwrap();
     let (code, out) = run(&[bad.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(out.contains("tool `t`, field `retry`"), "{out}");
     assert_eq!(run(&["no/such/file.toml"]).0, 2);
-    std::fs::write(dir.join("k.rs"), "let k = IdempotencyKey::new(Uuid::new_v4());\n").unwrap();
+    std::fs::write(
+        dir.join("k.rs"),
+        "let k = IdempotencyKey::new(Uuid::new_v4());\n",
+    )
+    .unwrap();
     let (code, out) = run(&["examples/tools-clean.toml", "--scan", dir.to_str().unwrap()]);
     assert_eq!(code, 1);
     assert!(out.contains("k.rs:1"), "{out}");

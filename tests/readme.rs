@@ -706,7 +706,13 @@ fn tools_declare_each_tool_once() -> Result<(), stormguard::tool::SpecError> {
         .unknown_outcome(UnknownOutcome::Escalate)
         .resume_window_secs(3_600);
     let toolbox = Toolbox::new(vec![])?
-        .with_store("pg", StoreSpec { kind: "postgres".into(), retention_secs: 604_800 })?
+        .with_store(
+            "pg",
+            StoreSpec {
+                kind: "postgres".into(),
+                retention_secs: 604_800,
+            },
+        )?
         .with_tool(send_invoice)?;
     assert!(toolbox.audit().findings.is_empty());
     Ok(())

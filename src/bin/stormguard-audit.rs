@@ -65,7 +65,10 @@ fn main() -> ExitCode {
             eprintln!("{}: {e}", dir.display());
             return ExitCode::from(2);
         }
-        let pairs: Vec<(&str, &str)> = files.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = files
+            .iter()
+            .map(|(p, t)| (p.as_str(), t.as_str()))
+            .collect();
         hits = scan(&pairs, 10);
     }
     if json {
@@ -74,7 +77,10 @@ fn main() -> ExitCode {
     } else {
         print!("{}", audit.to_markdown());
         for h in &hits {
-            println!("- **error** `{}:{}` `random-idempotency-key`: {}", h.path, h.line, h.text);
+            println!(
+                "- **error** `{}:{}` `random-idempotency-key`: {}",
+                h.path, h.line, h.text
+            );
         }
     }
     if audit.has_errors() || !hits.is_empty() {

@@ -129,7 +129,14 @@ impl Audit {
             s += "No findings.\n";
         }
         for f in &self.findings {
-            s += &format!("- **{}** `{}` `{}`: {} Fix: {}\n", f.severity.as_str(), f.tool, f.code, f.message, f.fix);
+            s += &format!(
+                "- **{}** `{}` `{}`: {} Fix: {}\n",
+                f.severity.as_str(),
+                f.tool,
+                f.code,
+                f.message,
+                f.fix
+            );
         }
         s
     }
@@ -150,33 +157,63 @@ fn is_write(c: ToolClass) -> bool {
 }
 
 fn row(t: &Tool) -> Row {
-    let join = |v: Vec<String>| if v.is_empty() { "-".to_owned() } else { v.join(", ") };
+    let join = |v: Vec<String>| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
     Row {
         name: t.name.clone(),
         class: t.class.as_str().to_owned(),
         key_source: join(t.key.iter().flatten().map(ToString::to_string).collect()),
-        receipt: t.receipt.as_ref().map_or("-".to_owned(), |r| r.store.clone()),
+        receipt: t
+            .receipt
+            .as_ref()
+            .map_or("-".to_owned(), |r| r.store.clone()),
         unknown_outcome: match t.unknown_outcome {
             None => "-".to_owned(),
             Some(UnknownOutcome::Escalate) => "escalate".to_owned(),
-            Some(UnknownOutcome::ReadBack { attempts, within_secs }) => {
+            Some(UnknownOutcome::ReadBack {
+                attempts,
+                within_secs,
+            }) => {
                 format!("read back ({attempts} in {within_secs}s)")
             }
         },
         retry_owner: join(
-            t.retry.iter().map(|o| serde_json::to_value(o).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()).collect(),
+            t.retry
+                .iter()
+                .map(|o| {
+                    serde_json::to_value(o)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                })
+                .collect(),
         ),
     }
 }
 
 fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
     let mut add = |severity, code, message: String, fix| {
-        out.push(Finding { severity, tool: t.name.clone(), code, message, fix });
+        out.push(Finding {
+            severity,
+            tool: t.name.clone(),
+            code,
+            message,
+            fix,
+        });
     };
     let keyed = t.key.is_some();
     if t.class == ToolClass::KeyedWrite && !keyed {
-        add(Severity::Error, "keyed-write-without-key-source", "a keyed write with no key source: every retry is a new effect.".into(),
-            "declare `key` from the run, the tool and identifier fields of the arguments");
+        add(
+            Severity::Error,
+            "keyed-write-without-key-source",
+            "a keyed write with no key source: every retry is a new effect.".into(),
+            "declare `key` from the run, the tool and identifier fields of the arguments",
+        );
     }
     for p in t.key.iter().flatten() {
         if let KeyPart::Text(f) = p {
@@ -184,28 +221,50 @@ fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
                 "key on identifier fields and the task's identity only");
         }
     }
-    let auto = t.retry.iter().any(|o| matches!(o, RetryOwner::Layer | RetryOwner::Client));
+    let auto = t
+        .retry
+        .iter()
+        .any(|o| matches!(o, RetryOwner::Layer | RetryOwner::Client));
     if matches!(t.class, ToolClass::UnkeyedWrite | ToolClass::MultiStep) && !keyed && auto {
         add(Severity::Error, "unkeyed-write-with-retries", "an unkeyed write is retried automatically: an ambiguous failure becomes a duplicate.".into(),
             "set `retry = [\"none\"]` (or the model), or get a key from the provider and declare it a keyed write");
     }
     if is_write(t.class) && t.unknown_outcome.is_none() {
-        add(Severity::Error, "write-without-unknown-outcome", "a write with no unknown-outcome behaviour.".into(),
-            "declare `unknown_outcome = \"escalate\"` or a bounded `read_back`");
+        add(
+            Severity::Error,
+            "write-without-unknown-outcome",
+            "a write with no unknown-outcome behaviour.".into(),
+            "declare `unknown_outcome = \"escalate\"` or a bounded `read_back`",
+        );
     }
-    let mut owners: Vec<RetryOwner> = t.retry.iter().copied().filter(|o| *o != RetryOwner::None).collect();
+    let mut owners: Vec<RetryOwner> = t
+        .retry
+        .iter()
+        .copied()
+        .filter(|o| *o != RetryOwner::None)
+        .collect();
     owners.dedup();
     if owners.len() > 1 {
-        add(Severity::Error, "several-retry-owners", format!("{} retry owners: their attempts multiply.", owners.len()),
-            "pick one owner and turn the others' retries off");
+        add(
+            Severity::Error,
+            "several-retry-owners",
+            format!("{} retry owners: their attempts multiply.", owners.len()),
+            "pick one owner and turn the others' retries off",
+        );
     }
     if let Some(resume) = t.resume_window_secs {
         if let Some(r) = &t.receipt {
             if let Some(s) = tb.stores().get(&r.store) {
                 if s.retention_secs < resume {
-                    add(Severity::Error, "receipt-retention-shorter-than-resume",
-                        format!("receipts are kept {}s but a run may resume after {resume}s.", s.retention_secs),
-                        "keep receipts at least as long as the longest resume window");
+                    add(
+                        Severity::Error,
+                        "receipt-retention-shorter-than-resume",
+                        format!(
+                            "receipts are kept {}s but a run may resume after {resume}s.",
+                            s.retention_secs
+                        ),
+                        "keep receipts at least as long as the longest resume window",
+                    );
                 }
             }
             if let Some(w) = r.provider_key_window_secs {
@@ -218,18 +277,36 @@ fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
         }
     }
     if let Some(a) = t.annotations {
-        if a.idempotent_hint == Some(true) && matches!(t.class, ToolClass::KeyedWrite | ToolClass::UnkeyedWrite | ToolClass::MultiStep) {
-            add(Severity::Warning, "annotation-idempotent-contradicts-class",
-                format!("the server says idempotentHint: true but the tool is declared {}.", t.class.as_str()),
-                "trust the declared class; ask the server's owner to fix the hint");
+        if a.idempotent_hint == Some(true)
+            && matches!(
+                t.class,
+                ToolClass::KeyedWrite | ToolClass::UnkeyedWrite | ToolClass::MultiStep
+            )
+        {
+            add(
+                Severity::Warning,
+                "annotation-idempotent-contradicts-class",
+                format!(
+                    "the server says idempotentHint: true but the tool is declared {}.",
+                    t.class.as_str()
+                ),
+                "trust the declared class; ask the server's owner to fix the hint",
+            );
         }
         if a.read_only_hint == Some(true) && is_write(t.class) {
-            add(Severity::Warning, "annotation-read-only-contradicts-class",
-                format!("the server says readOnlyHint: true but the tool is declared {}.", t.class.as_str()),
-                "trust the declared class; ask the server's owner to fix the hint");
+            add(
+                Severity::Warning,
+                "annotation-read-only-contradicts-class",
+                format!(
+                    "the server says readOnlyHint: true but the tool is declared {}.",
+                    t.class.as_str()
+                ),
+                "trust the declared class; ask the server's owner to fix the hint",
+            );
         }
     }
-    if t.reissue_likely && is_write(t.class) && t.key.iter().flatten().any(|p| *p == KeyPart::Step) {
+    if t.reissue_likely && is_write(t.class) && t.key.iter().flatten().any(|p| *p == KeyPart::Step)
+    {
         add(Severity::Warning, "step-in-key-of-reissued-write",
             "the key includes the step, and the model is likely to reissue this call at a later step: a new key, a second effect.".into(),
             "drop `step` from the key; key on the run, the tool and the object's identifier");
@@ -266,6 +343,9 @@ impl Toolbox {
                 }
             }
         }
-        Audit { table: self.tools().iter().map(row).collect(), findings }
+        Audit {
+            table: self.tools().iter().map(row).collect(),
+            findings,
+        }
     }
 }

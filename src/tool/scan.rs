@@ -35,10 +35,20 @@ pub fn scan(files: &[(&str, &str)], window: usize) -> Vec<ScanHit> {
     let mut hits = Vec::new();
     for (path, text) in files {
         let lines: Vec<&str> = text.lines().collect();
-        let keys: Vec<usize> = lines.iter().enumerate().filter(|(_, l)| KEY.iter().any(|k| l.contains(k))).map(|(i, _)| i).collect();
+        let keys: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| KEY.iter().any(|k| l.contains(k)))
+            .map(|(i, _)| i)
+            .collect();
         for (i, l) in lines.iter().enumerate() {
-            if RANDOM.iter().any(|r| l.contains(r)) && keys.iter().any(|k| k.abs_diff(i) <= window) {
-                hits.push(ScanHit { path: (*path).to_owned(), line: i + 1, text: l.trim().to_owned() });
+            if RANDOM.iter().any(|r| l.contains(r)) && keys.iter().any(|k| k.abs_diff(i) <= window)
+            {
+                hits.push(ScanHit {
+                    path: (*path).to_owned(),
+                    line: i + 1,
+                    text: l.trim().to_owned(),
+                });
             }
         }
     }

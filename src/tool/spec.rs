@@ -59,7 +59,11 @@ impl KeyPart {
     pub fn parse(s: &str) -> Result<Self, SpecError> {
         let field = |name: &str| {
             if name.is_empty() {
-                Err(SpecError::new(None, "key", "a field name must not be empty"))
+                Err(SpecError::new(
+                    None,
+                    "key",
+                    "a field name must not be empty",
+                ))
             } else {
                 Ok(name.to_owned())
             }
@@ -74,7 +78,11 @@ impl KeyPart {
                 } else if let Some(name) = s.strip_prefix("text:") {
                     field(name).map(KeyPart::Text)
                 } else {
-                    Err(SpecError::new(None, "key", "a key part is run, tool, step, id:FIELD or text:FIELD"))
+                    Err(SpecError::new(
+                        None,
+                        "key",
+                        "a key part is run, tool, step, id:FIELD or text:FIELD",
+                    ))
                 }
             }
         }
@@ -391,8 +399,15 @@ impl Tool {
     /// let t = Tool::new("t", ToolClass::KeyedWrite, RetryOwner::Layer).receipt("pg", Some(86_400));
     /// assert_eq!(t.receipt.unwrap().store, "pg");
     /// ```
-    pub fn receipt(mut self, store: impl Into<String>, provider_key_window_secs: Option<u64>) -> Self {
-        self.receipt = Some(ReceiptUse { store: store.into(), provider_key_window_secs });
+    pub fn receipt(
+        mut self,
+        store: impl Into<String>,
+        provider_key_window_secs: Option<u64>,
+    ) -> Self {
+        self.receipt = Some(ReceiptUse {
+            store: store.into(),
+            provider_key_window_secs,
+        });
         self
     }
 
@@ -437,7 +452,11 @@ impl Tool {
     /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 2).quota.unwrap().cost, 2);
     /// ```
     pub fn quota(mut self, name: impl Into<String>, key: impl Into<String>, cost: u32) -> Self {
-        self.quota = Some(QuotaUse { name: name.into(), key: key.into(), cost });
+        self.quota = Some(QuotaUse {
+            name: name.into(),
+            key: key.into(),
+            cost,
+        });
         self
     }
 
@@ -484,14 +503,22 @@ impl Tool {
     /// assert_eq!((err.tool(), err.field()), (Some("t"), "deadline_secs"));
     /// ```
     pub fn validate(&self) -> Result<(), SpecError> {
-        let err = |field: &'static str, reason: &str| Err(SpecError::new(Some(&self.name), field, reason));
+        let err = |field: &'static str, reason: &str| {
+            Err(SpecError::new(Some(&self.name), field, reason))
+        };
         if self.name.trim().is_empty() {
             return err("name", "a tool needs a name");
         }
         if self.retry.is_empty() {
-            return err("retry", "name the retry owner: layer, client, model or none");
+            return err(
+                "retry",
+                "name the retry owner: layer, client, model or none",
+            );
         }
-        for (field, v) in [("deadline_secs", self.deadline_secs), ("resume_window_secs", self.resume_window_secs)] {
+        for (field, v) in [
+            ("deadline_secs", self.deadline_secs),
+            ("resume_window_secs", self.resume_window_secs),
+        ] {
             if v == Some(0) {
                 return err(field, "must be at least 1 second");
             }
@@ -501,12 +528,22 @@ impl Tool {
                 return err("receipt.store", "must name a store");
             }
             if r.provider_key_window_secs == Some(0) {
-                return err("receipt.provider_key_window_secs", "must be at least 1 second");
+                return err(
+                    "receipt.provider_key_window_secs",
+                    "must be at least 1 second",
+                );
             }
         }
-        if let Some(UnknownOutcome::ReadBack { attempts, within_secs }) = self.unknown_outcome {
+        if let Some(UnknownOutcome::ReadBack {
+            attempts,
+            within_secs,
+        }) = self.unknown_outcome
+        {
             if attempts == 0 || within_secs == 0 {
-                return err("unknown_outcome.read_back", "a read-back needs at least 1 attempt within at least 1 second");
+                return err(
+                    "unknown_outcome.read_back",
+                    "a read-back needs at least 1 attempt within at least 1 second",
+                );
             }
         }
         if let Some(q) = &self.quota {
@@ -520,7 +557,11 @@ impl Tool {
         if matches!(&self.key, Some(k) if k.is_empty()) {
             return err("key", "an empty key; leave it out for no key");
         }
-        for (field, v) in [("budget", &self.budget), ("breaker", &self.breaker), ("hedge", &self.hedge)] {
+        for (field, v) in [
+            ("budget", &self.budget),
+            ("breaker", &self.breaker),
+            ("hedge", &self.hedge),
+        ] {
             if matches!(v, Some(n) if n.is_empty()) {
                 return err(field, "must not be empty");
             }

@@ -24,7 +24,11 @@ pub struct SpecError {
 
 impl SpecError {
     pub(crate) fn new(tool: Option<&str>, field: &str, reason: &str) -> Self {
-        SpecError { tool: tool.map(str::to_owned), field: field.to_owned(), reason: reason.to_owned() }
+        SpecError {
+            tool: tool.map(str::to_owned),
+            field: field.to_owned(),
+            reason: reason.to_owned(),
+        }
     }
 
     /// The tool at fault, if one is.
@@ -176,7 +180,11 @@ impl TryFrom<ToolboxFields> for Toolbox {
             quotas: f.quotas,
             stores: f.stores,
             hedges: f.hedges,
-            tools: f.tools.into_iter().map(Tool::try_from).collect::<Result<_, _>>()?,
+            tools: f
+                .tools
+                .into_iter()
+                .map(Tool::try_from)
+                .collect::<Result<_, _>>()?,
         };
         tb.validate()?;
         Ok(tb)
@@ -192,7 +200,10 @@ impl Toolbox {
     /// assert_eq!(Toolbox::new(vec![t.clone(), t]).unwrap_err().field(), "name");
     /// ```
     pub fn new(tools: Vec<Tool>) -> Result<Self, SpecError> {
-        let tb = Toolbox { tools, ..Default::default() };
+        let tb = Toolbox {
+            tools,
+            ..Default::default()
+        };
         tb.validate()?;
         Ok(tb)
     }
@@ -309,7 +320,8 @@ impl Toolbox {
     /// assert_eq!(err.field(), "budget");
     /// ```
     pub fn from_json_str(s: &str) -> Result<Self, SpecError> {
-        let raw: ToolboxFields = serde_json::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
+        let raw: ToolboxFields =
+            serde_json::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
         Toolbox::try_from(raw)
     }
 
@@ -332,7 +344,8 @@ impl Toolbox {
     /// ```
     #[cfg(feature = "audit")]
     pub fn from_toml_str(s: &str) -> Result<Self, SpecError> {
-        let raw: ToolboxFields = toml::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
+        let raw: ToolboxFields =
+            toml::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
         Toolbox::try_from(raw)
     }
 
@@ -357,10 +370,18 @@ impl Toolbox {
         for t in &self.tools {
             t.validate()?;
             if !names.insert(t.name.as_str()) {
-                return Err(SpecError::new(Some(&t.name), "name", "two tools share this name"));
+                return Err(SpecError::new(
+                    Some(&t.name),
+                    "name",
+                    "two tools share this name",
+                ));
             }
             let missing = |field: &str, what: &str| {
-                Err(SpecError::new(Some(&t.name), field, &format!("names a {what} the toolbox does not declare")))
+                Err(SpecError::new(
+                    Some(&t.name),
+                    field,
+                    &format!("names a {what} the toolbox does not declare"),
+                ))
             };
             if matches!(&t.budget, Some(b) if !self.budgets.contains_key(b)) {
                 return missing("budget", "budget");
@@ -401,7 +422,11 @@ impl Toolbox {
         }
         for (n, s) in &self.stores {
             if !["memory", "sqlite", "postgres", "redis"].contains(&s.kind.as_str()) {
-                return bad("stores.kind", n, "must be memory, sqlite, postgres or redis");
+                return bad(
+                    "stores.kind",
+                    n,
+                    "must be memory, sqlite, postgres or redis",
+                );
             }
             if s.retention_secs == 0 {
                 return bad("stores.retention_secs", n, "must be at least 1 second");
