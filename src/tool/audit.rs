@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::spec::{KeyPart, RetryOwner, Tool, UnknownOutcome};
+use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
+use super::spec::Tool;
 use super::toolbox::Toolbox;
 use crate::class::ToolClass;
 

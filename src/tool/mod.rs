@@ -13,11 +13,13 @@
 //! ```
 
 mod audit;
+mod parts;
 mod scan;
 mod spec;
 mod toolbox;
 
 pub use audit::{Audit, Finding, Row, Severity};
+pub use parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
 pub use scan::{scan, ScanHit};
-pub use spec::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, Tool, UnknownOutcome};
+pub use spec::Tool;
 pub use toolbox::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
