@@ -27,6 +27,7 @@ const PAGES: &[(&str, &str)] = &[
         include_str!("../docs/observability.md"),
     ),
     ("docs/results.md", include_str!("../docs/results.md")),
+    ("docs/tools.md", include_str!("../docs/tools.md")),
 ];
 
 #[test]
@@ -762,5 +763,40 @@ async fn the_reqwest_middleware_example_nests_in_place_of_reqwest_retry() -> Res
     let answer = client.get(format!("http://{addr}/search?q=storm")).send().await?;
     assert_eq!(answer.status(), 200);
     assert_eq!(calls.load(Ordering::SeqCst), 3, "two 503s retried");
+    Ok(())
+}
+
+#[test]
+fn tools_declare_each_tool_once() -> Result<(), stormguard::tool::SpecError> {
+    use stormguard::class::ToolClass;
+    use stormguard::tool::{KeyPart, RetryOwner, StoreSpec, Tool, Toolbox, UnknownOutcome};
+
+    let send_invoice = Tool::new("send_invoice", ToolClass::KeyedWrite, RetryOwner::Layer)
+        .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")])
+        .receipt("pg", Some(86_400))
+        .unknown_outcome(UnknownOutcome::Escalate)
+        .resume_window_secs(3_600);
+    let toolbox = Toolbox::new(vec![])?
+        .with_store(
+            "pg",
+            StoreSpec {
+                kind: "postgres".into(),
+                retention_secs: 604_800,
+            },
+        )?
+        .with_tool(send_invoice)?;
+    assert!(toolbox.audit().findings.is_empty());
+    Ok(())
+}
+
+#[cfg(feature = "audit")]
+#[test]
+fn tools_audit_your_tool_table() -> Result<(), stormguard::tool::SpecError> {
+    use stormguard::tool::Toolbox;
+
+    let toolbox = Toolbox::from_toml_str(include_str!("../examples/tools.toml"))?;
+    let audit = toolbox.audit();
+    assert!(audit.has_errors());
+    assert_eq!(audit.findings.len(), 11);
     Ok(())
 }

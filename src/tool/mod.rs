@@ -1,0 +1,25 @@
+//! The tool table: each tool declared once, as data ([`Tool`]), the tools of one agent with their
+//! named shared parts ([`Toolbox`]), and its audit ([`Toolbox::audit`]).
+//!
+//! ```
+//! use stormguard::class::ToolClass;
+//! use stormguard::tool::{KeyPart, RetryOwner, Tool, Toolbox, UnknownOutcome};
+//!
+//! let send = Tool::new("send_invoice", ToolClass::KeyedWrite, RetryOwner::Layer)
+//!     .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")])
+//!     .unknown_outcome(UnknownOutcome::Escalate);
+//! let toolbox = Toolbox::new(vec![send]).unwrap();
+//! assert!(toolbox.audit().findings.is_empty());
+//! ```
+
+mod audit;
+mod parts;
+mod scan;
+mod spec;
+mod toolbox;
+
+pub use audit::{Audit, Finding, Row, Severity};
+pub use parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
+pub use scan::{scan, ScanHit};
+pub use spec::Tool;
+pub use toolbox::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};

@@ -1,0 +1,56 @@
+//! A scan of Rust sources for random idempotency keys.
+
+use serde::Serialize;
+
+const RANDOM: [&str; 4] = ["Uuid::new_v4", "rand::", "thread_rng", "random()"];
+const KEY: [&str; 3] = ["IdempotencyKey", "idempotency_key", "Idempotency-Key"];
+
+/// A line that makes a random value near where an idempotency key is built.
+///
+/// ```
+/// let hits = stormguard::tool::scan(&[("a.rs", "let k = IdempotencyKey::new(Uuid::new_v4());")], 5);
+/// assert_eq!((hits[0].path.as_str(), hits[0].line), ("a.rs", 1));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ScanHit {
+    /// The file.
+    pub path: String,
+    /// The line, from 1.
+    pub line: usize,
+    /// The line's text, trimmed.
+    pub text: String,
+}
+
+/// Flags random generation (`Uuid::new_v4`, `rand::`, `thread_rng`, `random()`) within `window`
+/// lines of an idempotency key (`IdempotencyKey`, `idempotency_key`, `Idempotency-Key`): a random
+/// key changes on every retry. A pure function over (path, text) pairs.
+///
+/// ```
+/// use stormguard::tool::scan;
+/// let far = "let id = Uuid::new_v4();\n\n\n\n\n\n\nlet k = idempotency_key(&run);";
+/// assert!(scan(&[("a.rs", far)], 3).is_empty());
+/// assert_eq!(scan(&[("a.rs", far)], 10).len(), 1);
+/// ```
+pub fn scan(files: &[(&str, &str)], window: usize) -> Vec<ScanHit> {
+    let mut hits = Vec::new();
+    for (path, text) in files {
+        let lines: Vec<&str> = text.lines().collect();
+        let keys: Vec<usize> = lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| KEY.iter().any(|k| l.contains(k)))
+            .map(|(i, _)| i)
+            .collect();
+        for (i, l) in lines.iter().enumerate() {
+            if RANDOM.iter().any(|r| l.contains(r)) && keys.iter().any(|k| k.abs_diff(i) <= window)
+            {
+                hits.push(ScanHit {
+                    path: (*path).to_owned(),
+                    line: i + 1,
+                    text: l.trim().to_owned(),
+                });
+            }
+        }
+    }
+    hits
+}

@@ -1,0 +1,366 @@
+//! One tool's declaration.
+
+use serde::{Deserialize, Serialize};
+
+use super::parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
+use super::toolbox::SpecError;
+use crate::class::ToolClass;
+
+/// One tool, declared once: everything its stack needs, as data.
+///
+/// Required parts are arguments of [`Tool::new`]; the rest are optional and the audit says when
+/// one is missing. Deserialising runs the same checks as [`Tool::validate`].
+///
+/// ```
+/// use stormguard::class::ToolClass;
+/// use stormguard::tool::{RetryOwner, Tool};
+///
+/// let t = Tool::new("search", ToolClass::Read, RetryOwner::Layer).budget("default").deadline_secs(5);
+/// assert_eq!(t.name, "search");
+/// assert!(t.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "ToolFields")]
+pub struct Tool {
+    /// The tool's name, unique in its toolbox.
+    pub name: String,
+    /// The declared class.
+    pub class: ToolClass,
+    /// Who retries it (one owner; more is an audit error).
+    pub retry: Vec<RetryOwner>,
+    /// The idempotency key's parts (`None`: no key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Vec<KeyPart>>,
+    /// Where its receipts go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<ReceiptUse>,
+    /// What an unknown outcome does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_outcome: Option<UnknownOutcome>,
+    /// The retry budget's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
+    /// The breaker's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<String>,
+    /// The quota spent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaUse>,
+    /// The hedge's name (reads only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<String>,
+    /// The whole call's deadline, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_secs: Option<u64>,
+    /// The longest the agent may pause and resume a run using this tool, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_window_secs: Option<u64>,
+    /// The model is likely to reissue this call at a later step (a step in its key is then a
+    /// second effect).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reissue_likely: bool,
+    /// The MCP server's hints, checked against `class` by the audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Annotations>,
+}
+
+/// A tool as read, before its checks.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ToolFields {
+    name: String,
+    class: ToolClass,
+    retry: Vec<RetryOwner>,
+    #[serde(default)]
+    key: Option<Vec<KeyPart>>,
+    #[serde(default)]
+    receipt: Option<ReceiptUse>,
+    #[serde(default)]
+    unknown_outcome: Option<UnknownOutcome>,
+    #[serde(default)]
+    budget: Option<String>,
+    #[serde(default)]
+    breaker: Option<String>,
+    #[serde(default)]
+    quota: Option<QuotaUse>,
+    #[serde(default)]
+    hedge: Option<String>,
+    #[serde(default)]
+    deadline_secs: Option<u64>,
+    #[serde(default)]
+    resume_window_secs: Option<u64>,
+    #[serde(default)]
+    reissue_likely: bool,
+    #[serde(default)]
+    annotations: Option<Annotations>,
+}
+
+impl TryFrom<ToolFields> for Tool {
+    type Error = SpecError;
+    fn try_from(f: ToolFields) -> Result<Self, SpecError> {
+        let t = Tool {
+            name: f.name,
+            class: f.class,
+            retry: f.retry,
+            key: f.key,
+            receipt: f.receipt,
+            unknown_outcome: f.unknown_outcome,
+            budget: f.budget,
+            breaker: f.breaker,
+            quota: f.quota,
+            hedge: f.hedge,
+            deadline_secs: f.deadline_secs,
+            resume_window_secs: f.resume_window_secs,
+            reissue_likely: f.reissue_likely,
+            annotations: f.annotations,
+        };
+        t.validate()?;
+        Ok(t)
+    }
+}
+
+impl Tool {
+    /// A tool with its required parts: name, class and its one retry owner.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::None).retry, vec![RetryOwner::None]);
+    /// ```
+    pub fn new(name: impl Into<String>, class: ToolClass, retry: RetryOwner) -> Self {
+        Tool {
+            name: name.into(),
+            class,
+            retry: vec![retry],
+            key: None,
+            receipt: None,
+            unknown_outcome: None,
+            budget: None,
+            breaker: None,
+            quota: None,
+            hedge: None,
+            deadline_secs: None,
+            resume_window_secs: None,
+            reissue_likely: false,
+            annotations: None,
+        }
+    }
+
+    /// The class as MCP annotations suggest it (a hint, not a guarantee): read-only is a read,
+    /// idempotent an idempotent write, anything else an unkeyed write.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{Annotations, Tool}};
+    /// let a = Annotations { read_only_hint: Some(true), ..Default::default() };
+    /// assert_eq!(Tool::class_from_annotations(&a), ToolClass::Read);
+    /// ```
+    pub fn class_from_annotations(a: &Annotations) -> ToolClass {
+        if a.read_only_hint == Some(true) {
+            ToolClass::Read
+        } else if a.idempotent_hint == Some(true) {
+            ToolClass::IdempotentWrite
+        } else {
+            ToolClass::UnkeyedWrite
+        }
+    }
+
+    /// Sets the key parts.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{KeyPart, RetryOwner, Tool}};
+    /// let t = Tool::new("t", ToolClass::KeyedWrite, RetryOwner::Layer).key(vec![KeyPart::Run]);
+    /// assert_eq!(t.key.unwrap().len(), 1);
+    /// ```
+    pub fn key(mut self, parts: Vec<KeyPart>) -> Self {
+        self.key = Some(parts);
+        self
+    }
+
+    /// Adds a further retry owner (the audit flags more than one).
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// let t = Tool::new("t", ToolClass::Read, RetryOwner::Layer).also_retried_by(RetryOwner::Client);
+    /// assert_eq!(t.retry.len(), 2);
+    /// ```
+    pub fn also_retried_by(mut self, owner: RetryOwner) -> Self {
+        self.retry.push(owner);
+        self
+    }
+
+    /// Sets the receipt store and the provider's key window.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// let t = Tool::new("t", ToolClass::KeyedWrite, RetryOwner::Layer).receipt("pg", Some(86_400));
+    /// assert_eq!(t.receipt.unwrap().store, "pg");
+    /// ```
+    pub fn receipt(
+        mut self,
+        store: impl Into<String>,
+        provider_key_window_secs: Option<u64>,
+    ) -> Self {
+        self.receipt = Some(ReceiptUse {
+            store: store.into(),
+            provider_key_window_secs,
+        });
+        self
+    }
+
+    /// Sets the unknown-outcome behaviour.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool, UnknownOutcome}};
+    /// let t = Tool::new("t", ToolClass::UnkeyedWrite, RetryOwner::None).unknown_outcome(UnknownOutcome::Escalate);
+    /// assert!(t.unknown_outcome.is_some());
+    /// ```
+    pub fn unknown_outcome(mut self, u: UnknownOutcome) -> Self {
+        self.unknown_outcome = Some(u);
+        self
+    }
+
+    /// Sets the retry budget by name.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).budget("b").budget.as_deref(), Some("b"));
+    /// ```
+    pub fn budget(mut self, name: impl Into<String>) -> Self {
+        self.budget = Some(name.into());
+        self
+    }
+
+    /// Sets the breaker by name.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).breaker("b").breaker.is_some());
+    /// ```
+    pub fn breaker(mut self, name: impl Into<String>) -> Self {
+        self.breaker = Some(name.into());
+        self
+    }
+
+    /// Sets the quota, its key and the cost of one call.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 2).quota.unwrap().cost, 2);
+    /// ```
+    pub fn quota(mut self, name: impl Into<String>, key: impl Into<String>, cost: u32) -> Self {
+        self.quota = Some(QuotaUse {
+            name: name.into(),
+            key: key.into(),
+            cost,
+        });
+        self
+    }
+
+    /// Sets the deadline in seconds.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).deadline_secs(3).deadline_secs, Some(3));
+    /// ```
+    pub fn deadline_secs(mut self, secs: u64) -> Self {
+        self.deadline_secs = Some(secs);
+        self
+    }
+
+    /// Sets the longest resume window in seconds.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).resume_window_secs(60).resume_window_secs, Some(60));
+    /// ```
+    pub fn resume_window_secs(mut self, secs: u64) -> Self {
+        self.resume_window_secs = Some(secs);
+        self
+    }
+
+    /// Sets the MCP annotations the server declares.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{Annotations, RetryOwner, Tool}};
+    /// let t = Tool::new("t", ToolClass::Read, RetryOwner::Layer).annotations(Annotations::default());
+    /// assert!(t.annotations.is_some());
+    /// ```
+    pub fn annotations(mut self, a: Annotations) -> Self {
+        self.annotations = Some(a);
+        self
+    }
+
+    /// The checks deserialising also runs: a non-empty name, one or more retry owners, no zero
+    /// durations, costs or read-back attempts, no empty names of shared parts.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// let err = Tool::new("t", ToolClass::Read, RetryOwner::Layer).deadline_secs(0).validate().unwrap_err();
+    /// assert_eq!((err.tool(), err.field()), (Some("t"), "deadline_secs"));
+    /// ```
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let err = |field: &'static str, reason: &str| {
+            Err(SpecError::new(Some(&self.name), field, reason))
+        };
+        if self.name.trim().is_empty() {
+            return err("name", "a tool needs a name");
+        }
+        if self.retry.is_empty() {
+            return err(
+                "retry",
+                "name the retry owner: layer, client, model or none",
+            );
+        }
+        for (field, v) in [
+            ("deadline_secs", self.deadline_secs),
+            ("resume_window_secs", self.resume_window_secs),
+        ] {
+            if v == Some(0) {
+                return err(field, "must be at least 1 second");
+            }
+        }
+        if let Some(r) = &self.receipt {
+            if r.store.is_empty() {
+                return err("receipt.store", "must name a store");
+            }
+            if r.provider_key_window_secs == Some(0) {
+                return err(
+                    "receipt.provider_key_window_secs",
+                    "must be at least 1 second",
+                );
+            }
+        }
+        if let Some(UnknownOutcome::ReadBack {
+            attempts,
+            within_secs,
+        }) = self.unknown_outcome
+        {
+            if attempts == 0 || within_secs == 0 {
+                return err(
+                    "unknown_outcome.read_back",
+                    "a read-back needs at least 1 attempt within at least 1 second",
+                );
+            }
+        }
+        if let Some(q) = &self.quota {
+            if q.name.is_empty() || q.key.is_empty() {
+                return err("quota", "a quota needs a name and a key");
+            }
+            if q.cost == 0 {
+                return err("quota.cost", "must be at least 1");
+            }
+        }
+        if matches!(&self.key, Some(k) if k.is_empty()) {
+            return err("key", "an empty key; leave it out for no key");
+        }
+        for (field, v) in [
+            ("budget", &self.budget),
+            ("breaker", &self.breaker),
+            ("hedge", &self.hedge),
+        ] {
+            if matches!(v, Some(n) if n.is_empty()) {
+                return err(field, "must not be empty");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,437 @@
+//! The tools of one agent and the named shared parts they use.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::spec::{Tool, ToolFields};
+
+/// A tool table that cannot work: names the tool (when one is at fault), the field and why.
+///
+/// ```
+/// use stormguard::tool::Toolbox;
+/// let err = Toolbox::from_json_str(r#"{"tools": [{"name": "t", "class": "read", "retry": []}]}"#).unwrap_err();
+/// assert_eq!(err.tool(), Some("t"));
+/// assert_eq!(err.field(), "retry");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    tool: Option<String>,
+    field: String,
+    reason: String,
+}
+
+impl SpecError {
+    pub(crate) fn new(tool: Option<&str>, field: &str, reason: &str) -> Self {
+        SpecError {
+            tool: tool.map(str::to_owned),
+            field: field.to_owned(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// The tool at fault, if one is.
+    ///
+    /// ```
+    /// let err = stormguard::tool::Toolbox::from_json_str("{").unwrap_err();
+    /// assert_eq!(err.tool(), None);
+    /// ```
+    pub fn tool(&self) -> Option<&str> {
+        self.tool.as_deref()
+    }
+
+    /// The field at fault (`file` for a file that does not parse).
+    ///
+    /// ```
+    /// assert_eq!(stormguard::tool::Toolbox::from_json_str("{").unwrap_err().field(), "file");
+    /// ```
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// Why.
+    ///
+    /// ```
+    /// assert!(!stormguard::tool::Toolbox::from_json_str("{").unwrap_err().reason().is_empty());
+    /// ```
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.tool {
+            Some(t) => write!(f, "tool `{t}`, field `{}`: {}", self.field, self.reason),
+            None => write!(f, "field `{}`: {}", self.field, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+/// A retry budget's settings.
+///
+/// ```
+/// let b = stormguard::tool::BudgetSpec { ratio: 0.1, min_per_sec: 10 };
+/// assert_eq!(b.min_per_sec, 10);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetSpec {
+    /// Retries allowed per first attempt (0.0..=1.0).
+    pub ratio: f64,
+    /// Retries always allowed per second.
+    pub min_per_sec: u32,
+}
+
+/// A breaker's settings.
+///
+/// ```
+/// let b = stormguard::tool::BreakerSpec { failure_ratio: 0.5, open_secs: 30 };
+/// assert_eq!(b.open_secs, 30);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerSpec {
+    /// The failure ratio that opens it (0.0..=1.0, above 0).
+    pub failure_ratio: f64,
+    /// How long it stays open, in seconds.
+    pub open_secs: u64,
+}
+
+/// A quota's settings.
+///
+/// ```
+/// let q = stormguard::tool::QuotaSpec { per_sec: 5, burst: 10 };
+/// assert_eq!(q.burst, 10);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaSpec {
+    /// Units refilled per second.
+    pub per_sec: u32,
+    /// Units held at most.
+    pub burst: u32,
+}
+
+/// A receipt store's settings.
+///
+/// ```
+/// let s = stormguard::tool::StoreSpec { kind: "postgres".into(), retention_secs: 86_400 };
+/// assert_eq!(s.retention_secs, 86_400);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSpec {
+    /// `memory`, `sqlite`, `postgres` or `redis`.
+    pub kind: String,
+    /// How long a receipt is kept, in seconds.
+    pub retention_secs: u64,
+}
+
+/// The tools of one agent plus the named shared parts, as data; built in Rust ([`Toolbox::new`])
+/// or loaded from a file, with the same checks either way.
+///
+/// ```
+/// use stormguard::tool::Toolbox;
+/// let tb = Toolbox::from_json_str(r#"{"tools": [{"name": "search", "class": "read", "retry": ["layer"]}]}"#).unwrap();
+/// assert_eq!(tb.tools()[0].name, "search");
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "ToolboxFields")]
+pub struct Toolbox {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    budgets: BTreeMap<String, BudgetSpec>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    breakers: BTreeMap<String, BreakerSpec>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    quotas: BTreeMap<String, QuotaSpec>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    stores: BTreeMap<String, StoreSpec>,
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    hedges: BTreeSet<String>,
+    tools: Vec<Tool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolboxFields {
+    #[serde(default)]
+    budgets: BTreeMap<String, BudgetSpec>,
+    #[serde(default)]
+    breakers: BTreeMap<String, BreakerSpec>,
+    #[serde(default)]
+    quotas: BTreeMap<String, QuotaSpec>,
+    #[serde(default)]
+    stores: BTreeMap<String, StoreSpec>,
+    #[serde(default)]
+    hedges: BTreeSet<String>,
+    tools: Vec<ToolFields>,
+}
+
+impl TryFrom<ToolboxFields> for Toolbox {
+    type Error = SpecError;
+    fn try_from(f: ToolboxFields) -> Result<Self, SpecError> {
+        let tb = Toolbox {
+            budgets: f.budgets,
+            breakers: f.breakers,
+            quotas: f.quotas,
+            stores: f.stores,
+            hedges: f.hedges,
+            tools: f
+                .tools
+                .into_iter()
+                .map(Tool::try_from)
+                .collect::<Result<_, _>>()?,
+        };
+        tb.validate()?;
+        Ok(tb)
+    }
+}
+
+impl Toolbox {
+    /// A toolbox of these tools and no shared parts yet (add them with the `with_*` methods).
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool, Toolbox}};
+    /// let t = Tool::new("a", ToolClass::Read, RetryOwner::Layer);
+    /// assert_eq!(Toolbox::new(vec![t.clone(), t]).unwrap_err().field(), "name");
+    /// ```
+    pub fn new(tools: Vec<Tool>) -> Result<Self, SpecError> {
+        let tb = Toolbox {
+            tools,
+            ..Default::default()
+        };
+        tb.validate()?;
+        Ok(tb)
+    }
+
+    /// Adds a tool (after the shared parts it names) and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{BudgetSpec, RetryOwner, Tool, Toolbox}};
+    /// let tb = Toolbox::new(vec![]).unwrap()
+    ///     .with_budget("b", BudgetSpec { ratio: 0.1, min_per_sec: 1 }).unwrap()
+    ///     .with_tool(Tool::new("t", ToolClass::Read, RetryOwner::Layer).budget("b")).unwrap();
+    /// assert_eq!(tb.tools().len(), 1);
+    /// ```
+    pub fn with_tool(mut self, tool: Tool) -> Result<Self, SpecError> {
+        self.tools.push(tool);
+        self.validate().map(|()| self)
+    }
+
+    /// Adds a named budget and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{BudgetSpec, RetryOwner, Tool, Toolbox}};
+    /// let tb = Toolbox::new(vec![]).unwrap().with_budget("b", BudgetSpec { ratio: 2.0, min_per_sec: 1 });
+    /// assert_eq!(tb.unwrap_err().field(), "budgets.ratio");
+    /// ```
+    pub fn with_budget(mut self, name: &str, spec: BudgetSpec) -> Result<Self, SpecError> {
+        self.budgets.insert(name.to_owned(), spec);
+        self.validate().map(|()| self)
+    }
+
+    /// Adds a named breaker and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::tool::{BreakerSpec, Toolbox};
+    /// assert!(Toolbox::new(vec![]).unwrap().with_breaker("b", BreakerSpec { failure_ratio: 0.5, open_secs: 10 }).is_ok());
+    /// ```
+    pub fn with_breaker(mut self, name: &str, spec: BreakerSpec) -> Result<Self, SpecError> {
+        self.breakers.insert(name.to_owned(), spec);
+        self.validate().map(|()| self)
+    }
+
+    /// Adds a named quota and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::tool::{QuotaSpec, Toolbox};
+    /// assert!(Toolbox::new(vec![]).unwrap().with_quota("q", QuotaSpec { per_sec: 0, burst: 1 }).is_err());
+    /// ```
+    pub fn with_quota(mut self, name: &str, spec: QuotaSpec) -> Result<Self, SpecError> {
+        self.quotas.insert(name.to_owned(), spec);
+        self.validate().map(|()| self)
+    }
+
+    /// Adds a named receipt store and checks the toolbox again.
+    ///
+    /// ```
+    /// use stormguard::tool::{StoreSpec, Toolbox};
+    /// let s = StoreSpec { kind: "postgres".into(), retention_secs: 86_400 };
+    /// assert!(Toolbox::new(vec![]).unwrap().with_store("pg", s).is_ok());
+    /// ```
+    pub fn with_store(mut self, name: &str, spec: StoreSpec) -> Result<Self, SpecError> {
+        self.stores.insert(name.to_owned(), spec);
+        self.validate().map(|()| self)
+    }
+
+    /// The tools, in declaration order.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().tools().is_empty());
+    /// ```
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    /// The named receipt stores.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().stores().is_empty());
+    /// ```
+    pub fn stores(&self) -> &BTreeMap<String, StoreSpec> {
+        &self.stores
+    }
+
+    /// The named budgets.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().budgets().is_empty());
+    /// ```
+    pub fn budgets(&self) -> &BTreeMap<String, BudgetSpec> {
+        &self.budgets
+    }
+
+    /// The named breakers.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().breakers().is_empty());
+    /// ```
+    pub fn breakers(&self) -> &BTreeMap<String, BreakerSpec> {
+        &self.breakers
+    }
+
+    /// The named quotas.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().quotas().is_empty());
+    /// ```
+    pub fn quotas(&self) -> &BTreeMap<String, QuotaSpec> {
+        &self.quotas
+    }
+
+    /// Reads a toolbox from JSON; a bad file or a failed check is a [`SpecError`].
+    ///
+    /// ```
+    /// let err = stormguard::tool::Toolbox::from_json_str(r#"{"tools": [{"name": "t", "class": "read", "retry": ["layer"], "budget": "nope"}]}"#).unwrap_err();
+    /// assert_eq!(err.field(), "budget");
+    /// ```
+    pub fn from_json_str(s: &str) -> Result<Self, SpecError> {
+        let raw: ToolboxFields =
+            serde_json::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
+        Toolbox::try_from(raw)
+    }
+
+    /// Writes the toolbox as JSON.
+    ///
+    /// ```
+    /// let tb = stormguard::tool::Toolbox::new(vec![]).unwrap();
+    /// assert_eq!(stormguard::tool::Toolbox::from_json_str(&tb.to_json_string()).unwrap(), tb);
+    /// ```
+    pub fn to_json_string(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Reads a toolbox from TOML (feature `audit`); a bad file or a failed check is a
+    /// [`SpecError`].
+    ///
+    /// ```
+    /// let err = stormguard::tool::Toolbox::from_toml_str("[[tools]]\nname = \"t\"\nclass = \"read\"\n").unwrap_err();
+    /// assert_eq!(err.field(), "file");
+    /// ```
+    #[cfg(feature = "audit")]
+    pub fn from_toml_str(s: &str) -> Result<Self, SpecError> {
+        let raw: ToolboxFields =
+            toml::from_str(s).map_err(|e| SpecError::new(None, "file", &e.to_string()))?;
+        Toolbox::try_from(raw)
+    }
+
+    /// Writes the toolbox as TOML (feature `audit`).
+    ///
+    /// ```
+    /// let tb = stormguard::tool::Toolbox::new(vec![]).unwrap();
+    /// assert_eq!(stormguard::tool::Toolbox::from_toml_str(&tb.to_toml_string()).unwrap(), tb);
+    /// ```
+    #[cfg(feature = "audit")]
+    pub fn to_toml_string(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// Every check: each tool's own, unique names, every named part declared, sane settings.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::default().validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let mut names = BTreeSet::new();
+        for t in &self.tools {
+            t.validate()?;
+            if !names.insert(t.name.as_str()) {
+                return Err(SpecError::new(
+                    Some(&t.name),
+                    "name",
+                    "two tools share this name",
+                ));
+            }
+            let missing = |field: &str, what: &str| {
+                Err(SpecError::new(
+                    Some(&t.name),
+                    field,
+                    &format!("names a {what} the toolbox does not declare"),
+                ))
+            };
+            if matches!(&t.budget, Some(b) if !self.budgets.contains_key(b)) {
+                return missing("budget", "budget");
+            }
+            if matches!(&t.breaker, Some(b) if !self.breakers.contains_key(b)) {
+                return missing("breaker", "breaker");
+            }
+            if matches!(&t.quota, Some(q) if !self.quotas.contains_key(&q.name)) {
+                return missing("quota", "quota");
+            }
+            if matches!(&t.receipt, Some(r) if !self.stores.contains_key(&r.store)) {
+                return missing("receipt.store", "receipt store");
+            }
+            if matches!(&t.hedge, Some(h) if !self.hedges.contains(h)) {
+                return missing("hedge", "hedge");
+            }
+        }
+        let bad = |field: &str, name: &str, reason: &str| {
+            Err(SpecError::new(None, field, &format!("`{name}`: {reason}")))
+        };
+        for (n, b) in &self.budgets {
+            if !(0.0..=1.0).contains(&b.ratio) {
+                return bad("budgets.ratio", n, "must be within 0.0..=1.0");
+            }
+        }
+        for (n, b) in &self.breakers {
+            if !(b.failure_ratio > 0.0 && b.failure_ratio <= 1.0) {
+                return bad("breakers.failure_ratio", n, "must be within (0.0, 1.0]");
+            }
+            if b.open_secs == 0 {
+                return bad("breakers.open_secs", n, "must be at least 1 second");
+            }
+        }
+        for (n, q) in &self.quotas {
+            if q.per_sec == 0 || q.burst == 0 {
+                return bad("quotas", n, "per_sec and burst must be at least 1");
+            }
+        }
+        for (n, s) in &self.stores {
+            if !["memory", "sqlite", "postgres", "redis"].contains(&s.kind.as_str()) {
+                return bad(
+                    "stores.kind",
+                    n,
+                    "must be memory, sqlite, postgres or redis",
+                );
+            }
+            if s.retention_secs == 0 {
+                return bad("stores.retention_secs", n, "must be at least 1 second");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,197 @@
+//! One test per audit finding: it fires on the defect and not on the fixed tool.
+
+use stormguard::class::ToolClass;
+use stormguard::tool::{
+    Annotations, KeyPart, QuotaSpec, RetryOwner, Severity, StoreSpec, Tool, Toolbox, UnknownOutcome,
+};
+
+fn codes(tools: Vec<Tool>) -> Vec<&'static str> {
+    let mut tb = Toolbox::new(vec![])
+        .unwrap()
+        .with_store(
+            "pg",
+            StoreSpec {
+                kind: "postgres".into(),
+                retention_secs: 3600,
+            },
+        )
+        .unwrap();
+    for t in tools {
+        tb = tb.with_tool(t).unwrap();
+    }
+    tb.audit().findings.into_iter().map(|f| f.code).collect()
+}
+
+fn codes_with_quota(tools: Vec<Tool>) -> Vec<&'static str> {
+    let mut tb = Toolbox::new(vec![])
+        .unwrap()
+        .with_quota(
+            "q",
+            QuotaSpec {
+                per_sec: 1,
+                burst: 1,
+            },
+        )
+        .unwrap();
+    for t in tools {
+        tb = tb.with_tool(t).unwrap();
+    }
+    tb.audit().findings.into_iter().map(|f| f.code).collect()
+}
+
+fn keyed() -> Tool {
+    Tool::new("send_invoice", ToolClass::KeyedWrite, RetryOwner::Layer)
+        .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")])
+        .unknown_outcome(UnknownOutcome::Escalate)
+}
+
+#[test]
+fn the_fixed_keyed_write_has_no_findings() {
+    assert_eq!(codes(vec![keyed()]), Vec::<&str>::new());
+}
+
+#[test]
+fn keyed_write_without_key_source() {
+    let mut t = keyed();
+    t.key = None;
+    assert_eq!(codes(vec![t]), ["keyed-write-without-key-source"]);
+    assert!(!codes(vec![keyed()]).contains(&"keyed-write-without-key-source"));
+}
+
+#[test]
+fn key_includes_free_text() {
+    let t = keyed().key(vec![KeyPart::Run, KeyPart::text("subject")]);
+    assert_eq!(codes(vec![t]), ["key-includes-free-text"]);
+}
+
+#[test]
+fn unkeyed_write_with_retries() {
+    let bad = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Client)
+        .unknown_outcome(UnknownOutcome::Escalate);
+    assert_eq!(codes(vec![bad]), ["unkeyed-write-with-retries"]);
+    let fixed = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model)
+        .unknown_outcome(UnknownOutcome::Escalate);
+    assert!(codes(vec![fixed]).is_empty());
+}
+
+#[test]
+fn write_without_unknown_outcome() {
+    let mut t = keyed();
+    t.unknown_outcome = None;
+    assert_eq!(codes(vec![t]), ["write-without-unknown-outcome"]);
+    let read = Tool::new("search", ToolClass::Read, RetryOwner::Layer);
+    assert!(codes(vec![read]).is_empty());
+}
+
+#[test]
+fn several_retry_owners() {
+    let t = keyed().also_retried_by(RetryOwner::Client);
+    assert_eq!(codes(vec![t]), ["several-retry-owners"]);
+    let with_none = keyed().also_retried_by(RetryOwner::None);
+    assert!(codes(vec![with_none]).is_empty());
+}
+
+#[test]
+fn receipt_retention_shorter_than_resume() {
+    let t = keyed().receipt("pg", None).resume_window_secs(7200);
+    assert_eq!(codes(vec![t]), ["receipt-retention-shorter-than-resume"]);
+    let fixed = keyed().receipt("pg", None).resume_window_secs(3600);
+    assert!(codes(vec![fixed]).is_empty());
+}
+
+#[test]
+fn resume_longer_than_key_window() {
+    let t = keyed().receipt("pg", Some(600)).resume_window_secs(1800);
+    assert_eq!(codes(vec![t]), ["resume-longer-than-key-window"]);
+    let fixed = keyed().receipt("pg", Some(3600)).resume_window_secs(1800);
+    assert!(codes(vec![fixed]).is_empty());
+}
+
+#[test]
+fn idempotent_hint_on_a_keyed_or_unkeyed_write() {
+    let hint = Annotations {
+        idempotent_hint: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        codes(vec![keyed().annotations(hint)]),
+        ["annotation-idempotent-contradicts-class"]
+    );
+    let fine = Tool::new("upsert", ToolClass::IdempotentWrite, RetryOwner::Layer)
+        .unknown_outcome(UnknownOutcome::Escalate)
+        .annotations(hint);
+    assert!(codes(vec![fine]).is_empty());
+}
+
+#[test]
+fn read_only_hint_on_a_write() {
+    let hint = Annotations {
+        read_only_hint: Some(true),
+        ..Default::default()
+    };
+    assert_eq!(
+        codes(vec![keyed().annotations(hint)]),
+        ["annotation-read-only-contradicts-class"]
+    );
+    let fine = Tool::new("search", ToolClass::Read, RetryOwner::Layer).annotations(hint);
+    assert!(codes(vec![fine]).is_empty());
+}
+
+#[test]
+fn quota_used_with_two_settings() {
+    let a = Tool::new("a", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 1);
+    let b = Tool::new("b", ToolClass::Read, RetryOwner::Layer).quota("q", "user", 1);
+    assert_eq!(
+        codes_with_quota(vec![a.clone(), b]),
+        ["quota-used-with-two-settings"]
+    );
+    let c = Tool::new("c", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 2);
+    assert_eq!(
+        codes_with_quota(vec![a.clone(), c]),
+        ["quota-used-with-two-settings"]
+    );
+    let same = Tool::new("d", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 1);
+    assert!(codes_with_quota(vec![a, same]).is_empty());
+}
+
+#[test]
+fn step_in_key_of_reissued_write() {
+    let mut t = keyed().key(vec![
+        KeyPart::Run,
+        KeyPart::Tool,
+        KeyPart::Step,
+        KeyPart::id("invoice_id"),
+    ]);
+    t.reissue_likely = true;
+    assert_eq!(codes(vec![t.clone()]), ["step-in-key-of-reissued-write"]);
+    t.reissue_likely = false;
+    assert!(codes(vec![t]).is_empty());
+}
+
+#[test]
+fn severities_and_has_errors() {
+    let mut t = keyed();
+    t.key = None;
+    let tb = Toolbox::new(vec![t]).unwrap();
+    let audit = tb.audit();
+    assert_eq!(audit.findings[0].severity, Severity::Error);
+    assert!(audit.has_errors());
+    assert_eq!(audit.findings[0].tool, "send_invoice");
+    let v: serde_json::Value = serde_json::from_str(&audit.to_json()).unwrap();
+    assert_eq!(v["findings"][0]["code"], "keyed-write-without-key-source");
+    assert!(audit
+        .to_markdown()
+        .contains("| send_invoice | keyed_write | - | - | escalate | layer |"));
+}
+
+#[test]
+fn scan_flags_random_keys_near_a_key_only() {
+    let near = "fn call() {\n    let key = IdempotencyKey::from(Uuid::new_v4().to_string());\n}\n";
+    let hits = stormguard::tool::scan(&[("src/a.rs", near)], 10);
+    assert_eq!(hits.len(), 1);
+    assert_eq!((hits[0].path.as_str(), hits[0].line), ("src/a.rs", 2));
+    let header = "let n = rand::random::<u64>();\nreq.header(\"Idempotency-Key\", n.to_string());";
+    assert_eq!(stormguard::tool::scan(&[("b.rs", header)], 3).len(), 1);
+    let unrelated = "let trace_id = Uuid::new_v4();\n";
+    assert!(stormguard::tool::scan(&[("c.rs", unrelated)], 10).is_empty());
+}

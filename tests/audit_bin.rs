@@ -1,0 +1,77 @@
+//! The `stormguard-audit` binary on the two example files: exit codes and the expected findings.
+#![cfg(feature = "audit")]
+
+use std::process::Command;
+
+const CODES: [&str; 11] = [
+    "keyed-write-without-key-source",
+    "key-includes-free-text",
+    "unkeyed-write-with-retries",
+    "write-without-unknown-outcome",
+    "several-retry-owners",
+    "receipt-retention-shorter-than-resume",
+    "resume-longer-than-key-window",
+    "annotation-idempotent-contradicts-class",
+    "annotation-read-only-contradicts-class",
+    "quota-used-with-two-settings",
+    "step-in-key-of-reissued-write",
+];
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_stormguard-audit"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap() + &String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn the_defective_table_exits_1_with_each_finding_once() {
+    let (code, out) = run(&["examples/tools.toml"]);
+    assert_eq!(code, 1, "{out}");
+    for c in CODES {
+        assert_eq!(out.matches(&format!("`{c}`")).count(), 1, "{c} in {out}");
+    }
+    let (code, json) = run(&["examples/tools.toml", "--json"]);
+    assert_eq!(code, 1);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v["audit"]["findings"].as_array().unwrap().len(),
+        CODES.len()
+    );
+}
+
+#[test]
+fn the_clean_table_exits_0() {
+    let (code, out) = run(&["examples/tools-clean.toml"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("No findings."));
+}
+
+#[test]
+fn a_bad_file_exits_2_with_the_typed_error() {
+    let dir = std::env::temp_dir().join(format!("sg-audit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[tools]]\nname = \"t\"\nclass = \"read\"\nretry = []\n",
+    )
+    .unwrap();
+    let (code, out) = run(&[bad.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(out.contains("tool `t`, field `retry`"), "{out}");
+    assert_eq!(run(&["no/such/file.toml"]).0, 2);
+    std::fs::write(
+        dir.join("k.rs"),
+        "let k = IdempotencyKey::new(Uuid::new_v4());\n",
+    )
+    .unwrap();
+    let (code, out) = run(&["examples/tools-clean.toml", "--scan", dir.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(out.contains("k.rs:1"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
