@@ -423,3 +423,57 @@ async fn a_call_over_a_boxed_service_is_spawned_as_its_future_or_through_a_boxed
         "one refused, two answered"
     );
 }
+
+/// A receipt layer behind a `Buffer` tells the operation the request carries that an attempt was
+/// answered there (the key came back with other arguments), so the error reports no attempt
+/// sent: the same as on one task.
+#[tokio::test(start_paused = true)]
+async fn a_receipt_layer_behind_a_buffer_reports_its_local_answers_to_the_carried_operation() {
+    use stormguard::key::Action;
+    use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer, ReceiptStore};
+    use stormguard::{budget::RetryBudget, class::ToolClass, error::ErrorCode, retry::RetryLayer};
+    use tower::{service_fn, Layer, ServiceExt};
+    let action = |req: &http::Request<String>| Action::new("run-1", "step-1", "charge", req.body());
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counter = sent.clone();
+    let provider = service_fn(move |_: http::Request<String>| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>(http::Response::new(String::new())) }
+    });
+    for buffered in [false, true] {
+        let store = InMemoryStore::new();
+        let held = action(&http::Request::new("4471".to_string())).unwrap();
+        // The action was recorded before under other arguments.
+        store
+            .begin(
+                held.key().as_str(),
+                "other arguments",
+                "earlier",
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let guard =
+            ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, action).layer(provider.clone());
+        let retry = RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default());
+        let err = if buffered {
+            retry
+                .layer(tower::buffer::Buffer::new(guard, 4))
+                .oneshot(http::Request::new("4471".into()))
+                .await
+        } else {
+            retry
+                .layer(guard)
+                .oneshot(http::Request::new("4471".into()))
+                .await
+        }
+        .unwrap_err();
+        assert_eq!(
+            err.code(),
+            ErrorCode::IdempotencyKeyReused,
+            "buffered: {buffered}"
+        );
+        assert_eq!(err.attempts(), 0, "nothing was sent (buffered: {buffered})");
+    }
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 0);
+}

@@ -9,6 +9,7 @@ use crate::class::ToolClass;
 use crate::classify::{ClassifiedResponse, Classify, FailureClass, KeyConflict, Verdict};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::key::{Action, IdempotencyKey};
+use crate::operation::Operation;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,13 +57,15 @@ pub(super) struct Run<S, Req, St, C, Cd, RB> {
     pub(super) inner: S,
     pub(super) shared: Arc<GuardState<St, C, Cd, RB>>,
     pub(super) action: Action,
+    /// The operation the request carries, if any: told when an attempt is answered here.
+    pub(super) op: Option<Operation>,
     pub(super) _req: PhantomData<fn(Req)>,
 }
 
-fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
+fn refusal(code: ErrorCode, key: &IdempotencyKey, op: Option<&Operation>) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
     counted(code.as_str());
-    answered_here();
+    answered_here(op);
     Box::new(
         ToolError::new(code)
             .with_retryable(code.default_retryable())
@@ -70,10 +73,15 @@ fn refusal(code: ErrorCode, key: &IdempotencyKey) -> BoxError {
     )
 }
 
-fn refused(code: ErrorCode, key: &IdempotencyKey, hint: &'static str) -> BoxError {
+fn refused(
+    code: ErrorCode,
+    key: &IdempotencyKey,
+    hint: &'static str,
+    op: Option<&Operation>,
+) -> BoxError {
     tracing::info!(key = %key, code = code.as_str(), "receipt refused the call");
     counted(code.as_str());
-    answered_here();
+    answered_here(op);
     Box::new(
         ToolError::new(code)
             .with_retryable(code.default_retryable())
@@ -99,13 +107,18 @@ fn counted(outcome: &'static str) {
 
 /// This attempt was answered here without reaching the dependency (a receipt, a refusal): a
 /// `Retry` above counts it against the operation's attempts, but does not report it as one.
-pub(super) fn answered_here() {
-    crate::operation::ledger::with_current(|op| op.answered_locally());
+pub(super) fn answered_here(op: Option<&Operation>) {
+    match op {
+        Some(op) => op.with(|state| state.answered_locally()),
+        None => {
+            crate::operation::ledger::with_current(|state| state.answered_locally());
+        }
+    }
 }
 
-fn store_down(e: StoreError) -> BoxError {
+fn store_down(e: StoreError, op: Option<&Operation>) -> BoxError {
     counted("store_unavailable");
-    answered_here();
+    answered_here(op);
     tracing::warn!(error = %e, "receipt store unavailable; the call was not executed");
     Box::new(ToolError::new(ErrorCode::StoreUnavailable).with_source(e))
 }
@@ -175,7 +188,7 @@ where
                     settings.lease,
                 )
                 .await
-                .map_err(store_down)?;
+                .map_err(|e| store_down(e, self.op.as_ref()))?;
             let (age_ms, lease_left_ms) = match begin {
                 Begin::Fresh => {
                     counted("fresh");
@@ -184,14 +197,14 @@ where
                 }
                 Begin::Mismatch { done } => {
                     intent.disown();
-                    answered_here();
+                    answered_here(self.op.as_ref());
                     return Err(Box::new(key_reused(&key, done, false)));
                 }
                 Begin::Done { receipt, .. } => {
                     // A receipt on hand answers whatever its age: nothing is repeated.
                     intent.disown();
                     counted("receipt");
-                    answered_here();
+                    answered_here(self.op.as_ref());
                     tracing::debug!(key = %key, "receipt found; not executing");
                     let hint = if self.shared.codec.stores() {
                         "the stored receipt could not be decoded; escalate"
@@ -218,7 +231,12 @@ where
             };
             if u128::from(age_ms) > settings.retention.as_millis() {
                 intent.disown();
-                return Err(refused(ErrorCode::ReceiptExpired, &key, EXPIRED_HINT));
+                return Err(refused(
+                    ErrorCode::ReceiptExpired,
+                    &key,
+                    EXPIRED_HINT,
+                    self.op.as_ref(),
+                ));
             }
             if lease_left_ms == 0 {
                 let next = stale(&settings, age_ms);
@@ -229,9 +247,18 @@ where
                     } else {
                         UNKNOWN_HINT
                     };
-                    return Err(refused(ErrorCode::OutcomeUnknown, &key, hint));
+                    return Err(refused(
+                        ErrorCode::OutcomeUnknown,
+                        &key,
+                        hint,
+                        self.op.as_ref(),
+                    ));
                 }
-                if intent.claim(settings.lease).await.map_err(store_down)? {
+                if intent
+                    .claim(settings.lease)
+                    .await
+                    .map_err(|e| store_down(e, self.op.as_ref()))?
+                {
                     if let Stale::ReadBack = next {
                         return self.read_back(intent, req, age_ms).await;
                     }
@@ -244,7 +271,7 @@ where
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 intent.disown();
-                return Err(refusal(ErrorCode::InProgress, &key));
+                return Err(refusal(ErrorCode::InProgress, &key, self.op.as_ref()));
             }
             let nap = settings
                 .poll
@@ -266,7 +293,7 @@ where
         match self.shared.read_back.read_back(&req).await {
             ReadBackResult::Found(res) => {
                 counted("read_back_found");
-                answered_here();
+                answered_here(self.op.as_ref());
                 tracing::info!(key = %key, "read-back found the effect; recording its receipt");
                 match self.shared.codec.encode(&res) {
                     Ok(bytes) => {
@@ -288,7 +315,12 @@ where
                 } else {
                     UNKNOWN_HINT
                 };
-                Err(refused(ErrorCode::OutcomeUnknown, &key, hint))
+                Err(refused(
+                    ErrorCode::OutcomeUnknown,
+                    &key,
+                    hint,
+                    self.op.as_ref(),
+                ))
             }
         }
     }
@@ -318,7 +350,7 @@ where
         let key = self.action.key().clone();
         if let Err(e) = std::future::poll_fn(|cx| self.inner.poll_ready(cx)).await {
             // Never sent: forget the intent (keep one taken over, lease given up).
-            answered_here();
+            answered_here(self.op.as_ref());
             if let Some(outcome) = intent.abandon().await {
                 counted(outcome);
             }
