@@ -43,7 +43,8 @@ use crate::error::ToolError;
 #[diagnostic::on_unimplemented(
     message = "stormguard's default classifier does not know what a `{Self}` answer means",
     label = "`{Self}` does not implement `Answer`",
-    note = "for your own type: `impl stormguard::classify::Answer for {Self} {{}}` (every `Ok` is a success) or override `classify_answer`; for a type of another crate, give the layer `.classifier(OkIsSuccess)` or a closure `|r: &Result<{Self}, _>| -> Classification`"
+    note = "for your own type: `impl stormguard::classify::Answer for {Self} {{}}` (every `Ok` is a success) or override `classify_answer`; for a type of another crate, give the layer `.classifier(OkIsSuccess)` or a closure `|r: &Result<{Self}, _>| -> Classification`",
+    note = "a `serde_json::Value` is not read as a success by default: a tool's JSON may carry a failure (`{{\"status\":502}}`); turn the HTTP response into the tool's JSON above the stormguard layers, where they still see the status, or give a classifier that reads it"
 )]
 pub trait Answer {
     /// This answer's classification when it arrives as `Ok`. A success unless overridden.
@@ -84,7 +85,6 @@ plain_answers!(
     f32,
     f64,
     String,
-    serde_json::Value,
     std::time::Duration,
 );
 
