@@ -424,11 +424,12 @@ async fn a_call_over_a_boxed_service_is_spawned_as_its_future_or_through_a_boxed
     );
 }
 
-/// A receipt layer behind a `Buffer` tells the operation the request carries that an attempt was
-/// answered there (the key came back with other arguments), so the error reports no attempt
-/// sent: the same as on one task.
+/// A receipt layer in a spawned tool body (its future polled on another task) tells the
+/// operation the request carries that an attempt was answered there (the key came back with
+/// other arguments), so the error reports no attempt sent: the same as on one task. (A `Buffer`
+/// would not show it: tower's buffer hands the inner future back to the caller's task.)
 #[tokio::test(start_paused = true)]
-async fn a_receipt_layer_behind_a_buffer_reports_its_local_answers_to_the_carried_operation() {
+async fn a_receipt_layer_in_a_spawned_body_reports_its_local_answers_to_the_carried_operation() {
     use stormguard::key::Action;
     use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer, ReceiptStore};
     use stormguard::{budget::RetryBudget, class::ToolClass, error::ErrorCode, retry::RetryLayer};
@@ -440,7 +441,7 @@ async fn a_receipt_layer_behind_a_buffer_reports_its_local_answers_to_the_carrie
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         async { Ok::<_, std::io::Error>(http::Response::new(String::new())) }
     });
-    for buffered in [false, true] {
+    for spawned in [false, true] {
         let store = InMemoryStore::new();
         let held = action(&http::Request::new("4471".to_string())).unwrap();
         // The action was recorded before under other arguments.
@@ -456,9 +457,13 @@ async fn a_receipt_layer_behind_a_buffer_reports_its_local_answers_to_the_carrie
         let guard =
             ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, action).layer(provider.clone());
         let retry = RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default());
-        let err = if buffered {
+        let err = if spawned {
+            let body = service_fn(move |req: http::Request<String>| {
+                let task = tokio::spawn(guard.clone().oneshot(req));
+                async move { task.await.expect("the tool body") }
+            });
             retry
-                .layer(tower::buffer::Buffer::new(guard, 4))
+                .layer(body)
                 .oneshot(http::Request::new("4471".into()))
                 .await
         } else {
@@ -471,9 +476,9 @@ async fn a_receipt_layer_behind_a_buffer_reports_its_local_answers_to_the_carrie
         assert_eq!(
             err.code(),
             ErrorCode::IdempotencyKeyReused,
-            "buffered: {buffered}"
+            "spawned: {spawned}"
         );
-        assert_eq!(err.attempts(), 0, "nothing was sent (buffered: {buffered})");
+        assert_eq!(err.attempts(), 0, "nothing was sent (spawned: {spawned})");
     }
     assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
