@@ -12,6 +12,7 @@ pub(crate) const RETRIES: &str = "stormguard_retries_total";
 pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
+pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
 pub(crate) const BREAKER_TRANSITIONS: &str = "stormguard_breaker_transitions_total";
 pub(crate) const BREAKER_REJECTIONS: &str = "stormguard_breaker_rejections_total";
@@ -80,6 +81,11 @@ pub(crate) fn escalated(class: ToolClass, code: &'static str) {
 /// A layer joined an operation with a stricter class than it had (see `Retry`'s docs).
 pub(crate) fn class_tightened(from: ToolClass, to: ToolClass) {
     metrics::counter!(CLASS_TIGHTENED, "from" => from.as_str(), "to" => to.as_str()).increment(1);
+}
+
+/// A nested retry layer found no operation to join (label `layer`: its name).
+pub(crate) fn operation_uncarried(layer: &str) {
+    metrics::counter!(UNCARRIED, "layer" => layer.to_owned()).increment(1);
 }
 
 pub(crate) fn receipt_outcome(outcome: &'static str) {

@@ -271,3 +271,36 @@ fn refused_loans_are_counted_with_the_reason() {
     assert_eq!(counter(&metrics, name, &[("reason", "lending_limit")]), 1);
     assert_eq!(counter(&metrics, name, &[("reason", "run_share")]), 1);
 }
+
+#[test]
+fn a_nested_layer_that_finds_no_operation_is_counted() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let calls = recorded(&recorder, || async {
+        let budget = RetryBudget::default();
+        // A plain `u32` cannot carry the operation across the buffer.
+        let dep = Dependency::always(Outcome::Fail(Ambiguous));
+        let mut stack = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+            .buffer(8)
+            .layer(
+                RetryLayer::new(ToolClass::Read, budget.clone())
+                    .name("billing-client")
+                    .nested(),
+            )
+            .service(dep.clone());
+        let _ = call(&mut stack, 1u32).await;
+        // Without a boundary the nested layer joins, and nothing is counted.
+        let mut joined = ServiceBuilder::new()
+            .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+            .layer(RetryLayer::new(ToolClass::Read, budget).name("joined").nested())
+            .service(Dependency::always(Outcome::Ok));
+        call(&mut joined, 2u32).await.unwrap();
+        dep.calls()
+    });
+    assert_eq!(calls, 1);
+    let metrics = snapshotter.snapshot().into_vec();
+    let uncarried = "stormguard_operations_uncarried_total";
+    assert_eq!(counter(&metrics, uncarried, &[("layer", "billing-client")]), 1);
+    assert_eq!(counter(&metrics, uncarried, &[("layer", "joined")]), 0);
+}

@@ -215,6 +215,44 @@ async fn a_request_type_that_cannot_carry_loses_the_operation_at_a_buffer() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_nested_layer_that_loses_the_operation_owns_no_retries() {
+    // The same stack with the client layer declared `nested()`: finding no operation, it makes
+    // one attempt and hands the ambiguous failure up, where the unkeyed write escalates it.
+    let budget = RetryBudget::default();
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).nested())
+        .service(dep.clone());
+    let err = call(&mut stack, 1u32).await.unwrap_err();
+    assert_eq!(dep.calls(), 1, "the write was sent more than once");
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+
+    // Over a read, the owner above still retries what the nested layer hands up: 3 in all.
+    let dep = outage();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .buffer(8)
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).nested())
+        .service(dep.clone());
+    let err = call(&mut stack, 2u32).await.unwrap_err();
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+
+    // Where the operation does reach it, a nested layer retries within the operation's attempts
+    // as any joining layer does.
+    let dep = outage();
+    let mut stack = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
+        .layer(RetryLayer::new(ToolClass::Read, budget).nested())
+        .service(dep.clone());
+    let err = call(&mut stack, 3u32).await.unwrap_err();
+    assert_eq!(dep.calls(), 3);
+    assert_eq!(err.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_buffer_between_layers_shares_the_attempt_cap() {
     let budget = RetryBudget::default();
     let dep = outage();

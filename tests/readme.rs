@@ -126,8 +126,8 @@ async fn send_invoice_example(
         // request carries an Idempotency-Key (the default reads an http::Response by its status)
         .layer(RetryLayer::new(ToolClass::KeyedWrite, budget.clone()).name("send_invoice"))
         // the HTTP client's own layer joins the same operation (it travels in the request, across a
-        // Buffer or a spawned task too): 3 attempts in all, not 9
-        .layer(RetryLayer::new(ToolClass::Read, budget).name("billing-api"))
+        // Buffer or a spawned task too): 3 attempts in all, not 9; `nested()`: never a second owner
+        .layer(RetryLayer::new(ToolClass::Read, budget).name("billing-api").nested())
         .service(http_client);
 
     let request = http::Request::post("http://billing.test/invoices/4471/send")

@@ -4,7 +4,7 @@
 //! inner service it installs the ledger in a thread-local slot, and every nested `Retry` reached
 //! from there (synchronously, on the same thread) reads and updates it. While the ledger is
 //! `Inline` it is plain `Copy` data ([`OpState`]) copied into the slot and back: no allocation
-//! and no lock. It is `Shared` (one `Arc<Mutex<OpState>>`, kept in a second thread-local) when it
+//! and no lock; the slot's kind is a byte of its own, so a layer that finds none copies nothing. It is `Shared` (one `Arc<Mutex<OpState>>`, kept in a second thread-local) when it
 //! travels with a request or to another task (see [`Operation`](super::Operation)).
 
 use crate::class::ToolClass;
@@ -52,6 +52,19 @@ pub(crate) enum Joined {
 }
 
 impl OpState {
+    /// What the thread's state cell holds while no inline state is lent (never read then).
+    const EMPTY: OpState = OpState {
+        retries: 0,
+        local: 0,
+        max_attempts: 0,
+        class: ToolClass::Read,
+        keyed: false,
+        closed: None,
+        deadline: None,
+        key: 0,
+        caller: 0,
+    };
+
     pub(crate) fn new(
         max_attempts: u32,
         class: ToolClass,
@@ -215,18 +228,24 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
 }
 
 /// What this thread's slot holds while a layer's call or poll runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
     /// No stormguard `Retry` is running here.
     Empty,
-    /// The running operation's state, lent by the future that owns it.
-    Inline(OpState),
+    /// The running operation's state is in `STATE`, lent by the future that owns it.
+    Inline,
     /// The running operation is on the heap, in `SHARED`.
     Shared,
 }
 
+// The kind is one byte, read first: a layer that finds `Empty` (the outermost, the common case)
+// touches nothing else, and a state is copied only where one is lent or read.
 thread_local! {
     static CURRENT: Cell<Slot> = const { Cell::new(Slot::Empty) };
+    static STATE: Cell<OpState> = const { Cell::new(OpState::EMPTY) };
+    /// Whether `STATE` holds a state lent by a future further up this thread's stack of calls
+    /// (installed now or under what is installed now): one lent over it saves it first.
+    static LENT: Cell<bool> = const { Cell::new(false) };
     static SHARED: RefCell<Option<SharedState>> = const { RefCell::new(None) };
 }
 
@@ -234,14 +253,19 @@ thread_local! {
 #[inline]
 pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
     match CURRENT.get() {
-        Slot::Inline(mut state) => {
-            let out = f(&mut state);
-            CURRENT.set(Slot::Inline(state));
-            Some(out)
-        }
+        Slot::Inline => Some(on_inline(f)),
         Slot::Shared => SHARED.with_borrow(|shared| shared.as_deref().map(|m| f(&mut lock(m)))),
         Slot::Empty => None,
     }
+}
+
+/// Runs `f` on the inline state lent to this thread.
+#[inline]
+fn on_inline<R>(f: impl FnOnce(&mut OpState) -> R) -> R {
+    let mut state = STATE.get();
+    let out = f(&mut state);
+    STATE.set(state);
+    out
 }
 
 /// The deadline of the operation installed on this thread, if there is one and it has one.
@@ -273,8 +297,8 @@ pub(crate) fn join_current(
 pub(crate) fn share_current() -> Option<SharedState> {
     match CURRENT.get() {
         Slot::Shared => SHARED.with_borrow(Clone::clone),
-        Slot::Inline(state) => {
-            let shared = Arc::new(Mutex::new(state));
+        Slot::Inline => {
+            let shared = Arc::new(Mutex::new(STATE.get()));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
             CURRENT.set(Slot::Shared);
@@ -289,6 +313,9 @@ pub(crate) fn share_current() -> Option<SharedState> {
 pub(crate) struct Installed<'a> {
     slot: &'a mut Option<Ledger>,
     previous: Slot,
+    /// The inline state installed before, if this one replaced it (a carried or own operation
+    /// inside another).
+    previous_state: Option<OpState>,
     previous_shared: Option<SharedState>,
 }
 
@@ -297,8 +324,15 @@ impl<'a> Installed<'a> {
     pub(crate) fn new(slot: &'a mut Option<Ledger>) -> Self {
         let previous = CURRENT.get();
         let mut shared = None;
+        let mut previous_state = None;
         let next = match slot {
-            Some(Ledger::Inline(state)) => Slot::Inline(*state),
+            Some(Ledger::Inline(state)) => {
+                if LENT.replace(true) {
+                    previous_state = Some(STATE.get());
+                }
+                STATE.set(*state);
+                Slot::Inline
+            }
             Some(Ledger::Shared(_)) => {
                 if let Some(Ledger::Shared(s)) = slot.take() {
                     shared = Some(s);
@@ -308,7 +342,7 @@ impl<'a> Installed<'a> {
             None => Slot::Empty,
         };
         CURRENT.set(next);
-        let previous_shared = if shared.is_some() || matches!(previous, Slot::Shared) {
+        let previous_shared = if shared.is_some() || previous == Slot::Shared {
             SHARED.replace(shared)
         } else {
             None
@@ -316,6 +350,7 @@ impl<'a> Installed<'a> {
         Installed {
             slot,
             previous,
+            previous_state,
             previous_shared,
         }
     }
@@ -325,11 +360,18 @@ impl Drop for Installed<'_> {
     #[inline]
     fn drop(&mut self) {
         let mine = CURRENT.replace(self.previous);
+        let lent_here = matches!(self.slot, Some(Ledger::Inline(_)));
         match (mine, &mut *self.slot) {
-            (Slot::Inline(state), Some(Ledger::Inline(held))) => *held = state,
+            (Slot::Inline, Some(Ledger::Inline(held))) => *held = STATE.get(),
             // Ours, or moved to the heap while it was lent (`share_current`).
             (Slot::Shared, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
+        }
+        match self.previous_state.take() {
+            Some(previous) => STATE.set(previous),
+            // This one lent the only state: none is lent now.
+            None if lent_here => LENT.set(false),
+            None => {}
         }
         if let Some(previous) = self.previous_shared.take() {
             SHARED.set(Some(previous));
@@ -358,11 +400,7 @@ pub(crate) fn with_current_or<R>(
         return ledger.with(f);
     }
     match CURRENT.get() {
-        Slot::Inline(mut state) => {
-            let out = f(&mut state);
-            CURRENT.set(Slot::Inline(state));
-            out
-        }
+        Slot::Inline => on_inline(f),
         Slot::Shared => match SHARED.with_borrow(Clone::clone) {
             Some(shared) => f(&mut lock(&shared)),
             None => own.insert(Ledger::inline(make())).with(f),

@@ -141,6 +141,12 @@ where
         Self::new(future, retrier, request, None, credits, Span::none())
     }
 
+    /// Marks the future of a layer that owns no retries (see `LayerPart::hands_up`).
+    pub(super) fn hands_up(mut self, hands_up: bool) -> Self {
+        self.part.hands_up = hands_up;
+        self
+    }
+
     /// The operation's deadline passed before this layer's first attempt was sent (it waited
     /// for readiness): the future ends with `deadline_exceeded` and sends nothing.
     pub(super) fn expired(retrier: Arc<Retrier<S, C, R>>, error: ToolError) -> Self {
@@ -154,6 +160,7 @@ where
                 attempts: 0,
                 credits: false,
                 retry: None,
+                hands_up: false,
             },
             span: Span::none(),
             run: None,
@@ -178,6 +185,7 @@ where
                 attempts: 1,
                 credits,
                 retry: None,
+                hands_up: false,
             },
             span,
             run: None,
@@ -387,6 +395,8 @@ where
             .next_delay()
     });
     let next = match next {
+        // Not this layer's to retry: the owner above decides.
+        Next::Retry { .. } if part.hands_up => Next::LeaveToOuterLayer,
         Next::Retry { delay, throttled } => settle(
             next,
             if throttled {

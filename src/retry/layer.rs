@@ -28,7 +28,21 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     classifier: C,
     replay: R,
     name: Cow<'static, str>,
-    own_operation: bool,
+    role: Role,
+}
+
+/// How a layer takes part in the operation it is called in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Joins the operation it finds, else opens one (the default).
+    JoinsOrOpens,
+    /// Always opens an operation of its own ([`RetryLayer::own_operation`]).
+    Own,
+    /// Only joins ([`RetryLayer::nested`]): finding none, it retries nothing.
+    Nested,
+    /// Joins or opens, and retries nothing: the tool's retries are the model's or the client's
+    /// (a tool declared so, see [`crate::tool::RetryOwner`]).
+    HandsUp,
 }
 
 impl RetryLayer {
@@ -59,7 +73,7 @@ impl RetryLayer {
             classifier: DefaultClassifier,
             replay: DefaultReplay,
             name: Cow::Borrowed(class.as_str()),
-            own_operation: false,
+            role: Role::JoinsOrOpens,
         }
     }
 }
@@ -91,7 +105,49 @@ impl<C, R> RetryLayer<C, R> {
     /// # let _ = (tool, refresh);
     /// ```
     pub fn own_operation(mut self) -> Self {
-        self.own_operation = true;
+        self.role = Role::Own;
+        self
+    }
+
+    /// Declares that this layer runs inside another stormguard [`Retry`] (the tool's layer,
+    /// which owns the retries): it joins that layer's operation and never becomes a second
+    /// owner. A layer nested by accident (a client's own retry layer under a tool's) retries
+    /// with the operation's attempts as long as the operation reaches it; where it does not (a
+    /// request type that cannot carry it, such as a `reqwest::Request` or a plain value, behind a
+    /// `tower::buffer::Buffer` or in a spawned task), it would open an operation of its own and
+    /// retry on its own account: for a write, up to its attempts of duplicates. A nested layer
+    /// then makes one attempt and hands a failure up unchanged, still retryable, for the owner
+    /// to decide; it counts `stormguard_operations_uncarried_total{layer}` and logs a WARN, so
+    /// the lost operation is seen.
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, retry::RetryLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let counter = calls.clone();
+    /// let down = service_fn(move |_: u32| {
+    ///     counter.fetch_add(1, Ordering::SeqCst);
+    ///     async { Err::<u32, _>(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)) }
+    /// });
+    /// // The client's layer, reached with no operation (a plain `u32` cannot carry one).
+    /// let mut client = RetryLayer::new(ToolClass::Read, RetryBudget::default()).nested().layer(down);
+    /// let err = client.ready().await.unwrap().call(1).await.unwrap_err();
+    /// assert_eq!(calls.load(Ordering::SeqCst), 1); // one attempt: it owns no retries
+    /// assert!(err.retryable()); // the owner above decides
+    /// # }
+    /// ```
+    pub fn nested(mut self) -> Self {
+        self.role = Role::Nested;
+        self
+    }
+
+    /// Sets how the layer takes part in operations (for the tool stack).
+    pub(crate) fn role(mut self, role: Role) -> Self {
+        self.role = role;
         self
     }
 
@@ -103,7 +159,7 @@ impl<C, R> RetryLayer<C, R> {
             classifier,
             replay: self.replay,
             name: self.name,
-            own_operation: self.own_operation,
+            role: self.role,
         }
     }
 
@@ -115,7 +171,7 @@ impl<C, R> RetryLayer<C, R> {
             classifier: self.classifier,
             replay,
             name: self.name,
-            own_operation: self.own_operation,
+            role: self.role,
         }
     }
 }
@@ -131,7 +187,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             classifier: self.classifier.clone(),
             replay: self.replay.clone(),
             name: self.name.clone(),
-            own_operation: self.own_operation,
+            role: self.role,
         };
         Retry::new(inner, retrier)
     }

@@ -120,7 +120,7 @@ mod decide;
 mod ending;
 pub mod future;
 
-mod layer;
+pub(crate) mod layer;
 mod part;
 pub(crate) mod policy;
 mod replay;

@@ -23,6 +23,10 @@ pub(super) struct LayerPart {
     /// What only a retry needs: boxed, made on the first failure, kept out of the future's size
     /// (nested futures contain each other, and are moved whole).
     pub(super) retry: Option<Box<Retrying>>,
+    /// This layer owns no retries: it hands every retryable failure up, still retryable (a
+    /// [nested](super::RetryLayer::nested) layer that found no operation to join, or a tool
+    /// whose retries the model or the client own).
+    pub(super) hands_up: bool,
 }
 
 /// The state of a layer that is retrying.

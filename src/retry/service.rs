@@ -2,6 +2,7 @@
 
 use super::ending;
 use super::future::ResponseFuture;
+use super::layer::Role;
 use super::{ClassPolicy, DefaultReplay, Replay};
 use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
@@ -82,7 +83,7 @@ pub(crate) struct Retrier<S, C, R> {
     pub(crate) classifier: C,
     pub(crate) replay: R,
     pub(crate) name: Cow<'static, str>,
-    pub(crate) own_operation: bool,
+    pub(crate) role: Role,
 }
 
 impl<S: Clone, C, R> Retrier<S, C, R> {
@@ -227,7 +228,7 @@ where
             .map(|d| since.unwrap_or_else(Instant::now) + d);
         let budget = retrier.budget.id();
 
-        if !retrier.own_operation {
+        if retrier.role != Role::Own {
             // The operation the request carries: it crossed a `Buffer` or a spawned task with it.
             if let Some(op) = retrier.replay.operation(&req) {
                 let copy = retrier.replay.replay(&req);
@@ -250,7 +251,8 @@ where
                     self.inner.call(req)
                 });
                 let retrier = self.retrier.clone();
-                return ResponseFuture::carried(future, retrier, copy, ledger, credits, run);
+                return ResponseFuture::carried(future, retrier, copy, ledger, credits, run)
+                    .hands_up(self.retrier.role == Role::HandsUp);
             }
             // The operation of a layer above on this task.
             match join_current(class, keyed, deadline, budget) {
@@ -274,13 +276,18 @@ where
                     }
                     // Nested: the operation's owner has installed its ledger on this thread.
                     let future = self.inner.call(req);
-                    return ResponseFuture::nested(future, self.retrier.clone(), copy, credits);
+                    return ResponseFuture::nested(future, self.retrier.clone(), copy, credits)
+                        .hands_up(retrier.role == Role::HandsUp);
                 }
             }
         }
 
         // Outermost (or its own operation): open the ledger and lend it to the inner call; a
         // request that can carry it takes it along (one allocation per operation).
+        if retrier.role == Role::Nested {
+            operation_uncarried(&retrier.name);
+        }
+        let hands_up = matches!(retrier.role, Role::Nested | Role::HandsUp);
         telemetry::operation_opened(class);
         let max_attempts = retrier.policy.max_attempts();
         let mut state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
@@ -307,7 +314,7 @@ where
             let _installed = Installed::new(&mut ledger);
             self.inner.call(req)
         };
-        ResponseFuture::owner(future, self.retrier.clone(), copy, ledger, span)
+        ResponseFuture::owner(future, self.retrier.clone(), copy, ledger, span).hands_up(hands_up)
     }
 }
 
@@ -335,7 +342,7 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             classifier: retrier.classifier.clone(),
             replay: retrier.replay.clone(),
             name: retrier.name.clone(),
-            own_operation: retrier.own_operation,
+            role: retrier.role,
         });
         self.stale = false;
     }
@@ -361,5 +368,19 @@ fn class_tightened(layer: &str, was: ToolClass, now: ToolClass) {
          are an operation of their own (an auth-token refresh, one branch of a fan-out), give it \
          .own_operation()",
         now.as_str()
+    );
+}
+
+/// A layer declared [`nested`](super::RetryLayer::nested) found no operation to join: the
+/// operation was lost on the way (a request type that cannot carry it, across a `Buffer` or a
+/// spawned task), or the layer has no owner above it.
+#[cold]
+fn operation_uncarried(layer: &str) {
+    telemetry::operation_uncarried(layer);
+    tracing::warn!(
+        layer,
+        "a nested retry layer found no operation to join: it makes one attempt and hands failures \
+         up; carry the operation across the boundary (operation::carry for a spawned task, \
+         AttachLayer/AdoptLayer around a Buffer) or use a request type that carries it"
     );
 }

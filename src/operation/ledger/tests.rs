@@ -177,3 +177,39 @@ fn attempts_answered_locally_are_not_reported_as_sent() {
     }
     assert_eq!(state.sent_attempts(), 0);
 }
+
+#[test]
+fn an_inline_state_lent_under_a_shared_one_does_not_overwrite_the_outer_inline_state() {
+    // inline (outer) -> shared (a carried operation) -> inline (an own operation inside it).
+    let mut outer = read_op();
+    let shared = Arc::new(Mutex::new(OpState::new(7, ToolClass::Read, false, None)));
+    let mut middle = Some(Ledger::Shared(shared.clone()));
+    let mut inner = Some(Ledger::inline(OpState::new(
+        9,
+        ToolClass::UnkeyedWrite,
+        false,
+        None,
+    )));
+    in_scope(&mut outer, || {
+        in_scope(&mut middle, || {
+            assert_eq!(with_current(|op| op.max_attempts), Some(7));
+            in_scope(&mut inner, || {
+                with_current(|op| op.grant_retry());
+                assert_eq!(with_current(|op| op.max_attempts), Some(9));
+            });
+            assert_eq!(with_current(|op| op.max_attempts), Some(7));
+        });
+        // The outer state, as it was lent, with none of the inner one's changes.
+        assert_eq!(
+            with_current(|op| (op.max_attempts, op.retries)),
+            Some((3, 0))
+        );
+    });
+    assert_eq!(inner.unwrap().with(|op| op.retries), 1);
+    assert!(with_current(|_| ()).is_none(), "nothing is left installed");
+    // And a later lend starts clean.
+    let mut again = read_op();
+    in_scope(&mut again, || {
+        assert_eq!(with_current(|op| op.max_attempts), Some(3));
+    });
+}
