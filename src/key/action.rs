@@ -108,6 +108,21 @@ impl Action {
         })
     }
 
+    /// An action known by its run, step and tool alone (a tool declared with no argument field
+    /// in its key): the key covers none of `args`, the fingerprint all of them, so a repeat with
+    /// other arguments is told apart, never taken for the same action.
+    pub(crate) fn of_identity(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &serde_json::Value,
+    ) -> Result<Action, KeyError> {
+        Ok(Action {
+            key: IdempotencyKey::derive(run, step, tool, &serde_json::Value::Null)?,
+            fingerprint: fingerprint_of(args)?,
+        })
+    }
+
     /// An action known only by a key made elsewhere (for example read from a trusted header):
     /// its fingerprint is the key's own, so a repeat can never be told apart by its arguments.
     ///

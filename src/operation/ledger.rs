@@ -15,8 +15,16 @@ use tokio::time::Instant;
 
 /// The state of one logical operation, shared by every nested layer it passes through. Layers
 /// change it only through the named mutators below.
+///
+/// Aligned to 16 bytes, so that every copy of it (into the thread's slot and back, into a future)
+/// moves the same aligned 16-byte pieces, and a load is served from the store before it.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(16))]
 pub(crate) struct OpState {
+    /// When the operation's deadline passes: the earliest of every layer's.
+    deadline: Option<Instant>,
+    /// A fingerprint of the idempotency key its first attempt carried (0: none yet).
+    key: u64,
     /// Retries granted so far, by any layer; attempts = retries + 1.
     retries: u32,
     /// Attempts answered without reaching the dependency (a stored receipt, a refusal of the
@@ -30,10 +38,6 @@ pub(crate) struct OpState {
     keyed: bool,
     /// Set once a layer gave up: no other layer retries the operation.
     closed: Option<ErrorCode>,
-    /// When the operation's deadline passes: the earliest of every layer's.
-    deadline: Option<Instant>,
-    /// A fingerprint of the idempotency key its first attempt carried (0: none yet).
-    key: u64,
     /// The budget id (24 bits) of the layer calling into the stack now: a layer that joins
     /// credits its own budget on success only if it differs from this one, so a run of nested
     /// layers on one budget credits it once (0: none).
@@ -232,8 +236,11 @@ pub(crate) fn lock(shared: &Mutex<OpState>) -> MutexGuard<'_, OpState> {
 enum Slot {
     /// No stormguard `Retry` is running here.
     Empty,
-    /// The running operation's state is in `STATE`, lent by the future that owns it.
+    /// The running operation's state is in `STATE`, lent by the future that owns it, and no
+    /// layer has changed it yet: taking it back copies nothing.
     Inline,
+    /// The same, changed by a layer below: taking it back copies it.
+    InlineChanged,
     /// The running operation is on the heap, in `SHARED`.
     Shared,
 }
@@ -253,18 +260,19 @@ thread_local! {
 #[inline]
 pub(crate) fn with_current<R>(f: impl FnOnce(&mut OpState) -> R) -> Option<R> {
     match CURRENT.get() {
-        Slot::Inline => Some(on_inline(f)),
+        Slot::Inline | Slot::InlineChanged => Some(on_inline(f)),
         Slot::Shared => SHARED.with_borrow(|shared| shared.as_deref().map(|m| f(&mut lock(m)))),
         Slot::Empty => None,
     }
 }
 
-/// Runs `f` on the inline state lent to this thread.
+/// Runs `f` on the inline state lent to this thread (which then counts as changed).
 #[inline]
 fn on_inline<R>(f: impl FnOnce(&mut OpState) -> R) -> R {
     let mut state = STATE.get();
     let out = f(&mut state);
     STATE.set(state);
+    CURRENT.set(Slot::InlineChanged);
     out
 }
 
@@ -297,7 +305,7 @@ pub(crate) fn join_current(
 pub(crate) fn share_current() -> Option<SharedState> {
     match CURRENT.get() {
         Slot::Shared => SHARED.with_borrow(Clone::clone),
-        Slot::Inline => {
+        Slot::Inline | Slot::InlineChanged => {
             let shared = Arc::new(Mutex::new(STATE.get()));
             // `Installed` keeps `SHARED` empty while an inline ledger is installed.
             SHARED.set(Some(shared.clone()));
@@ -362,7 +370,7 @@ impl Drop for Installed<'_> {
         let mine = CURRENT.replace(self.previous);
         let lent_here = matches!(self.slot, Some(Ledger::Inline(_)));
         match (mine, &mut *self.slot) {
-            (Slot::Inline, Some(Ledger::Inline(held))) => *held = STATE.get(),
+            (Slot::InlineChanged, Some(Ledger::Inline(held))) => *held = STATE.get(),
             // Ours, or moved to the heap while it was lent (`share_current`).
             (Slot::Shared, slot) => *slot = SHARED.take().map(Ledger::Shared),
             _ => {}
@@ -400,7 +408,7 @@ pub(crate) fn with_current_or<R>(
         return ledger.with(f);
     }
     match CURRENT.get() {
-        Slot::Inline => on_inline(f),
+        Slot::Inline | Slot::InlineChanged => on_inline(f),
         Slot::Shared => match SHARED.with_borrow(Clone::clone) {
             Some(shared) => f(&mut lock(&shared)),
             None => own.insert(Ledger::inline(make())).with(f),

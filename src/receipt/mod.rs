@@ -175,6 +175,7 @@
 //! # }
 //! ```
 
+mod any;
 mod clock;
 mod codec;
 mod config;
@@ -192,6 +193,7 @@ mod sqlite;
 mod store;
 mod stored;
 
+pub use any::AnyStore;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Codec, JsonCodec, NotStored};
 #[cfg(feature = "http")]

@@ -76,7 +76,8 @@ pin_project! {
         request: Option<Req>,
         service: Option<S>,
         part: LayerPart,
-        span: Span,
+        // Only while a subscriber wants it (`None` costs one word to move).
+        span: Option<Span>,
         // The agent run of an operation that reached this layer in its request (across a
         // `Buffer` or a spawned task): lent to the thread while this future is polled, so the
         // budgets below act for that run.
@@ -112,7 +113,7 @@ where
         retrier: Arc<Retrier<S, C, R>>,
         request: Option<Req>,
         ledger: Option<Ledger>,
-        span: Span,
+        span: Option<Span>,
     ) -> Self {
         Self::new(future, retrier, request, ledger, true, span)
     }
@@ -127,7 +128,7 @@ where
         credits: bool,
         run: Option<RetryBudget>,
     ) -> Self {
-        let mut future = Self::new(future, retrier, request, ledger, credits, Span::none());
+        let mut future = Self::new(future, retrier, request, ledger, credits, None);
         future.run = run;
         future
     }
@@ -138,7 +139,7 @@ where
         request: Option<Req>,
         credits: bool,
     ) -> Self {
-        Self::new(future, retrier, request, None, credits, Span::none())
+        Self::new(future, retrier, request, None, credits, None)
     }
 
     /// Marks the future of a layer that owns no retries (see `LayerPart::hands_up`).
@@ -162,7 +163,7 @@ where
                 retry: None,
                 hands_up: false,
             },
-            span: Span::none(),
+            span: None,
             run: None,
         }
     }
@@ -173,7 +174,7 @@ where
         request: Option<Req>,
         ledger: Option<Ledger>,
         credits: bool,
-        span: Span,
+        span: Option<Span>,
     ) -> Self {
         ResponseFuture {
             state: State::Called { future },
@@ -222,7 +223,7 @@ where
     C: Classify<S::Response, S::Error>,
     R: Replay<Req>,
 {
-    let _entered = this.span.enter();
+    let _entered = this.span.as_ref().map(Span::enter);
     {
         loop {
             match this.state.as_mut().project() {

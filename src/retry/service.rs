@@ -309,8 +309,9 @@ where
             layer = %retrier.name,
             class = class.as_str()
         );
+        let span = (!span.is_disabled()).then_some(span);
         let future = {
-            let _entered = span.enter();
+            let _entered = span.as_ref().map(tracing::Span::enter);
             let _installed = Installed::new(&mut ledger);
             self.inner.call(req)
         };

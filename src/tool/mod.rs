@@ -13,13 +13,20 @@
 //! ```
 
 mod audit;
+mod boxed;
+mod build;
+mod call;
 mod parts;
 mod scan;
 mod spec;
+mod stack;
 mod toolbox;
 
 pub use audit::{Audit, Finding, Row, Severity};
+pub use build::{Stores, Tools};
+pub use call::Call;
 pub use parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
 pub use scan::{scan, ScanHit};
 pub use spec::Tool;
+pub use stack::{ToolLayer, ToolService};
 pub use toolbox::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
