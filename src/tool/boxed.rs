@@ -5,6 +5,7 @@ use crate::error::BoxError;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll};
 use tower_service::Service;
 
@@ -17,27 +18,40 @@ trait Erased<Req, Res, E>: Send + Sync {
     fn clone_box(&self) -> Box<dyn Erased<Req, Res, E>>;
 }
 
-/// Turns the errors of the service it holds into `E`.
-struct ErrInto<S>(S);
+/// Turns the errors of the service it holds into `E`. The service sits in a mutex only so that
+/// a `Send` service that is not `Sync` (a `BoxCloneService`) still makes a `Sync` box: calls
+/// reach it through `&mut` without locking; only a clone locks it.
+struct ErrInto<S>(Mutex<S>);
+
+impl<S> ErrInto<S> {
+    fn service(&mut self) -> &mut S {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 impl<S, Req, Res, E> Erased<Req, Res, E> for ErrInto<S>
 where
-    S: Service<Req, Response = Res> + Clone + Send + Sync + 'static,
+    S: Service<Req, Response = Res> + Clone + Send + 'static,
     S::Error: Into<E>,
     S::Future: Send + 'static,
     E: 'static,
 {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), E>> {
-        self.0.poll_ready(cx).map_err(Into::into)
+        self.service().poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Req) -> BoxFuture<Res, E> {
-        let future = self.0.call(req);
+        let future = self.service().call(req);
         Box::pin(async move { future.await.map_err(Into::into) })
     }
 
     fn clone_box(&self) -> Box<dyn Erased<Req, Res, E>> {
-        Box::new(ErrInto(self.0.clone()))
+        let service = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Box::new(ErrInto(Mutex::new(service)))
     }
 }
 
@@ -48,11 +62,11 @@ pub(super) struct Boxed<Req, Res, E = BoxError>(Box<dyn Erased<Req, Res, E>>);
 impl<Req: 'static, Res: 'static, E: 'static> Boxed<Req, Res, E> {
     pub(super) fn new<S>(service: S) -> Self
     where
-        S: Service<Req, Response = Res> + Clone + Send + Sync + 'static,
+        S: Service<Req, Response = Res> + Clone + Send + 'static,
         S::Error: Into<E>,
         S::Future: Send + 'static,
     {
-        Boxed(Box::new(ErrInto(service)))
+        Boxed(Box::new(ErrInto(Mutex::new(service))))
     }
 }
 

@@ -127,16 +127,15 @@ impl ToolLayer {
         quota: Option<KeyedQuotaLayer<String, Call>>,
         receipt: Option<(AnyStore, ReceiptConfig)>,
     ) -> Result<Self, SpecError> {
-        let refuse = |field: &str, reason: &str| Err(SpecError::new(Some(&tool.name), field, reason));
+        let refuse =
+            |field: &str, reason: &str| Err(SpecError::new(Some(&tool.name), field, reason));
         let role = match tool.retry.as_slice() {
             [RetryOwner::Layer] => Role::JoinsOrOpens,
             [_] => Role::HandsUp,
-            _ => {
-                return refuse(
-                    "retry",
-                    "more than one retry owner: name one (the layer, the client, the model or none)",
-                )
-            }
+            _ => return refuse(
+                "retry",
+                "more than one retry owner: name one (the layer, the client, the model or none)",
+            ),
         };
         if tool.hedge.is_some() {
             return refuse(
@@ -256,7 +255,7 @@ impl<C, Cd> ToolLayer<C, Cd> {
 
 impl<S, C, Cd> Layer<S> for ToolLayer<C, Cd>
 where
-    S: Service<Call> + Clone + Send + Sync + 'static,
+    S: Service<Call> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     S::Response: Send + 'static,
@@ -275,7 +274,8 @@ where
             below = Boxed::new(quota.layer(below));
         }
         if let Some(breaker) = &self.breaker {
-            let layer = CircuitBreakerLayer::new(breaker.clone()).classifier(self.classifier.clone());
+            let layer =
+                CircuitBreakerLayer::new(breaker.clone()).classifier(self.classifier.clone());
             below = Boxed::new(layer.layer(below));
         }
         match (&self.receipt, &self.key) {
@@ -369,7 +369,11 @@ impl SpecKey {
     pub(super) fn action(&self, call: &Call) -> Result<Action, KeyError> {
         let has = |p: &KeyPart| self.parts.contains(p);
         let run = if has(&KeyPart::Run) { call.run() } else { "-" };
-        let step = if has(&KeyPart::Step) { call.step() } else { "-" };
+        let step = if has(&KeyPart::Step) {
+            call.step()
+        } else {
+            "-"
+        };
         let fields: Vec<&str> = self
             .parts
             .iter()
