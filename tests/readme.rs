@@ -104,6 +104,122 @@ fn http_client(
         .service(server::HttpClient::new())
 }
 
+/// `http_client` for the declared tool: the hyper client of [`http_client`] with each answer's
+/// body read into a `String` (a receipt stores the answer whole).
+fn collected_client(
+    addr: std::net::SocketAddr,
+) -> impl tower::Service<
+    http::Request<String>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future: Send,
+> + Clone
+       + Send
+       + 'static {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    http_client(addr).and_then(
+        |response: http::Response<hyper::body::Incoming>| async move {
+            let (parts, body) = response.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            Ok(http::Response::from_parts(
+                parts,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ))
+        },
+    )
+}
+
+/// "Example": the declared tool, as written, over `http_client`; one call at `step`.
+#[rustfmt::skip]
+async fn declared_tool_example(
+    http_client: impl tower::Service<
+            http::Request<String>,
+            Response = http::Response<String>,
+            Error = BoxError,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    db_path: std::path::PathBuf,
+) -> Result<http::Response<String>, BoxError> {
+    use tower::{Layer, Service, ServiceExt};
+    use stormguard::receipt::{Durability, SqliteStore};
+    use stormguard::tool::{Call, Stores, Toolbox};
+
+    let toolbox = Toolbox::from_json_str(r#"{
+        "stores": { "receipts": { "kind": "sqlite", "retention_secs": 604800 } },
+        "tools": [{ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+                    "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+                    "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } }]
+    }"#)?;
+    let receipts = SqliteStore::open(&db_path, Durability::PowerLoss)?;
+    let tools = toolbox.build(Stores::new().with("receipts", receipts))?;
+
+    // The tool's body: the model's arguments in, the billing API's answer out, with the key the stack
+    // made as its Idempotency-Key.
+    let body = tower::service_fn(move |call: Call| {
+        let id = call.args()["invoice_id"].as_u64().unwrap_or_default();
+        let request = http::Request::post(format!("http://billing.test/invoices/{id}/send"))
+            .header("idempotency-key", call.key().map_or("", |k| k.as_str()))
+            .body(String::new());
+        let mut client = http_client.clone();
+        async move { client.ready().await?.call(request?).await }
+    });
+    // Built once: the run and the step come with each call.
+    let mut send_invoice = tools.layer("send_invoice")?.layer(body);
+    let call = Call::new("run-81f2", "step-2", serde_json::json!({ "invoice_id": 4471 }));
+    let response = send_invoice.ready().await?.call(call).await?;
+    Ok(response)
+}
+
+#[tokio::test]
+async fn the_declared_tool_retries_a_502_with_its_key_and_answers_a_repeat_from_its_receipt() {
+    let dir = std::env::temp_dir().join(format!("stormguard-readme-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = dir.join("receipts.db");
+    let _ = std::fs::remove_file(&db);
+    // Two 502s, then the invoice is sent; the server echoes the key it got.
+    let (addr, calls) = server::serve(|n| server::status(if n < 2 { 502 } else { 201 }, &[])).await;
+    let response = declared_tool_example(collected_client(addr), db.clone())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "3 attempts with one key");
+    // The same call again, from a new process over the same file (a crash and resume): answered
+    // from the receipt, nothing sent.
+    let response = declared_tool_example(collected_client(addr), db.clone())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "a repeat sent the invoice again"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_declared_tool_keys_every_attempt_alike_and_leaves_the_step_out() {
+    let dir = std::env::temp_dir().join(format!("stormguard-readme-keys-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (addr, _, keys) =
+        server::serve_keys(|n| server::status(if n < 1 { 502 } else { 201 }, &[])).await;
+    declared_tool_example(collected_client(addr), dir.join("r.db"))
+        .await
+        .unwrap();
+    let keys: Vec<String> = keys.lock().unwrap().iter().flatten().cloned().collect();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert!(
+        keys[0].starts_with("run-81f2:-:send_invoice:"),
+        "{}",
+        keys[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// "Example": the snippet as written, over `http_client`.
 #[rustfmt::skip]
 async fn send_invoice_example(
