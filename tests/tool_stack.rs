@@ -568,3 +568,60 @@ proptest! {
         prop_assert_eq!(built, hand);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_session_for_many_tools_applies_each_tools_class_per_call() {
+    let tools = Toolbox::new(vec![
+        Tool::new("search", ToolClass::Read, RetryOwner::Layer),
+        Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Layer),
+    ])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    // One client for both tools, down in a way that may have done the work (a reset).
+    let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
+    let mut session = tools
+        .router(dep.clone(), classifier as fn(&_) -> _)
+        .unwrap();
+    let err = call(&mut session, Call::new("r", "s", json!({})).to("search"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (dep.calls(), err.code()),
+        (3, ErrorCode::Unavailable),
+        "a read retries"
+    );
+    let err = call(
+        &mut session,
+        Call::new("r", "s", json!({})).to("post_ticket"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(
+        (dep.calls(), err.code()),
+        (4, ErrorCode::OutcomeUnknown),
+        "an unkeyed write is sent once"
+    );
+    for to in [None, Some("nope")] {
+        let mut c = Call::new("r", "s", json!({}));
+        if let Some(to) = to {
+            c = c.to(to);
+        }
+        let err = call(&mut session, c).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    }
+    // A call addressed to one tool never goes through another tool's stack.
+    let mut search = tools
+        .layer("search")
+        .unwrap()
+        .classifier(classifier as fn(&_) -> _)
+        .layer(dep.clone());
+    let err = call(
+        &mut search,
+        Call::new("r", "s", json!({})).to("post_ticket"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(dep.calls(), 4, "nothing more was sent");
+}

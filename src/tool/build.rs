@@ -2,8 +2,9 @@
 //! name, and a layer per tool.
 
 use super::call::Call;
+use super::router::ToolRouter;
 use super::spec::Tool;
-use super::stack::ToolLayer;
+use super::stack::{ToolLayer, ToolService};
 use super::toolbox::{SpecError, Toolbox};
 use crate::breaker::{Breaker, BreakerConfig, Window};
 use crate::budget::RetryBudget;
@@ -281,6 +282,26 @@ impl Tools {
             None => None,
         };
         ToolLayer::new(Arc::new(tool.clone()), budget, breaker, quota, receipt)
+    }
+
+    /// Every tool's stack over one `body`, each with `classifier`: a call goes through the stack
+    /// of the tool it is addressed to ([`Call::to`]). See [`ToolRouter`]. The first tool whose
+    /// stack cannot be built is a [`SpecError`].
+    pub fn router<S, C>(&self, body: S, classifier: C) -> Result<ToolRouter<S::Response>, SpecError>
+    where
+        ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<S::Response>>,
+        S: tower_service::Service<Call> + Clone,
+        C: Clone,
+    {
+        let mut stacks = BTreeMap::new();
+        for tool in self.toolbox.tools() {
+            let layer = self.layer(&tool.name)?.classifier(classifier.clone());
+            stacks.insert(
+                tool.name.clone(),
+                tower_layer::Layer::layer(&layer, body.clone()),
+            );
+        }
+        Ok(ToolRouter::new(stacks))
     }
 
     /// The declaration this was built from.

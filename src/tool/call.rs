@@ -85,7 +85,19 @@ impl Call {
             .map(|(_, v)| v.as_str())
     }
 
-    /// The tool the call is for, once its stack has seen it (`None` before).
+    /// Addresses the call to the tool `name`: a [`ToolRouter`](super::ToolRouter) sends it to
+    /// that tool's stack, and another tool's stack refuses it.
+    ///
+    /// ```
+    /// let call = stormguard::tool::Call::new("r", "s", serde_json::json!({})).to("search");
+    /// assert_eq!(call.tool(), Some("search"));
+    /// ```
+    pub fn to(mut self, name: &str) -> Self {
+        self.tool = Some(Arc::from(name));
+        self
+    }
+
+    /// The tool the call is addressed to, or whose stack has seen it (`None` before).
     ///
     /// ```
     /// assert_eq!(stormguard::tool::Call::new("r", "s", serde_json::json!({})).tool(), None);

@@ -339,6 +339,16 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
     }
 
     fn call(&mut self, mut call: Call) -> Self::Future {
+        if let Some(to) = call.tool().filter(|to| *to != &*self.name) {
+            // Its key and class would be this tool's: refused, never sent as this tool.
+            let err = ToolError::new(ErrorCode::InvalidArgument)
+                .with_retryable(false)
+                .with_hint(format!(
+                    "a call addressed to `{to}` reached the stack of `{}`",
+                    self.name
+                ));
+            return Box::pin(std::future::ready(Err(err)));
+        }
         call.set_tool(&self.name);
         if let Some(entry) = &self.quota_context {
             if call.get(entry).is_none() {
