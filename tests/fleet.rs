@@ -185,11 +185,15 @@ async fn a_fleet_quota_holds_four_workers_to_the_providers_rate() {
     let run_for = Duration::from_secs(2);
     let mut tasks = Vec::new();
     for fleet in &fleets {
-        let layer = FleetQuotaLayer::builder(fleet, "provider", |_: &u32| ("org", 1))
-            .rate(Rate::per_second(200).build().unwrap())
-            .fallback(Rate::per_second(50).build().unwrap())
-            .build()
-            .unwrap();
+        let layer = FleetQuotaLayer::builder(
+            fleet,
+            "provider",
+            Rate::per_second(200).build().unwrap(),
+            Rate::per_second(50).build().unwrap(),
+            |_: &u32| ("org", 1),
+        )
+        .build()
+        .unwrap();
         let calls = calls.clone();
         let svc = layer.layer(tower::service_fn(move |_: u32| {
             let calls = calls.clone();
@@ -228,11 +232,15 @@ async fn a_weighted_fleet_quota_keeps_each_tenant_apart() {
     // A burst of 1,000 refilled at 10 a second: 500 units of a spent bucket take 50 s, so "held
     // by the bucket" and "not held" are a minute apart, whatever the box's load.
     let layer = |fleet: &Fleet| {
-        FleetQuotaLayer::builder(fleet, "tpm", |c: &(&'static str, u32)| (c.0, c.1))
-            .rate(Rate::per_second(10).burst(1_000).build().unwrap())
-            .fallback(Rate::per_second(5).burst(500).build().unwrap())
-            .build()
-            .unwrap()
+        FleetQuotaLayer::builder(
+            fleet,
+            "tpm",
+            Rate::per_second(10).burst(1_000).build().unwrap(),
+            Rate::per_second(5).burst(500).build().unwrap(),
+            |c: &(&'static str, u32)| (c.0, c.1),
+        )
+        .build()
+        .unwrap()
     };
     let model =
         tower::service_fn(|c: (&'static str, u32)| async move { Ok::<_, std::io::Error>(c.1) });
@@ -552,14 +560,14 @@ async fn two_quotas_whose_name_and_key_join_alike_share_no_bucket() {
     let fleet = &workers(&url, &prefix("join"), 1).await[0];
     let one_a_minute = Rate::per_minute(1).build().unwrap();
     let quota = |name: &'static str, key: &'static str| {
-        FleetQuotaLayer::builder(fleet, name, move |_: &u32| (key, 1))
-            .rate(one_a_minute)
-            .fallback(one_a_minute)
-            .build()
-            .unwrap()
-            .layer(tower::service_fn(|_: u32| async {
-                Ok::<_, std::io::Error>(())
-            }))
+        FleetQuotaLayer::builder(fleet, name, one_a_minute, one_a_minute, move |_: &u32| {
+            (key, 1)
+        })
+        .build()
+        .unwrap()
+        .layer(tower::service_fn(|_: u32| async {
+            Ok::<_, std::io::Error>(())
+        }))
     };
     quota("a", "b:c").oneshot(1).await.unwrap();
     // Held by the first one's bucket, it would wait a minute.
@@ -658,11 +666,15 @@ async fn a_fleet_quota_with_a_static_str_key_runs_inside_tokio_spawn() {
         .build()
         .unwrap();
     let served = tokio::spawn(async move {
-        let layer = FleetQuotaLayer::builder(&fleet, "api", |_: &String| ("org", 1u32))
-            .rate(Rate::per_second(100).build().unwrap())
-            .fallback(Rate::per_second(100).build().unwrap())
-            .build()
-            .unwrap();
+        let layer = FleetQuotaLayer::builder(
+            &fleet,
+            "api",
+            Rate::per_second(100).build().unwrap(),
+            Rate::per_second(100).build().unwrap(),
+            |_: &String| ("org", 1u32),
+        )
+        .build()
+        .unwrap();
         let echo = tower::service_fn(|s: String| async move { Ok::<_, std::io::Error>(s) });
         let plain = layer
             .layer(echo)

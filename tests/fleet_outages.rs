@@ -350,11 +350,15 @@ async fn redis_down_falls_back_within_the_timeout_and_rejoins_when_it_returns() 
         return;
     };
     let fleet = quick_fleet(&redis, "down").await;
-    let layer = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
-        .rate(Rate::per_second(100).build().unwrap())
-        .fallback(Rate::per_second(50).build().unwrap())
-        .build()
-        .unwrap();
+    let layer = FleetQuotaLayer::builder(
+        &fleet,
+        "provider",
+        Rate::per_second(100).build().unwrap(),
+        Rate::per_second(50).build().unwrap(),
+        |_: &u32| ("org", 1),
+    )
+    .build()
+    .unwrap();
     let budget = RetryBudget::builder()
         .retry_ratio(0.0)
         .floor(3, Duration::from_secs(60))
@@ -455,11 +459,15 @@ fn going_down_deciding_locally_and_coming_back_are_counted() {
                 .build()
                 .unwrap();
             assert!(fleet.wait_up(Duration::from_secs(2)).await);
-            let quota = FleetQuotaLayer::builder(&fleet, "q", |_: &u32| ("k", 1))
-                .rate(Rate::per_second(1_000).build().unwrap())
-                .fallback(Rate::per_second(1_000).build().unwrap())
-                .build()
-                .unwrap();
+            let quota = FleetQuotaLayer::builder(
+                &fleet,
+                "q",
+                Rate::per_second(1_000).build().unwrap(),
+                Rate::per_second(1_000).build().unwrap(),
+                |_: &u32| ("k", 1),
+            )
+            .build()
+            .unwrap();
             let budget = RetryBudget::builder().fleet(&fleet, "b").build().unwrap();
             let svc = quota.layer(tower::service_fn(|_: u32| async {
                 Ok::<_, std::io::Error>(())
@@ -505,11 +513,15 @@ fn going_down_deciding_locally_and_coming_back_are_counted() {
 async fn a_partitioned_redis_costs_each_call_at_most_the_timeout_and_the_fleet_rejoins() {
     let Some(redis) = own_redis() else { return };
     let fleet = quick_fleet(&redis, "frozen").await;
-    let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &u32| ("org", 1))
-        .rate(Rate::per_second(1_000).build().unwrap())
-        .fallback(Rate::per_second(1_000).build().unwrap())
-        .build()
-        .unwrap();
+    let quota = FleetQuotaLayer::builder(
+        &fleet,
+        "provider",
+        Rate::per_second(1_000).build().unwrap(),
+        Rate::per_second(1_000).build().unwrap(),
+        |_: &u32| ("org", 1),
+    )
+    .build()
+    .unwrap();
     let breaker = Breaker::new(
         "dep",
         BreakerConfig::builder()

@@ -293,7 +293,11 @@ fn a_nested_layer_that_finds_no_operation_is_counted() {
         // Without a boundary the nested layer joins, and nothing is counted.
         let mut joined = ServiceBuilder::new()
             .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
-            .layer(RetryLayer::new(ToolClass::Read, budget).name("joined").nested())
+            .layer(
+                RetryLayer::new(ToolClass::Read, budget)
+                    .name("joined")
+                    .nested(),
+            )
             .service(Dependency::always(Outcome::Ok));
         call(&mut joined, 2u32).await.unwrap();
         dep.calls()
@@ -301,6 +305,9 @@ fn a_nested_layer_that_finds_no_operation_is_counted() {
     assert_eq!(calls, 1);
     let metrics = snapshotter.snapshot().into_vec();
     let uncarried = "stormguard_operations_uncarried_total";
-    assert_eq!(counter(&metrics, uncarried, &[("layer", "billing-client")]), 1);
+    assert_eq!(
+        counter(&metrics, uncarried, &[("layer", "billing-client")]),
+        1
+    );
     assert_eq!(counter(&metrics, uncarried, &[("layer", "joined")]), 0);
 }

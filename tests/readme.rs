@@ -746,10 +746,12 @@ async fn fleet_worker(
     let budget = RetryBudget::builder().fleet(&fleet, "payments").build()?;
     budget.fleet_ready(Duration::from_secs(1)).await; // its first lease: one round trip
     // The provider's 200 requests a second for the whole fleet; each worker's share while Redis is down.
-    let quota = FleetQuotaLayer::builder(&fleet, "provider", |_: &http::Request<String>| ("org", 1))
-        .rate(Rate::per_second(200).build()?)
-        .fallback(Rate::per_second(200 / WORKERS).build()?)
-        .build()?;
+    let rate = Rate::per_second(200).build()?;
+    let fallback = Rate::per_second(200 / WORKERS).build()?;
+    let quota = FleetQuotaLayer::builder(&fleet, "provider", rate, fallback, |_: &http::Request<String>| {
+        ("org", 1)
+    })
+    .build()?;
     // One worker's failures open every worker's breaker.
     let breaker = Breaker::new("payments", BreakerConfig::default());
     fleet.share_breaker(&breaker)?;

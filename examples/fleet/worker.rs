@@ -157,11 +157,15 @@ async fn quota_load<S>(
 {
     let rate = |n: u32| Rate::per_second(n.max(1)).build().expect("valid rate");
     if job.fleet {
-        let layer = FleetQuotaLayer::builder(fleet, name, |_: &u64| ("org", 1))
-            .rate(rate(QUOTA_PER_S))
-            .fallback(rate(QUOTA_PER_S / job.workers as u32))
-            .build()
-            .expect("valid quota");
+        let layer = FleetQuotaLayer::builder(
+            fleet,
+            name,
+            rate(QUOTA_PER_S),
+            rate(QUOTA_PER_S / job.workers as u32),
+            |_: &u64| ("org", 1),
+        )
+        .build()
+        .expect("valid quota");
         callers(layer.layer(svc), start, end).await;
     } else {
         callers(QuotaLayer::new(rate(local_rate)).layer(svc), start, end).await;

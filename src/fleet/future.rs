@@ -8,9 +8,8 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! // Nothing listens on port 1: the fleet is down and each call is held by the fallback rate.
 //! let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
-//! let quota = FleetQuotaLayer::builder(&fleet, "api", |_: &u32| ("org", 1))
-//!     .rate(Rate::per_second(100).build().unwrap())
-//!     .fallback(Rate::per_second(10).build().unwrap())
+//! let (rate, fallback) = (Rate::per_second(100).build().unwrap(), Rate::per_second(10).build().unwrap());
+//! let quota = FleetQuotaLayer::builder(&fleet, "api", rate, fallback, |_: &u32| ("org", 1))
 //!     .build()
 //!     .unwrap();
 //! let mut svc = quota.layer(service_fn(|n: u32| async move { Ok::<_, std::io::Error>(n) }));

@@ -74,10 +74,13 @@ type KeyFn<Req> = Arc<dyn Fn(&Req) -> (String, u32) + Send + Sync>;
 /// # #[tokio::main] async fn main() -> Result<(), stormguard::error::BoxError> {
 /// let fleet = Fleet::builder("redis://127.0.0.1:6379/").build()?;
 /// // 40,000 tokens a minute per tenant for the whole fleet of 8 workers.
-/// let tpm = FleetQuotaLayer::builder(&fleet, "tpm", |p: &Prompt| (p.tenant.clone(), p.tokens))
-///     .rate(Rate::per_minute(40_000).burst(8_000).build()?)
-///     .fallback(Rate::per_minute(5_000).burst(1_000).build()?)
-///     .build()?;
+/// // 40,000 a minute for the fleet; 5,000 a minute in this worker while Redis is down.
+/// let fleet_rate = Rate::per_minute(40_000).burst(8_000).build()?;
+/// let fallback = Rate::per_minute(5_000).burst(1_000).build()?;
+/// let tpm = FleetQuotaLayer::builder(&fleet, "tpm", fleet_rate, fallback, |p: &Prompt| {
+///     (p.tenant.clone(), p.tokens)
+/// })
+/// .build()?;
 /// let model = tpm.layer(service_fn(|p: Prompt| async move { Ok::<_, std::io::Error>(p.tokens) }));
 /// model.oneshot(Prompt { tenant: "acme".into(), tokens: 700 }).await?;
 /// # Ok(()) }
@@ -88,13 +91,18 @@ pub struct FleetQuotaLayer<Req> {
 }
 
 impl<Req> FleetQuotaLayer<Req> {
-    /// A builder for the fleet's quota `name`; `key_and_cost` reads a request's key (a tenant, a
-    /// model; any `Display`) and cost (1 per request, or its tokens). The name is an argument, not
-    /// a setter as on the local quotas, because it is the quota's identity in Redis: every worker
-    /// that builds the quota of one name shares it (as with a fleet budget's name).
+    /// A builder for the fleet's quota `name`, holding each key to `rate` across the fleet (the
+    /// provider's limit) and to `fallback` in this worker while the fleet is down (the provider's
+    /// limit divided by the number of workers: there is no safe guess, so both are required);
+    /// `key_and_cost` reads a request's key (a tenant, a model; any `Display`) and cost (1 per
+    /// request, or its tokens). The name is an argument, not a setter as on the local quotas,
+    /// because it is the quota's identity in Redis: every worker that builds the quota of one
+    /// name shares it (as with a fleet budget's name).
     pub fn builder<K, F>(
         fleet: &Fleet,
         name: impl Into<Cow<'static, str>>,
+        rate: Rate,
+        fallback: Rate,
         key_and_cost: F,
     ) -> FleetQuotaLayerBuilder<Req>
     where
@@ -108,8 +116,8 @@ impl<Req> FleetQuotaLayer<Req> {
                 let (key, cost) = key_and_cost(req);
                 (key.to_string(), cost)
             }),
-            rate: None,
-            fallback: None,
+            rate,
+            fallback,
         }
     }
 
@@ -119,7 +127,7 @@ impl<Req> FleetQuotaLayer<Req> {
     }
 }
 
-/// Builds a [`FleetQuotaLayer`]; both rates are required.
+/// Builds a [`FleetQuotaLayer`]; made by [`FleetQuotaLayer::builder`], which takes both rates.
 ///
 /// ```
 /// use stormguard::fleet::{Fleet, FleetQuotaLayer};
@@ -128,10 +136,9 @@ impl<Req> FleetQuotaLayer<Req> {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap();
 /// let rate = Rate::per_second(100).build().unwrap();
-/// let no_fallback = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(rate).build();
-/// assert_eq!(no_fallback.unwrap_err().field(), "fallback");
+/// assert!(FleetQuotaLayer::builder(&fleet, "api", rate, rate, |_: &()| ("all", 1)).build().is_ok());
 /// let too_fine = Rate::per_second(2_000_000).build().unwrap();
-/// let err = FleetQuotaLayer::builder(&fleet, "api", |_: &()| ("all", 1)).rate(too_fine).fallback(rate).build();
+/// let err = FleetQuotaLayer::builder(&fleet, "api", too_fine, rate, |_: &()| ("all", 1)).build();
 /// assert_eq!(err.unwrap_err().field(), "rate");
 /// # }
 /// ```
@@ -139,8 +146,8 @@ pub struct FleetQuotaLayerBuilder<Req> {
     fleet: Fleet,
     name: Cow<'static, str>,
     key_and_cost: KeyFn<Req>,
-    rate: Option<Rate>,
-    fallback: Option<Rate>,
+    rate: Rate,
+    fallback: Rate,
 }
 
 impl<Req> fmt::Debug for FleetQuotaLayerBuilder<Req> {
@@ -154,29 +161,9 @@ impl<Req> fmt::Debug for FleetQuotaLayerBuilder<Req> {
 }
 
 impl<Req> FleetQuotaLayerBuilder<Req> {
-    /// The rate per key for the whole fleet (the provider's limit). Required.
-    pub fn rate(mut self, rate: Rate) -> Self {
-        self.rate = Some(rate);
-        self
-    }
-
-    /// The rate per key in this worker while the fleet is down (the provider's limit divided by
-    /// the number of workers). Required: there is no safe guess.
-    pub fn fallback(mut self, rate: Rate) -> Self {
-        self.fallback = Some(rate);
-        self
-    }
-
     /// The layer, or the setting that cannot work.
     pub fn build(self) -> Result<FleetQuotaLayer<Req>, ConfigError> {
-        let rate = self.rate.ok_or(ConfigError::new(
-            "rate",
-            "is required: the provider's limit per key",
-        ))?;
-        let fallback = self.fallback.ok_or(ConfigError::new(
-            "fallback",
-            "is required: the limit per key in one worker while Redis is down",
-        ))?;
+        let (rate, fallback) = (self.rate, self.fallback);
         let interval_us = rate.interval().as_micros() as u64;
         if interval_us == 0 {
             return Err(ConfigError::new(
@@ -237,9 +224,8 @@ impl<S, Req> Layer<S> for FleetQuotaLayer<Req> {
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let fleet = Fleet::builder("redis://127.0.0.1:1/").build().unwrap(); // down: local fallback
-/// let tpm = FleetQuotaLayer::builder(&fleet, "tokens", |tokens: &u32| ("org", *tokens))
-///     .rate(Rate::per_second(1_000).burst(1_000).build().unwrap())
-///     .fallback(Rate::per_second(100).burst(100).build().unwrap())
+/// let (rate, fallback) = (Rate::per_second(1_000).burst(1_000).build().unwrap(), Rate::per_second(100).burst(100).build().unwrap());
+/// let tpm = FleetQuotaLayer::builder(&fleet, "tokens", rate, fallback, |tokens: &u32| ("org", *tokens))
 ///     .build()
 ///     .unwrap();
 /// let svc: FleetQuota<_, u32> = tpm.layer(service_fn(|t: u32| async move { Ok::<_, std::io::Error>(t) }));
