@@ -1,18 +1,13 @@
-//! The first stack: a charge over reqwest with an idempotency key, a receipt, a breaker and a
-//! quota, and what the model sees when the payment API is down (`cargo run --example first_stack
-//! --features reqwest`).
+//! The first stack: a charge over reqwest declared once as a tool (its class, key, receipt,
+//! breaker and quota), and what the model sees when the payment API is down (`cargo run
+//! --example first_stack --features reqwest`).
 
 use http_body_util::Full;
 use serde::{Deserialize, Serialize};
-use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
 use stormguard::classify::{classify_error, classify_status, Classification};
-use stormguard::key::Action;
-use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::receipt::{InMemoryStore, ReceiptGuardLayer};
-use stormguard::{
-    budget::RetryBudget, class::ToolClass, error::BoxError, retry::HttpReplay, retry::RetryLayer,
-};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use stormguard::error::BoxError;
+use stormguard::tool::{Call, Stores, Toolbox};
+use tower::{Layer, Service, ServiceExt};
 
 /// What the charge answered, kept as its receipt.
 #[derive(Serialize, Deserialize)]
@@ -34,48 +29,44 @@ fn classify(r: &Result<Charged, BoxError>) -> Classification {
     }
 }
 
+/// The tool, declared once: a keyed write, keyed on the run, the tool and the order.
+const TOOLS: &str = r#"{
+    "breakers": { "payments": { "failure_ratio": 0.5, "open_secs": 30 } },
+    "quotas": { "payments": { "per_sec": 20, "burst": 5 } },
+    "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
+    "tools": [{
+        "name": "charge", "class": "keyed_write", "retry": ["layer"],
+        "key": ["run", "tool", "id:order"], "unknown_outcome": "escalate",
+        "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
+        "breaker": "payments", "quota": { "name": "payments", "key": "global", "cost": 1 }
+    }]
+}"#;
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let api = payments_api_answering_503().await?;
-    // reqwest's own retries off: stormguard owns them.
+    let tools = Toolbox::from_json_str(TOOLS)?.build(Stores::new())?;
+    // reqwest's own retries off: the tool's layer owns them.
     let client = reqwest::Client::builder()
         .retry(reqwest::retry::never())
         .build()?;
-    let key = |req: &reqwest::Request| {
-        Action::new(
-            "run-81f2",
-            "step-3",
-            "charge",
-            &req.url().path().to_string(),
-        )
-    };
-    let mut charge = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::KeyedWrite, RetryBudget::default())
-                .classifier(classify)
-                .replay(HttpReplay),
-        )
-        .layer(
-            ReceiptGuardLayer::new(InMemoryStore::new(), ToolClass::KeyedWrite, key)
-                .classifier(classify),
-        )
-        .layer(
-            CircuitBreakerLayer::new(Breaker::new("payments", BreakerConfig::default()))
-                .classifier(classify),
-        )
-        .layer(QuotaLayer::new(Rate::per_second(20).burst(5).build()?))
-        .and_then(|resp: reqwest::Response| async move {
+    // The tool's body: the call's arguments in, the API's answer out, the stack's key as its header.
+    let body = tower::service_fn(move |call: Call| {
+        let order = call.args()["order"].as_u64().unwrap_or_default();
+        let request = client
+            .post(format!("http://{api}/charges/{order}"))
+            .header("idempotency-key", call.key().map_or("", |k| k.as_str()));
+        async move {
+            let response = request.send().await?;
             Ok::<_, BoxError>(Charged {
-                status: resp.status().as_u16(),
-                body: resp.text().await?,
+                status: response.status().as_u16(),
+                body: response.text().await?,
             })
-        })
-        .service(client);
-    let req = reqwest::Request::new(
-        reqwest::Method::POST,
-        format!("http://{api}/charges/4471").parse()?,
-    );
-    match charge.ready().await?.call(req).await {
+        }
+    });
+    let mut charge = tools.layer("charge")?.classifier(classify).layer(body);
+    let call = Call::new("run-81f2", "step-3", serde_json::json!({ "order": 4471 }));
+    match charge.ready().await?.call(call).await {
         Ok(done) => println!("charged: HTTP {} {}", done.status, done.body),
         // A 503 may come after the charge went through: retried with the same key, 3 times in
         // all, then handed to the model as a structured error it can act on.
