@@ -144,6 +144,7 @@ pub mod peek;
 pub mod quota;
 pub mod receipt;
 pub mod retry;
+pub mod saga;
 pub mod tool;
 
 mod telemetry;

@@ -13,6 +13,7 @@ pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
+pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
 pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
 pub(crate) const BREAKER_TRANSITIONS: &str = "stormguard_breaker_transitions_total";
 pub(crate) const BREAKER_REJECTIONS: &str = "stormguard_breaker_rejections_total";
@@ -86,6 +87,12 @@ pub(crate) fn class_tightened(from: ToolClass, to: ToolClass) {
 /// A nested retry layer found no operation to join (label `layer`: its name).
 pub(crate) fn operation_uncarried(layer: &str) {
     metrics::counter!(UNCARRIED, "layer" => layer.to_owned()).increment(1);
+}
+
+/// A saga run's event (label `saga`: its name; `event`: started, step_done, completed,
+/// compensating, compensated, halted).
+pub(crate) fn saga_event(saga: &str, event: &'static str) {
+    metrics::counter!(SAGA_EVENTS, "saga" => saga.to_owned(), "event" => event).increment(1);
 }
 
 pub(crate) fn receipt_outcome(outcome: &'static str) {

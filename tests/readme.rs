@@ -28,6 +28,7 @@ const PAGES: &[(&str, &str)] = &[
     ),
     ("docs/results.md", include_str!("../docs/results.md")),
     ("docs/tools.md", include_str!("../docs/tools.md")),
+    ("docs/sagas.md", include_str!("../docs/sagas.md")),
 ];
 
 #[test]

@@ -11,6 +11,8 @@ use crate::budget::RetryBudget;
 use crate::error::ConfigError;
 use crate::quota::{KeyedQuotaLayer, Rate};
 use crate::receipt::{AnyStore, InMemoryStore, ReceiptConfig};
+use crate::saga::{Saga, SagaSpec};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -302,6 +304,63 @@ impl Tools {
             );
         }
         Ok(ToolRouter::new(stacks))
+    }
+
+    /// The saga `name` of `spec`'s steps, each through its tool's stack over `body` with
+    /// `classifier`; its decisions are recorded in the first step's receipt store. Every step
+    /// and compensation must be a tool of the toolbox with receipts and a key (a resume must
+    /// not repeat it), or it is a [`SpecError`]. See [`crate::saga`].
+    pub fn saga<S, C>(
+        &self,
+        name: &str,
+        spec: &SagaSpec,
+        body: S,
+        classifier: C,
+    ) -> Result<Saga, SpecError>
+    where
+        ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<Value>>,
+        S: tower_service::Service<Call, Response = Value> + Clone,
+        C: Clone,
+    {
+        let bad = |field: &str, reason: String| Err(SpecError::new(Some(name), field, &reason));
+        if spec.steps.is_empty() {
+            return bad("steps", String::from("a saga needs at least one step"));
+        }
+        let mut names = Vec::new();
+        for step in &spec.steps {
+            names.push(step.tool.as_str());
+            names.extend(step.compensation.as_deref());
+        }
+        let mut store = None;
+        for tool in &names {
+            let Some(t) = self.tool(tool) else {
+                return bad("steps", format!("`{tool}` is not a tool of the toolbox"));
+            };
+            let Some(receipt) = t.receipt.as_ref().filter(|_| t.key.is_some()) else {
+                return bad(
+                    "steps",
+                    format!("`{tool}` needs receipts and a key: a resume must not repeat it"),
+                );
+            };
+            store.get_or_insert_with(|| self.stores[&receipt.store].clone());
+        }
+        let mut stacks = BTreeMap::new();
+        for tool in names {
+            let layer = self.layer(tool)?.classifier(classifier.clone());
+            stacks.insert(
+                tool.to_owned(),
+                tower_layer::Layer::layer(&layer, body.clone()),
+            );
+        }
+        let Some(store) = store else {
+            return bad("steps", String::from("a saga needs at least one step"));
+        };
+        Ok(Saga::new(
+            name,
+            spec.steps.clone(),
+            ToolRouter::new(stacks),
+            store,
+        ))
     }
 
     /// The declaration this was built from.

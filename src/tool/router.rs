@@ -45,7 +45,7 @@ pub struct ToolRouter<Res> {
 }
 
 impl<Res> ToolRouter<Res> {
-    pub(super) fn new(tools: BTreeMap<String, ToolService<Res>>) -> Self {
+    pub(crate) fn new(tools: BTreeMap<String, ToolService<Res>>) -> Self {
         ToolRouter {
             tools: Arc::new(tools),
         }
