@@ -241,7 +241,9 @@ impl Saga {
             .await;
         let holding = match begin.map_err(|e| self.store_failed(e))? {
             Begin::Fresh => true,
-            Begin::Pending { lease_left_ms: 0, .. } => {
+            Begin::Pending {
+                lease_left_ms: 0, ..
+            } => {
                 let claimed = self.store.claim(&key, &owner, self.lease).await;
                 if !claimed.map_err(|e| self.store_failed(e))? {
                     return Err(self.halted(SagaError::new(Halt::InProgress)));

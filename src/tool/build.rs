@@ -274,9 +274,13 @@ impl Tools {
             Some(r) => {
                 let spec = &self.toolbox.stores()[&r.store];
                 let window = Duration::from_secs(r.provider_key_window_secs.unwrap_or(1));
-                let config = ReceiptConfig::builder()
+                let mut config = ReceiptConfig::builder()
                     .retention(Duration::from_secs(spec.retention_secs))
-                    .key_window(window)
+                    .key_window(window);
+                if let Some(secs) = r.lease_secs {
+                    config = config.lease(Duration::from_secs(secs));
+                }
+                let config = config
                     .build()
                     .map_err(|e| SpecError::new(Some(name), "receipt", &e.to_string()))?;
                 Some((self.stores[&r.store].clone(), config))

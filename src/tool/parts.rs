@@ -158,7 +158,7 @@ pub enum UnknownOutcome {
 ///
 /// ```
 /// use stormguard::tool::ReceiptUse;
-/// let r = ReceiptUse { store: "pg".into(), provider_key_window_secs: Some(86_400) };
+/// let r = ReceiptUse { store: "pg".into(), provider_key_window_secs: Some(86_400), lease_secs: None };
 /// assert_eq!(r.store, "pg");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -170,6 +170,10 @@ pub struct ReceiptUse {
     /// keeps no keys, the receipt is the only record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_key_window_secs: Option<u64>,
+    /// How long a call may be in flight before its intent counts as abandoned (a crash), in
+    /// seconds (`None`: the receipt layer's default, 30 s). After a crash, a resume waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_secs: Option<u64>,
 }
 
 /// A quota a tool spends: which quota, the key it is counted under and the cost of one call.

@@ -202,6 +202,7 @@ impl Tool {
         self.receipt = Some(ReceiptUse {
             store: store.into(),
             provider_key_window_secs,
+            lease_secs: None,
         });
         self
     }
@@ -321,6 +322,9 @@ impl Tool {
         if let Some(r) = &self.receipt {
             if r.store.is_empty() {
                 return err("receipt.store", "must name a store");
+            }
+            if r.lease_secs == Some(0) {
+                return err("receipt.lease_secs", "must be at least 1 second");
             }
             if r.provider_key_window_secs == Some(0) {
                 return err(
