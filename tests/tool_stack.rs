@@ -625,3 +625,32 @@ async fn one_session_for_many_tools_applies_each_tools_class_per_call() {
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert_eq!(dep.calls(), 4, "nothing more was sent");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_null_identifier_is_refused_not_keyed() {
+    let toolbox = Toolbox::new(vec![])
+        .unwrap()
+        .with_store("receipts", memory_store())
+        .unwrap()
+        .with_tool(send_invoice(vec![
+            KeyPart::Run,
+            KeyPart::Tool,
+            KeyPart::id("invoice_id"),
+        ]))
+        .unwrap();
+    let tools = toolbox.build(Stores::new()).unwrap();
+    let sent = Arc::new(AtomicU32::new(0));
+    let mut svc = tools
+        .layer("send_invoice")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(counting_body(sent.clone()));
+    for invoice in [1, 2] {
+        let args = json!({ "invoice_id": null, "invoice": invoice });
+        let err = call(&mut svc, Call::new("run-1", "step-2", args))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    }
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+}

@@ -306,11 +306,40 @@ fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
             );
         }
     }
-    if t.reissue_likely && is_write(t.class) && t.key.iter().flatten().any(|p| *p == KeyPart::Step)
-    {
-        add(Severity::Warning, "step-in-key-of-reissued-write",
-            "the key includes the step, and the model is likely to reissue this call at a later step: a new key, a second effect.".into(),
-            "drop `step` from the key; key on the run, the tool and the object's identifier");
+    if is_write(t.class) && t.key.iter().flatten().any(|p| *p == KeyPart::Step) {
+        let message = if t.reissue_likely {
+            "the key includes the step, and the model is likely to reissue this call at a later step: a new key, a second effect."
+        } else {
+            "the key includes the step: a model that reissues this call at a later step (agents do) makes a new key, a second effect."
+        };
+        add(
+            Severity::Warning,
+            "step-in-key-of-reissued-write",
+            message.into(),
+            "drop `step` from the key; key on the run, the tool and the object's identifier",
+        );
+    }
+    if let (Some(_), Some(r)) = (t.resume_window_secs, &t.receipt) {
+        if tb
+            .stores()
+            .get(&r.store)
+            .is_some_and(|s| s.kind == "memory")
+        {
+            add(Severity::Error, "receipts-in-memory-for-resumed-tool",
+                format!("receipts go to `{}`, a memory store, but a run may resume: the crash a resume follows loses them, and the call is sent again.", r.store),
+                "record the receipts in a durable store (sqlite or postgres)");
+        }
+    }
+    if t.class == ToolClass::KeyedWrite {
+        if let Some(r) = t
+            .receipt
+            .as_ref()
+            .filter(|r| r.provider_key_window_secs.is_none())
+        {
+            add(Severity::Error, "keyed-write-without-key-window",
+                format!("a keyed write whose provider keeps no keys (no key window on receipt store `{}`): a retry after an ambiguous failure is a second effect.", r.store),
+                "declare `provider_key_window_secs`, or declare the tool an unkeyed write");
+        }
     }
 }
 

@@ -174,6 +174,13 @@ impl Toolbox {
                     ))
                 }
                 None if spec.kind == "memory" => InMemoryStore::new().into(),
+                None if spec.kind == "redis" => {
+                    return Err(SpecError::new(
+                        None,
+                        "stores",
+                        &format!("`{name}` is a redis store: receipts have no Redis store yet (the audit reads it; a built stack needs sqlite, postgres or memory)"),
+                    ))
+                }
                 None => {
                     return Err(SpecError::new(
                         None,

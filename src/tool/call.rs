@@ -13,9 +13,11 @@ use std::sync::Arc;
 /// so one stack, built once, serves every run. Which of them the key includes is the tool's to
 /// say ([`KeyPart`](super::KeyPart)). Below the stack, the tool's body reads the
 /// [`args`](Self::args) and sends the [`key`](Self::key) the stack stamped (as the provider's
-/// `Idempotency-Key`, say). The call also carries the logical operation, so a body that spawns
-/// its inner call, or a `Buffer` in between, keeps it: [`Call::scope`] lends it to a spawned
-/// future.
+/// `Idempotency-Key`, say). The call also carries the logical operation, so a `Buffer` between
+/// the stack and the body keeps it, and [`Call::scope`] lends it to a future the body spawns.
+/// It does not cross into another request type: a client layer behind a `Buffer` of
+/// `reqwest::Request`s (which cannot carry it) loses it; declare such a layer
+/// [`nested`](crate::retry::RetryLayer::nested).
 ///
 /// ```
 /// use serde_json::json;

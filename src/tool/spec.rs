@@ -49,7 +49,9 @@ pub struct Tool {
     /// The hedge's name (reads only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<String>,
-    /// The whole call's deadline, in seconds.
+    /// The operation's deadline, in seconds: no attempt or retry starts after it, and a
+    /// backoff that would end past it is not granted. An attempt in flight is not cut off: bound
+    /// it in the body (a `Timeout` on the client).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
     /// The longest the agent may pause and resume a run using this tool, in seconds.
