@@ -41,12 +41,14 @@ mod action;
 mod canonical;
 pub mod future;
 mod layer;
+mod number;
 
 pub use action::Action;
 use canonical::to_value;
-pub use canonical::{canonical_json, es_number, MAX_DEPTH};
+pub use canonical::{canonical_json, MAX_DEPTH};
 pub(crate) use layer::check_stamped;
 pub use layer::{KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyLayer};
+pub use number::es_number;
 
 use serde::Serialize;
 use serde_json::Value;

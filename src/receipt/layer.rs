@@ -257,7 +257,7 @@ where
         let action = match self.action.make_key(&req) {
             Ok(action) => action,
             Err(e) => {
-                super::run::answered_here(req.operation().as_ref());
+                super::refuse::answered_here(req.operation().as_ref());
                 let err = ToolError::new(ErrorCode::InvalidArgument)
                     .with_hint("the action's idempotency key could not be derived; fix the run, step or tool name, or the identity fields")
                     .with_retryable(false)
@@ -266,7 +266,7 @@ where
             }
         };
         if let Err(err) = crate::key::check_stamped(&req, action.key()) {
-            super::run::answered_here(req.operation().as_ref());
+            super::refuse::answered_here(req.operation().as_ref());
             return refused(err);
         }
         req.stamp_key(action.key());

@@ -187,6 +187,7 @@ mod memory;
 mod postgres;
 mod read_back;
 mod record;
+mod refuse;
 mod run;
 #[cfg(feature = "sqlite")]
 mod sqlite;

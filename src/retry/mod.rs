@@ -121,6 +121,7 @@ mod ending;
 pub mod future;
 
 pub(crate) mod layer;
+mod outcome;
 mod part;
 pub(crate) mod policy;
 mod replay;

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "redis")]
 pub mod fleet;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub mod receipts;
 pub mod server;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod stores;

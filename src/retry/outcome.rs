@@ -1,0 +1,162 @@
+//! What one attempt's result does to the retry loop: classified, then handed back as it is, or
+//! (a failure) decided by [`decide`] and carried out, as a wait before a retry or an ending.
+
+use super::decide::{decide, settle, under_key, Next, OperationView};
+use super::ending::{give_up, hand_back, leave_to_outer_layer, LastFailure};
+use super::part::LayerPart;
+use super::Retrier;
+use crate::classify::{Classification, ClassifiedResponse, Classify, Verdict};
+use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
+use crate::telemetry;
+use std::time::Duration;
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// What the state machine does after a result.
+pub(super) enum Step<T> {
+    Done(Result<T, ToolError>),
+    Wait(Duration),
+}
+
+#[inline]
+pub(super) fn on_result<S, C, R, Req>(
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+    has_request: bool,
+    result: Result<S::Response, S::Error>,
+) -> Step<S::Response>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
+    let classification = match retrier.classifier.classify(&result) {
+        ClassifiedResponse::Ready(c) => c,
+        // The head has arrived: the response is committed and goes to the caller.
+        ClassifiedResponse::RequiresEos(_) => Classification::success(),
+    };
+    let Verdict::Failure(failure) = classification.verdict() else {
+        // Each budget once per operation: not if the layer above draws on the same one.
+        if part.credits {
+            retrier.budget.deposit();
+        }
+        return match result {
+            Ok(response) => Step::Done(Ok(response)),
+            Err(e) => Step::Done(Err(answered_err(retrier, part, e, &classification))),
+        };
+    };
+    on_failure(retrier, part, has_request, result, classification, failure)
+}
+
+/// An `Err` the classifier called a success or an empty answer, as a `ToolError`.
+#[inline(never)]
+fn answered_err<S, C, R, E: Into<BoxError>>(
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+    e: E,
+    classification: &Classification,
+) -> ToolError {
+    let attempts = part.op(retrier, |op| op.sent_attempts());
+    hand_back(e, classification, None, attempts)
+}
+
+/// The cold half of [`on_result`]: a failure, decided by [`decide`] and carried out. Kept out of
+/// line so that the first-try path stays small.
+#[inline(never)]
+fn on_failure<S, C, R, Req>(
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+    has_request: bool,
+    result: Result<S::Response, S::Error>,
+    classification: Classification,
+    failure: FailureClass,
+) -> Step<S::Response>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+    C: Classify<S::Response, S::Error>,
+{
+    let (own_class, layer_attempts) = (retrier.policy.class(), part.attempts);
+    let now = Instant::now();
+    let (view, sent) = part.op(retrier, |op| {
+        let view = OperationView {
+            class: op.class().strictest(own_class),
+            keyed: op.keyed(),
+            closed: op.closed().is_some(),
+            attempts: op.attempts(),
+            max_attempts: op.max_attempts(),
+            layer_attempts,
+            replayable: has_request,
+            time_left: op.deadline().map(|d| d.saturating_duration_since(now)),
+        };
+        // What an error reports: the attempts that reached the dependency (one answered from
+        // a stored receipt did not).
+        (view, op.sent_attempts())
+    });
+    // A 409 or 422 under an idempotency key means what the class and the key make of it.
+    let classification = under_key(view.class, view.keyed, classification);
+    let failure = classification.failure_class().unwrap_or(failure);
+    let retrying = part.retrying();
+    let next = decide(&view, &classification, &retrier.policy, || {
+        retrying
+            .backoff
+            .get_or_insert_with(|| retrier.policy.backoff().state(retrier.budget.next_seed()))
+            .next_delay()
+    });
+    let next = match next {
+        // Not this layer's to retry: the owner above decides.
+        Next::Retry { .. } if part.hands_up => Next::LeaveToOuterLayer,
+        Next::Retry { delay, throttled } => settle(
+            next,
+            if throttled {
+                retrier.budget.try_withdraw_throttled(delay)
+            } else {
+                retrier.budget.try_withdraw(delay)
+            },
+        ),
+        next => next,
+    };
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    match next {
+        // `decide` answers a failure with one of the others; hand it back if it ever does not.
+        Next::Success | Next::ReturnFailure => {
+            if !view.closed {
+                // Retrying cannot help, by this layer's class and classifier: the operation ends
+                // here, and a layer above (whose classifier may not see what this one saw, as a
+                // provider's error body) hands it back too.
+                part.op(retrier, |op| op.close(code));
+            }
+            Step::Done(result.map_err(|e| hand_back(e, &classification, Some(failure), sent)))
+        }
+        Next::LeaveToOuterLayer => Step::Done(Err(leave_to_outer_layer(
+            retrier,
+            result,
+            &classification,
+            failure,
+            sent,
+        ))),
+        Next::GiveUp(why) => {
+            let ended = LastFailure {
+                why,
+                class: view.class,
+                failure,
+                classification: &classification,
+            };
+            Step::Done(Err(give_up(retrier, part, ended, result)))
+        }
+        Next::Retry { delay, .. } => {
+            part.op(retrier, |op| op.grant_retry());
+            part.retrying().last = Some((failure, code));
+            telemetry::retry_granted(view.class, failure.as_str());
+            tracing::debug!(
+                layer = %retrier.name,
+                attempt = view.attempts + 1,
+                failure = failure.as_str(),
+                code = code.as_str(),
+                delay_ms = delay.as_millis() as u64,
+                "retrying"
+            );
+            Step::Wait(delay)
+        }
+    }
+}
