@@ -654,3 +654,35 @@ async fn a_null_identifier_is_refused_not_keyed() {
     }
     assert_eq!(sent.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_the_model_retries_hands_up_a_failure_its_deadline_would_end() {
+    // The server asks for 5 s, the tool's deadline is 1 s: for a tool whose retries are the
+    // model's, that is the model's to weigh, and the failure stays retryable.
+    for (owner, retryable) in [(RetryOwner::Model, true), (RetryOwner::Layer, false)] {
+        let tools = Toolbox::new(vec![
+            Tool::new("search", ToolClass::Read, owner).deadline_secs(1)
+        ])
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let busy = service_fn(move |_: Call| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async {
+                let busy = http::Response::builder()
+                    .status(503)
+                    .header("retry-after", "5")
+                    .body(String::new());
+                Ok::<_, BoxError>(busy?)
+            }
+        });
+        let mut svc = tools.layer("search").unwrap().layer(busy);
+        let err = call(&mut svc, Call::new("r", "s", json!({})))
+            .await
+            .unwrap_err();
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{owner:?}");
+        assert_eq!(err.retryable(), retryable, "{owner:?}: {}", err.to_json());
+    }
+}

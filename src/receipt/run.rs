@@ -122,7 +122,7 @@ where
                     answered_here(self.op.as_ref());
                     tracing::debug!(key = %key, "receipt found; not executing");
                     let hint = if self.shared.codec.stores() {
-                        "the stored receipt could not be decoded; escalate"
+                        "this action completed, but its stored receipt cannot be read as this tool's answer (a receipt an operator settles must be encoded with the tool's codec: HttpCodec for an http::Response, the JSON of a serde type); do not repeat it; escalate"
                     } else {
                         "this action completed (its receipt is recorded) but its answer was a stream, which is not stored; do not repeat it"
                     };

@@ -1,7 +1,7 @@
 //! What one attempt's result does to the retry loop: classified, then handed back as it is, or
 //! (a failure) decided by [`decide`] and carried out, as a wait before a retry or an ending.
 
-use super::decide::{decide, settle, under_key, Next, OperationView};
+use super::decide::{decide, settle, under_key, GiveUp, Next, OperationView};
 use super::ending::{give_up, hand_back, leave_to_outer_layer, LastFailure};
 use super::part::LayerPart;
 use super::Retrier;
@@ -104,8 +104,13 @@ where
             .next_delay()
     });
     let next = match next {
-        // Not this layer's to retry: the owner above decides.
-        Next::Retry { .. } if part.hands_up => Next::LeaveToOuterLayer,
+        // Not this layer's to retry: the owner above decides, also whether time or attempts are
+        // left for it (a deadline or cap of this layer says nothing of the owner's). An escalation
+        // stands: a write that may have landed is not the owner's to repeat.
+        Next::Retry { .. }
+        | Next::GiveUp(
+            GiveUp::Deadline | GiveUp::MaxAttempts | GiveUp::Budget(_) | GiveUp::NotReplayable,
+        ) if part.hands_up => Next::LeaveToOuterLayer,
         Next::Retry { delay, throttled } => settle(
             next,
             if throttled {
