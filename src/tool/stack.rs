@@ -395,7 +395,7 @@ impl SpecKey {
         // An identifier that is `null` identifies nothing: two actions without one would share
         // a key (and the second be answered with the first's receipt).
         let null = |f: &&str| call.args().get(*f).is_some_and(serde_json::Value::is_null);
-        if fields.iter().any(|f| null(f)) {
+        if fields.iter().any(null) {
             return Err(KeyError::new(
                 "args",
                 "an identity field the key covers is null: give the identifier",
