@@ -29,7 +29,7 @@ fn codes_with_quota(tools: Vec<Tool>) -> Vec<&'static str> {
             "q",
             QuotaSpec {
                 per_sec: 1,
-                burst: 1,
+                burst: 10,
             },
         )
         .unwrap();

@@ -368,12 +368,23 @@ fn a_stack_refuses_what_it_cannot_build() {
         .unwrap()
         .with_tool(send_invoice(vec![KeyPart::Run]).receipt("s", None))
         .unwrap();
-    let err = tb
-        .build(Stores::new())
+    let err = tb.build(Stores::new()).unwrap_err();
+    assert_eq!(err.field(), "stores");
+    assert!(err.reason().contains("`s`"), "{err}");
+    // A call that costs more than its quota ever holds could never be sent.
+    let err = Toolbox::new(vec![])
         .unwrap()
-        .layer("send_invoice")
+        .with_quota(
+            "q",
+            QuotaSpec {
+                per_sec: 1,
+                burst: 1,
+            },
+        )
+        .unwrap()
+        .with_tool(Tool::new("t", ToolClass::Read, RetryOwner::Layer).quota("q", "global", 2))
         .unwrap_err();
-    assert_eq!(err.field(), "receipt");
+    assert_eq!(err.field(), "quota.cost");
 }
 
 #[tokio::test(start_paused = true)]

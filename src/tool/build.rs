@@ -157,6 +157,13 @@ impl Toolbox {
                 .map_err(|e| config_error("quotas", name, &e))?;
             quotas.insert(name.clone(), self.quota_layer(name, rate)?);
         }
+        for (name, spec) in self.stores() {
+            // The receipt layer's own check, at build rather than at the first tool's layer.
+            ReceiptConfig::builder()
+                .retention(Duration::from_secs(spec.retention_secs))
+                .build()
+                .map_err(|e| config_error("stores", name, &e))?;
+        }
         let mut given = stores.0;
         let mut made = BTreeMap::new();
         for (name, spec) in self.stores() {

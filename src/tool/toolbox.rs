@@ -267,8 +267,22 @@ impl Toolbox {
             if matches!(&t.breaker, Some(b) if !self.breakers.contains_key(b)) {
                 return missing("breaker", "breaker");
             }
-            if matches!(&t.quota, Some(q) if !self.quotas.contains_key(&q.name)) {
-                return missing("quota", "quota");
+            if let Some(q) = &t.quota {
+                match self.quotas.get(&q.name) {
+                    None => return missing("quota", "quota"),
+                    // A call that costs more than the quota ever holds can never be sent.
+                    Some(spec) if q.cost > spec.burst => {
+                        return Err(SpecError::new(
+                            Some(&t.name),
+                            "quota.cost",
+                            &format!(
+                                "costs {} but quota `{}` holds at most {} (its burst): no call could be sent",
+                                q.cost, q.name, spec.burst
+                            ),
+                        ))
+                    }
+                    Some(_) => {}
+                }
             }
             if matches!(&t.receipt, Some(r) if !self.stores.contains_key(&r.store)) {
                 return missing("receipt.store", "receipt store");
