@@ -42,7 +42,9 @@ fn toolbox(charge_class: &str) -> Toolbox {
         "stores": { "receipts": { "kind": "sqlite", "retention_secs": 604800 } },
         "tools": tools
     });
-    Toolbox::from_json_str(&file.to_string()).expect("a valid tool table")
+    Toolbox::from_json_str(&file.to_string())
+        .and_then(|tb| tb.with_saga("trip", spec()))
+        .expect("a valid tool table")
 }
 
 fn spec() -> SagaSpec {
@@ -70,7 +72,7 @@ fn saga(addr: SocketAddr, db: &Path, charge_class: &str) -> Result<Saga, BoxErro
         }
     });
     Ok(tools
-        .saga("trip", &spec(), body, OkIsSuccess)?
+        .saga("trip", body, OkIsSuccess)?
         .lease(Duration::from_secs(1)))
 }
 

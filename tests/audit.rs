@@ -247,3 +247,50 @@ fn scan_flags_random_keys_near_a_key_only() {
     let unrelated = "let trace_id = Uuid::new_v4();\n";
     assert!(stormguard::tool::scan(&[("c.rs", unrelated)], 10).is_empty());
 }
+
+#[test]
+fn saga_steps_without_receipts_or_compensation() {
+    use stormguard::saga::SagaSpec;
+    let pg = StoreSpec {
+        kind: "postgres".into(),
+        retention_secs: 604_800,
+    };
+    let step = |name: &str| {
+        Tool::new(name, ToolClass::KeyedWrite, RetryOwner::Layer)
+            .key(vec![KeyPart::Run, KeyPart::Tool])
+            .receipt("pg", Some(86_400))
+            .unknown_outcome(UnknownOutcome::Escalate)
+    };
+    let tb = |reserve: Tool, spec: SagaSpec| {
+        let mut tb = Toolbox::new(vec![])
+            .unwrap()
+            .with_store("pg", pg.clone())
+            .unwrap();
+        for t in [reserve, step("release"), step("issue")] {
+            tb = tb.with_tool(t).unwrap();
+        }
+        let tb = tb.with_saga("trip", spec).unwrap();
+        tb.audit()
+            .findings
+            .into_iter()
+            .map(|f| (f.code, f.tool))
+            .collect::<Vec<_>>()
+    };
+    let fixed = SagaSpec::new()
+        .step("reserve", Some("release"))
+        .step("issue", None);
+    assert!(tb(step("reserve"), fixed.clone()).is_empty());
+    // The reserve cannot be undone when the issue fails.
+    let undone = SagaSpec::new().step("reserve", None).step("issue", None);
+    assert_eq!(
+        tb(step("reserve"), undone),
+        [("saga-step-without-compensation", "reserve".to_owned())]
+    );
+    // A step a resume would repeat.
+    let mut bare = step("reserve");
+    bare.receipt = None;
+    assert_eq!(
+        tb(bare, fixed),
+        [("saga-step-without-receipt", "reserve".to_owned())]
+    );
+}

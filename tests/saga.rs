@@ -104,6 +104,8 @@ fn toolbox(charge_class: &str) -> Toolbox {
         .to_string(),
     )
     .unwrap()
+    .with_saga("trip", spec())
+    .unwrap()
 }
 
 fn spec() -> SagaSpec {
@@ -118,7 +120,7 @@ fn saga(toolbox: &Toolbox, stores: Stores, provider: &Provider) -> Saga {
     let p = provider.clone();
     let body = tower::service_fn(move |call: Call| p.serve(call));
     tools
-        .saga("trip", &spec(), body, OkIsSuccess)
+        .saga("trip", body, OkIsSuccess)
         .unwrap()
         .lease(Duration::from_secs(10))
 }
@@ -221,7 +223,7 @@ async fn an_unknown_outcome_halts_until_an_operator_settles_it_then_the_saga_res
     let tools = toolbox.build(Stores::new()).unwrap();
     let p = provider.clone();
     let body = tower::service_fn(move |call: Call| p.serve(call));
-    let trip = tools.saga("trip", &spec(), body, OkIsSuccess).unwrap();
+    let trip = tools.saga("trip", body, OkIsSuccess).unwrap();
     let err = trip.run("run-4", json!({})).await.unwrap_err();
     assert_eq!(
         err.halt(),
@@ -363,23 +365,25 @@ fn a_saga_step_without_receipts_or_outside_the_toolbox_is_refused() {
         r#"{"tools": [{ "name": "reserve", "class": "keyed_write", "retry": ["layer"], "key": ["run"] }]}"#,
     )
     .unwrap();
-    let tools = toolbox.build(Stores::new()).unwrap();
     let body = tower::service_fn(|_: Call| async { Ok::<Value, BoxError>(json!({})) });
-    let err = tools
-        .saga(
-            "s",
-            &SagaSpec::new().step("reserve", None),
-            body,
-            OkIsSuccess,
-        )
-        .unwrap_err();
+    // A step without receipts is refused when the saga is built.
+    let with_saga = toolbox
+        .clone()
+        .with_saga("s", SagaSpec::new().step("reserve", None))
+        .unwrap();
+    let tools = with_saga.build(Stores::new()).unwrap();
+    let err = tools.saga("s", body, OkIsSuccess).unwrap_err();
     assert!(err.reason().contains("receipts"), "{err}");
-    let err = tools
-        .saga("s", &SagaSpec::new().step("nope", None), body, OkIsSuccess)
+    // A saga the toolbox does not declare, a step outside it, a saga without steps.
+    assert_eq!(
+        tools.saga("t", body, OkIsSuccess).unwrap_err().field(),
+        "sagas"
+    );
+    let err = toolbox
+        .clone()
+        .with_saga("s", SagaSpec::new().step("nope", None))
         .unwrap_err();
     assert!(err.reason().contains("not a tool"), "{err}");
-    let err = tools
-        .saga("s", &SagaSpec::new(), body, OkIsSuccess)
-        .unwrap_err();
-    assert_eq!(err.field(), "steps");
+    let err = toolbox.with_saga("s", SagaSpec::new()).unwrap_err();
+    assert_eq!(err.field(), "sagas");
 }

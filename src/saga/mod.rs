@@ -20,7 +20,7 @@
 //! use tower::service_fn;
 //! use stormguard::classify::OkIsSuccess;
 //! use stormguard::error::{ErrorCode, ToolError};
-//! use stormguard::saga::{Halt, SagaSpec};
+//! use stormguard::saga::Halt;
 //! use stormguard::tool::{Call, Stores, Toolbox};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -31,7 +31,12 @@
 //! });
 //! let toolbox = Toolbox::from_json_str(&json!({
 //!     "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
-//!     "tools": [keyed("reserve"), keyed("release"), keyed("charge"), keyed("refund"), keyed("issue")]
+//!     "tools": [keyed("reserve"), keyed("release"), keyed("charge"), keyed("refund"), keyed("issue")],
+//!     "sagas": { "trip": { "steps": [
+//!         { "tool": "reserve", "compensation": "release" },
+//!         { "tool": "charge", "compensation": "refund" },
+//!         { "tool": "issue" }
+//!     ] } }
 //! }).to_string())?;
 //! let tools = toolbox.build(Stores::new())?;
 //!
@@ -48,11 +53,7 @@
 //!         }
 //!     }
 //! });
-//! let spec = SagaSpec::new()
-//!     .step("reserve", Some("release"))
-//!     .step("charge", Some("refund"))
-//!     .step("issue", None);
-//! let trip = tools.saga("trip", &spec, provider, OkIsSuccess)?;
+//! let trip = tools.saga("trip", provider, OkIsSuccess)?;
 //!
 //! let halted = trip.run("run-7", json!({ "seat": "12A" })).await.unwrap_err();
 //! assert!(matches!(halted.halt(), Halt::Compensated { step } if step == "issue"));

@@ -20,8 +20,9 @@ pub struct SagaStep {
     pub compensation: Option<String>,
 }
 
-/// A saga's steps, in order, each a tool of the toolbox (built with
-/// [`Tools::saga`](crate::tool::Tools::saga)).
+/// A saga's steps, in order, each a tool of the toolbox: declared with
+/// [`Toolbox::with_saga`](crate::tool::Toolbox::with_saga) (or under `sagas` in the tool file),
+/// built with [`Tools::saga`](crate::tool::Tools::saga).
 ///
 /// ```
 /// use stormguard::saga::SagaSpec;

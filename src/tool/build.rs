@@ -11,7 +11,7 @@ use crate::budget::RetryBudget;
 use crate::error::ConfigError;
 use crate::quota::{KeyedQuotaLayer, Rate};
 use crate::receipt::{AnyStore, InMemoryStore, ReceiptConfig};
-use crate::saga::{Saga, SagaSpec};
+use crate::saga::Saga;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -324,23 +324,21 @@ impl Tools {
         Ok(ToolRouter::new(stacks))
     }
 
-    /// The saga `name` of `spec`'s steps, each through its tool's stack over `body` with
-    /// `classifier`; its decisions are recorded in the first step's receipt store. Every step
-    /// and compensation must be a tool of the toolbox with receipts and a key (a resume must
-    /// not repeat it), or it is a [`SpecError`]. See [`crate::saga`].
-    pub fn saga<S, C>(
-        &self,
-        name: &str,
-        spec: &SagaSpec,
-        body: S,
-        classifier: C,
-    ) -> Result<Saga, SpecError>
+    /// The saga the toolbox declares as `name` ([`Toolbox::with_saga`], or `sagas` in the file),
+    /// each step through its tool's stack over `body` with `classifier`; its decisions are
+    /// recorded in the first step's receipt store. Every step and compensation must be a tool
+    /// with receipts and a key (a resume must not repeat it), or it is a [`SpecError`]. See
+    /// [`crate::saga`].
+    pub fn saga<S, C>(&self, name: &str, body: S, classifier: C) -> Result<Saga, SpecError>
     where
         ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<Value>>,
         S: tower_service::Service<Call, Response = Value> + Clone,
         C: Clone,
     {
         let bad = |field: &str, reason: String| Err(SpecError::new(Some(name), field, &reason));
+        let Some(spec) = self.toolbox.sagas().get(name) else {
+            return bad("sagas", String::from("the toolbox declares no such saga"));
+        };
         if spec.steps.is_empty() {
             return bad("steps", String::from("a saga needs at least one step"));
         }

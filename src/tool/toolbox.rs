@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::spec::{Tool, ToolFields};
+use crate::saga::SagaSpec;
 pub use specs::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec};
 
 /// The tools of one agent plus the named shared parts, as data; built in Rust ([`Toolbox::new`])
@@ -31,6 +32,8 @@ pub struct Toolbox {
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     hedges: BTreeSet<String>,
     tools: Vec<Tool>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    sagas: BTreeMap<String, SagaSpec>,
 }
 
 #[derive(Deserialize)]
@@ -47,6 +50,8 @@ struct ToolboxFields {
     #[serde(default)]
     hedges: BTreeSet<String>,
     tools: Vec<ToolFields>,
+    #[serde(default)]
+    sagas: BTreeMap<String, SagaSpec>,
 }
 
 impl TryFrom<ToolboxFields> for Toolbox {
@@ -63,6 +68,7 @@ impl TryFrom<ToolboxFields> for Toolbox {
                 .into_iter()
                 .map(Tool::try_from)
                 .collect::<Result<_, _>>()?,
+            sagas: f.sagas,
         };
         tb.validate()?;
         Ok(tb)
@@ -132,6 +138,29 @@ impl Toolbox {
     pub fn with_quota(mut self, name: &str, spec: QuotaSpec) -> Result<Self, SpecError> {
         self.quotas.insert(name.to_owned(), spec);
         self.validate().map(|()| self)
+    }
+
+    /// Adds a saga of the toolbox's tools (see [`crate::saga`]) and checks the toolbox again:
+    /// every step and compensation must be one of its tools.
+    ///
+    /// ```
+    /// use stormguard::saga::SagaSpec;
+    /// use stormguard::tool::Toolbox;
+    /// let err = Toolbox::new(vec![]).unwrap().with_saga("trip", SagaSpec::new().step("nope", None));
+    /// assert_eq!(err.unwrap_err().field(), "sagas");
+    /// ```
+    pub fn with_saga(mut self, name: &str, spec: SagaSpec) -> Result<Self, SpecError> {
+        self.sagas.insert(name.to_owned(), spec);
+        self.validate().map(|()| self)
+    }
+
+    /// The declared sagas.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().sagas().is_empty());
+    /// ```
+    pub fn sagas(&self) -> &BTreeMap<String, SagaSpec> {
+        &self.sagas
     }
 
     /// Adds a named receipt store and checks the toolbox again.
@@ -305,6 +334,22 @@ impl Toolbox {
             }
             if b.open_secs == 0 {
                 return bad("breakers.open_secs", n, "must be at least 1 second");
+            }
+        }
+        for (name, saga) in &self.sagas {
+            if saga.steps.is_empty() {
+                return bad("sagas", name, "a saga needs at least one step");
+            }
+            for step in &saga.steps {
+                for tool in std::iter::once(&step.tool).chain(step.compensation.as_ref()) {
+                    if !names.contains(tool.as_str()) {
+                        return Err(SpecError::new(
+                            None,
+                            "sagas",
+                            &format!("`{name}`: `{tool}` is not a tool of the toolbox"),
+                        ));
+                    }
+                }
             }
         }
         for (n, q) in &self.quotas {
