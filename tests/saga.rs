@@ -387,3 +387,24 @@ fn a_saga_step_without_receipts_or_outside_the_toolbox_is_refused() {
     let err = toolbox.with_saga("s", SagaSpec::new()).unwrap_err();
     assert_eq!(err.field(), "sagas");
 }
+
+/// The TOML of docs/sagas.md, as a tool file declares it.
+#[cfg(feature = "audit")]
+#[test]
+fn the_saga_of_the_guide_reads_from_a_tool_file() {
+    let guide = include_str!("../docs/sagas.md");
+    let start = guide.find("```toml\n").unwrap() + "```toml\n".len();
+    let sagas = &guide[start..start + guide[start..].find("```").unwrap()];
+    let mut file = String::from("[stores.receipts]\nkind = \"memory\"\nretention_secs = 604800\n");
+    for (step, undo) in TRIP {
+        for tool in std::iter::once(step).chain(undo.iter()) {
+            file += &format!(
+                "[[tools]]\nname = \"{tool}\"\nclass = \"keyed_write\"\nretry = [\"layer\"]\nkey = [\"run\", \"tool\"]\nunknown_outcome = \"escalate\"\nreceipt = {{ store = \"receipts\", provider_key_window_secs = 86400 }}\n"
+            );
+        }
+    }
+    file += sagas;
+    let toolbox = Toolbox::from_toml_str(&file).unwrap();
+    assert_eq!(toolbox.sagas()["trip"], spec());
+    assert!(toolbox.audit().findings.is_empty());
+}
