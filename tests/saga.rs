@@ -1,5 +1,6 @@
 //! Sagas: forward, compensation in reverse, a crash at every point followed by resumes, an
 //! unknown outcome settled by an operator, a compensation that fails for good.
+use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -24,6 +25,8 @@ struct Provider {
     crash_at: Arc<AtomicU32>,
     fail_for_good: Arc<Mutex<Vec<&'static str>>>,
     reset_after_work: Arc<Mutex<Vec<&'static str>>>,
+    /// Calls (by number) refused before any work: a transient failure, retried by the step.
+    refused_at: Arc<Mutex<Vec<u32>>>,
 }
 
 impl Provider {
@@ -34,6 +37,11 @@ impl Provider {
     fn serve(&self, call: Call) -> Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send>> {
         let tool = call.tool().unwrap_or_default().to_owned();
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.refused_at.lock().unwrap().contains(&n) {
+            let refused: BoxError =
+                std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
+            return Box::pin(async move { Err(refused) });
+        }
         if self.fail_for_good.lock().unwrap().contains(&tool.as_str()) {
             let err = ToolError::new(ErrorCode::InvalidArgument).with_retryable(false);
             return Box::pin(async move { Err(err.into()) });
@@ -407,4 +415,104 @@ fn the_saga_of_the_guide_reads_from_a_tool_file() {
     let toolbox = Toolbox::from_toml_str(&file).unwrap();
     assert_eq!(toolbox.sagas()["trip"], spec());
     assert!(toolbox.audit().findings.is_empty());
+}
+
+/// One seeded episode: refusals before any work at some calls, maybe a crash at one call, maybe
+/// a last step that fails for good; the run resumed in a new process until it ends.
+async fn episode(refused: Vec<u32>, crash_at: Option<u32>, issue_fails: bool) {
+    let provider = Provider::default();
+    *provider.refused_at.lock().unwrap() = refused.clone();
+    provider
+        .crash_at
+        .store(crash_at.unwrap_or(0), Ordering::SeqCst);
+    if issue_fails {
+        provider.fail_for_good.lock().unwrap().push("issue");
+    }
+    let toolbox = toolbox("keyed_write");
+    let clock = ManualClock::new(0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let first = saga(
+        &toolbox,
+        Stores::new().with("receipts", store.clone()),
+        &provider,
+    );
+    let crashed = tokio::time::timeout(Duration::from_secs(600), first.run("ep", json!({}))).await;
+    drop(first);
+    let resumed = saga(&toolbox, Stores::new().with("receipts", store), &provider);
+    let end = match crashed {
+        Ok(Ok(answers)) => Ok(answers),
+        Ok(Err(e)) if !matches!(e.halt(), Halt::Paused { .. } | Halt::InProgress) => {
+            Err(e.halt().clone())
+        }
+        _ => run_to_the_end(&resumed, "ep", &clock).await,
+    };
+    let got = provider.effects();
+    let case = format!("refused {refused:?}, crash {crash_at:?}, issue fails {issue_fails}");
+    assert!(
+        got.values().all(|n| *n == 1),
+        "{case}: an action twice: {got:?}"
+    );
+    match end {
+        Ok(_) => assert_eq!(
+            got,
+            effects(&[("charge", 1), ("issue", 1), ("reserve", 1)]),
+            "{case}"
+        ),
+        Err(Halt::Compensated { step }) => {
+            // Every step done before the failed one is undone; nothing after it was done.
+            assert!(got.get("issue").is_none(), "{case}: {got:?}");
+            let undone = |done: &str, undo: &str| got.get(done) == got.get(undo);
+            assert!(
+                undone("reserve", "release") && undone("charge", "refund"),
+                "{case}: {got:?} ({step})"
+            );
+        }
+        Err(other) => panic!("{case}: ended {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Seeded episodes with crashes and failures: no action is ever done twice, and every run
+    /// ends complete or undone.
+    #[test]
+    fn seeded_episodes_with_crashes_do_no_action_twice(
+        refused in prop::collection::vec(1u32..12, 0..4),
+        crash_at in prop::option::of(1u32..10),
+        issue_fails in any::<bool>(),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(episode(refused, crash_at, issue_fails));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_of_a_step_pauses_the_saga_and_undoes_nothing() {
+    let provider = Provider::default();
+    // The issue's provider refuses connections (nothing done) for its 3 attempts.
+    *provider.refused_at.lock().unwrap() = vec![3, 4, 5];
+    let trip = saga(&toolbox("keyed_write"), Stores::new(), &provider);
+    let err = trip.run("run-6", json!({})).await.unwrap_err();
+    assert_eq!(
+        err.halt(),
+        &Halt::Paused {
+            step: "issue".into()
+        }
+    );
+    assert!(err.to_tool_error().retryable());
+    assert_eq!(
+        provider.effects(),
+        effects(&[("charge", 1), ("reserve", 1)])
+    );
+    // Back up: the saga completes, nothing repeated.
+    trip.run("run-6", json!({})).await.unwrap();
+    assert_eq!(
+        provider.effects(),
+        effects(&[("charge", 1), ("issue", 1), ("reserve", 1)])
+    );
 }

@@ -2,7 +2,7 @@
 
 use super::record::{decision_key, Decided};
 use super::spec::SagaStep;
-use crate::error::{ErrorCode, ToolError};
+use crate::error::{ErrorCode, FailureClass, ToolError};
 use crate::key::Action;
 use crate::receipt::{AnyStore, Begin, ReceiptStore, StoreError};
 use crate::telemetry;
@@ -29,8 +29,9 @@ pub enum Halt {
         /// The step whose outcome is unknown.
         step: String,
     },
-    /// `step` failed in a way that may pass (a retryable error once its retries were spent, a
-    /// duplicate in flight): run the saga again later; nothing is undone.
+    /// `step` failed in a way that may pass (a transient failure once its retries were spent: an
+    /// outage, an open breaker, a rate limit; a duplicate in flight): run the saga again later;
+    /// nothing is undone.
     Paused {
         /// The step that could not be done now.
         step: String,
@@ -181,11 +182,13 @@ fn owner() -> String {
     )
 }
 
-/// What a step's error means for the saga.
+/// What a step's error means for the saga: an unknown outcome halts it for an operator; a
+/// failure that may pass (retryable, or transient once the step's retries are spent: an outage, an
+/// open breaker, a rate limit) pauses it; anything else fails the step for good.
 fn after_failure(err: &ToolError) -> Next {
     match err.code() {
         ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey => Next::Unknown,
-        _ if err.retryable() => Next::Pause,
+        _ if err.retryable() || err.class() == Some(FailureClass::Transient) => Next::Pause,
         _ => Next::Compensate,
     }
 }
