@@ -29,9 +29,9 @@ pub enum Halt {
         /// The step whose outcome is unknown.
         step: String,
     },
-    /// `step` failed in a way that may pass (a transient failure once its retries were spent: an
-    /// outage, an open breaker, a rate limit; a duplicate in flight): run the saga again later;
-    /// nothing is undone.
+    /// `step` (a step, or a compensation once the saga decided to undo) failed in a way that may
+    /// pass (a transient failure once its retries were spent: an outage, an open breaker, a rate
+    /// limit; a duplicate in flight): run the saga again later; it goes on where it stopped.
     Paused {
         /// The step that could not be done now.
         step: String,
@@ -328,10 +328,19 @@ impl Saga {
             // The step's answer, from its receipt: it was done.
             let done = match self.call(&self.steps[*i].tool, run, args.clone()).await {
                 Ok(answer) => answer,
+                Err(err) if matches!(after_failure(&err), Next::Pause) => {
+                    let step = self.steps[*i].tool.clone();
+                    return self.halted(SagaError::new(Halt::Paused { step }).because(err));
+                }
                 Err(err) => return self.compensation_failed(compensation, &undo[n..], err),
             };
             let undo_args = json!({ "args": args, "result": done });
             if let Err(err) = self.call(compensation, run, undo_args).await {
+                if let Next::Pause = after_failure(&err) {
+                    // The undo is decided and recorded: the next run continues it.
+                    let step = (*compensation).to_owned();
+                    return self.halted(SagaError::new(Halt::Paused { step }).because(err));
+                }
                 return self.compensation_failed(compensation, &undo[n..], err);
             }
         }
