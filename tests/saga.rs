@@ -298,6 +298,35 @@ async fn run_to_the_end(trip: &Saga, run: &str, clock: &ManualClock) -> Result<V
     panic!("the saga never ended");
 }
 
+/// The first run in one process, crashed or not; `between` changes the world while it is down;
+/// then a new process over the same store runs the saga to its end.
+async fn crash_and_resume(
+    provider: &Provider,
+    run: &str,
+    between: impl FnOnce(),
+) -> Result<Vec<Value>, Halt> {
+    let toolbox = toolbox("keyed_write");
+    // The store's clock moves with tokio's paused one (leases pass as the test sleeps).
+    let clock = ManualClock::new(0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let first = saga(
+        &toolbox,
+        Stores::new().with("receipts", store.clone()),
+        provider,
+    );
+    let crashed = tokio::time::timeout(Duration::from_secs(600), first.run(run, json!({}))).await;
+    drop(first);
+    between();
+    let resumed = saga(&toolbox, Stores::new().with("receipts", store), provider);
+    match crashed {
+        Ok(Ok(answers)) => Ok(answers),
+        Ok(Err(e)) if !matches!(e.halt(), Halt::Paused { .. } | Halt::InProgress) => {
+            Err(e.halt().clone())
+        }
+        _ => run_to_the_end(&resumed, run, &clock).await,
+    }
+}
+
 /// How the last step behaves in a crash case.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Issue {
@@ -323,29 +352,12 @@ async fn a_crash_at_any_call_then_resumes_repeats_no_action() {
             if issue != Issue::Succeeds {
                 provider.fail_for_good.lock().unwrap().push("issue");
             }
-            let toolbox = toolbox("keyed_write");
-            // The store's clock moves with tokio's paused one (leases pass as the test sleeps).
-            let clock = ManualClock::new(0);
-            let store = InMemoryStore::with_clock(clock.clone());
-            let first = saga(
-                &toolbox,
-                Stores::new().with("receipts", store.clone()),
-                &provider,
-            );
-            let crashed =
-                tokio::time::timeout(Duration::from_secs(5), first.run("run-5", json!({}))).await;
-            drop(first);
-            if issue == Issue::FailsOnlyBeforeTheCrash {
-                provider.fail_for_good.lock().unwrap().clear();
-            }
-            let resumed = saga(&toolbox, Stores::new().with("receipts", store), &provider);
-            let end = match crashed {
-                Ok(Ok(answers)) => Ok(answers),
-                Ok(Err(e)) if !matches!(e.halt(), Halt::Paused { .. } | Halt::InProgress) => {
-                    Err(e.halt().clone())
+            let end = crash_and_resume(&provider, "run-5", || {
+                if issue == Issue::FailsOnlyBeforeTheCrash {
+                    provider.fail_for_good.lock().unwrap().clear();
                 }
-                _ => run_to_the_end(&resumed, "run-5", &clock).await,
-            };
+            })
+            .await;
             let got = provider.effects();
             let case = format!("crash at call {crash_at}, {issue:?}");
             assert!(got.values().all(|n| *n == 1), "{case}: {got:?}");
@@ -435,24 +447,7 @@ async fn episode(refused: Vec<u32>, crash_at: Option<u32>, issue_fails: bool) {
     if issue_fails {
         provider.fail_for_good.lock().unwrap().push("issue");
     }
-    let toolbox = toolbox("keyed_write");
-    let clock = ManualClock::new(0);
-    let store = InMemoryStore::with_clock(clock.clone());
-    let first = saga(
-        &toolbox,
-        Stores::new().with("receipts", store.clone()),
-        &provider,
-    );
-    let crashed = tokio::time::timeout(Duration::from_secs(600), first.run("ep", json!({}))).await;
-    drop(first);
-    let resumed = saga(&toolbox, Stores::new().with("receipts", store), &provider);
-    let end = match crashed {
-        Ok(Ok(answers)) => Ok(answers),
-        Ok(Err(e)) if !matches!(e.halt(), Halt::Paused { .. } | Halt::InProgress) => {
-            Err(e.halt().clone())
-        }
-        _ => run_to_the_end(&resumed, "ep", &clock).await,
-    };
+    let end = crash_and_resume(&provider, "ep", || {}).await;
     let got = provider.effects();
     let case = format!("refused {refused:?}, crash {crash_at:?}, issue fails {issue_fails}");
     assert!(

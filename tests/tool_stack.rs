@@ -38,6 +38,18 @@ fn counting_body(
     })
 }
 
+/// The `send_invoice` tool keyed on `key`, with memory receipts, built.
+fn invoice_tools(key: Vec<KeyPart>) -> stormguard::tool::Tools {
+    Toolbox::new(vec![])
+        .unwrap()
+        .with_store("receipts", memory_store())
+        .unwrap()
+        .with_tool(send_invoice(key))
+        .unwrap()
+        .build(Stores::new())
+        .unwrap()
+}
+
 fn send_invoice(key: Vec<KeyPart>) -> Tool {
     Tool::new("send_invoice", ToolClass::KeyedWrite, RetryOwner::Layer)
         .key(key)
@@ -61,13 +73,7 @@ async fn a_reissue_at_a_later_step_is_one_effect_when_the_key_leaves_the_step_ou
             2,
         ),
     ] {
-        let toolbox = Toolbox::new(vec![])
-            .unwrap()
-            .with_store("receipts", memory_store())
-            .unwrap()
-            .with_tool(send_invoice(parts.clone()))
-            .unwrap();
-        let tools = toolbox.build(Stores::new()).unwrap();
+        let tools = invoice_tools(parts.clone());
         let sent = Arc::new(AtomicU32::new(0));
         let mut svc = tools
             .layer("send_invoice")
@@ -95,17 +101,7 @@ async fn a_reissue_at_a_later_step_is_one_effect_when_the_key_leaves_the_step_ou
 
 #[tokio::test(start_paused = true)]
 async fn the_stamped_key_is_the_same_on_every_retry_and_leaves_out_free_text() {
-    let toolbox = Toolbox::new(vec![])
-        .unwrap()
-        .with_store("receipts", memory_store())
-        .unwrap()
-        .with_tool(send_invoice(vec![
-            KeyPart::Run,
-            KeyPart::Tool,
-            KeyPart::id("invoice_id"),
-        ]))
-        .unwrap();
-    let tools = toolbox.build(Stores::new()).unwrap();
+    let tools = invoice_tools(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")]);
     let keys = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = keys.clone();
     // A connection reset after the request left (ambiguous), then an answer.
@@ -639,17 +635,7 @@ async fn one_session_for_many_tools_applies_each_tools_class_per_call() {
 
 #[tokio::test(start_paused = true)]
 async fn a_null_identifier_is_refused_not_keyed() {
-    let toolbox = Toolbox::new(vec![])
-        .unwrap()
-        .with_store("receipts", memory_store())
-        .unwrap()
-        .with_tool(send_invoice(vec![
-            KeyPart::Run,
-            KeyPart::Tool,
-            KeyPart::id("invoice_id"),
-        ]))
-        .unwrap();
-    let tools = toolbox.build(Stores::new()).unwrap();
+    let tools = invoice_tools(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("invoice_id")]);
     let sent = Arc::new(AtomicU32::new(0));
     let mut svc = tools
         .layer("send_invoice")
