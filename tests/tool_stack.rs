@@ -38,6 +38,19 @@ fn counting_body(
     })
 }
 
+/// The stack of the lone tool `tool` over `dep`, read by the shared test classifier.
+fn lone(tool: Tool, dep: &Dependency) -> stormguard::tool::ToolService<u32> {
+    let name = tool.name.clone();
+    Toolbox::new(vec![tool])
+        .unwrap()
+        .build(Stores::new())
+        .unwrap()
+        .layer(&name)
+        .unwrap()
+        .classifier(classifier as fn(&_) -> _)
+        .layer(dep.clone())
+}
+
 /// The `send_invoice` tool keyed on `key`, with memory receipts, built.
 fn invoice_tools(key: Vec<KeyPart>) -> stormguard::tool::Tools {
     Toolbox::new(vec![])
@@ -147,16 +160,8 @@ async fn the_retry_owner_decides_who_retries() {
         (RetryOwner::Client, 1, true),
         (RetryOwner::None, 1, true),
     ] {
-        let tools = Toolbox::new(vec![Tool::new("search", ToolClass::Read, owner)])
-            .unwrap()
-            .build(Stores::new())
-            .unwrap();
         let dep = Dependency::always(Outcome::Fail(FailureClass::Transient));
-        let mut svc = tools
-            .layer("search")
-            .unwrap()
-            .classifier(classifier as fn(&_) -> _)
-            .layer(dep.clone());
+        let mut svc = lone(Tool::new("search", ToolClass::Read, owner), &dep);
         let err = call(&mut svc, Call::new("r", "s", json!({ "q": "storm" })))
             .await
             .unwrap_err();
@@ -172,20 +177,9 @@ async fn the_retry_owner_decides_who_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unkeyed_write_owned_by_the_model_still_escalates_an_ambiguous_failure() {
-    let tools = Toolbox::new(vec![Tool::new(
-        "post_ticket",
-        ToolClass::UnkeyedWrite,
-        RetryOwner::Model,
-    )])
-    .unwrap()
-    .build(Stores::new())
-    .unwrap();
     let dep = Dependency::always(Outcome::Fail(FailureClass::Ambiguous));
-    let mut svc = tools
-        .layer("post_ticket")
-        .unwrap()
-        .classifier(classifier as fn(&_) -> _)
-        .layer(dep.clone());
+    let post_ticket = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model);
+    let mut svc = lone(post_ticket, &dep);
     let err = call(&mut svc, Call::new("r", "s", json!({})))
         .await
         .unwrap_err();
