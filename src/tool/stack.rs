@@ -71,6 +71,14 @@ use tower_service::Service;
 /// # Ok(()) }
 /// ```
 pub struct ToolLayer<C = DefaultClassifier, Cd = DefaultCodec> {
+    parts: Parts,
+    classifier: C,
+    codec: Cd,
+}
+
+/// What a declaration makes of its tool's stack, apart from the classifier and the codec.
+#[derive(Clone)]
+struct Parts {
     tool: Arc<Tool>,
     name: Arc<str>,
     policy: ClassPolicy,
@@ -82,23 +90,12 @@ pub struct ToolLayer<C = DefaultClassifier, Cd = DefaultCodec> {
     quota_context: Option<String>,
     receipt: Option<(AnyStore, ReceiptConfig)>,
     key: Option<SpecKey>,
-    classifier: C,
-    codec: Cd,
 }
 
 impl<C: Clone, Cd: Clone> Clone for ToolLayer<C, Cd> {
     fn clone(&self) -> Self {
         ToolLayer {
-            tool: self.tool.clone(),
-            name: self.name.clone(),
-            policy: self.policy,
-            role: self.role,
-            budget: self.budget.clone(),
-            breaker: self.breaker.clone(),
-            quota: self.quota.clone(),
-            quota_context: self.quota_context.clone(),
-            receipt: self.receipt.clone(),
-            key: self.key.clone(),
+            parts: self.parts.clone(),
             classifier: self.classifier.clone(),
             codec: self.codec.clone(),
         }
@@ -108,13 +105,13 @@ impl<C: Clone, Cd: Clone> Clone for ToolLayer<C, Cd> {
 impl<C, Cd> fmt::Debug for ToolLayer<C, Cd> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolLayer")
-            .field("tool", &self.name)
-            .field("policy", &self.policy)
-            .field("owns_retries", &(self.role == Role::JoinsOrOpens))
-            .field("breaker", &self.breaker.as_ref().map(Breaker::name))
-            .field("quota", &self.quota.is_some())
-            .field("receipts", &self.receipt.is_some())
-            .field("key", &self.key.is_some())
+            .field("tool", &self.parts.name)
+            .field("policy", &self.parts.policy)
+            .field("owns_retries", &(self.parts.role == Role::JoinsOrOpens))
+            .field("breaker", &self.parts.breaker.as_ref().map(Breaker::name))
+            .field("quota", &self.parts.quota.is_some())
+            .field("receipts", &self.parts.receipt.is_some())
+            .field("key", &self.parts.key.is_some())
             .finish()
     }
 }
@@ -172,7 +169,7 @@ impl ToolLayer {
             .as_ref()
             .filter(|q| q.key != "global")
             .map(|q| q.key.clone());
-        Ok(ToolLayer {
+        let parts = Parts {
             tool,
             name,
             policy,
@@ -183,6 +180,9 @@ impl ToolLayer {
             quota_context,
             receipt,
             key,
+        };
+        Ok(ToolLayer {
+            parts,
             classifier: DefaultClassifier,
             codec: DefaultCodec,
         })
@@ -195,16 +195,7 @@ impl<C, Cd> ToolLayer<C, Cd> {
     /// [`OkIsSuccess`](crate::classify::OkIsSuccess)).
     pub fn classifier<C2>(self, classifier: C2) -> ToolLayer<C2, Cd> {
         ToolLayer {
-            tool: self.tool,
-            name: self.name,
-            policy: self.policy,
-            role: self.role,
-            budget: self.budget,
-            breaker: self.breaker,
-            quota: self.quota,
-            quota_context: self.quota_context,
-            receipt: self.receipt,
-            key: self.key,
+            parts: self.parts,
             classifier,
             codec: self.codec,
         }
@@ -214,16 +205,7 @@ impl<C, Cd> ToolLayer<C, Cd> {
     /// [`Stored`](crate::receipt::Stored)).
     pub fn codec<Cd2>(self, codec: Cd2) -> ToolLayer<C, Cd2> {
         ToolLayer {
-            tool: self.tool,
-            name: self.name,
-            policy: self.policy,
-            role: self.role,
-            budget: self.budget,
-            breaker: self.breaker,
-            quota: self.quota,
-            quota_context: self.quota_context,
-            receipt: self.receipt,
-            key: self.key,
+            parts: self.parts,
             classifier: self.classifier,
             codec,
         }
@@ -239,17 +221,17 @@ impl<C, Cd> ToolLayer<C, Cd> {
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn tool(&self) -> &Tool {
-        &self.tool
+        &self.parts.tool
     }
 
     /// The budget its `Retry` draws on (shared with every tool that names it).
     pub fn budget(&self) -> &RetryBudget {
-        &self.budget
+        &self.parts.budget
     }
 
     /// The policy its `Retry` applies: the tool's class, with its deadline.
     pub fn policy(&self) -> &ClassPolicy {
-        &self.policy
+        &self.parts.policy
     }
 }
 
@@ -270,20 +252,21 @@ where
 
     fn layer(&self, body: S) -> ToolService<S::Response> {
         let mut below: Boxed<Call, S::Response> = Boxed::new(body);
-        if let Some(quota) = &self.quota {
+        if let Some(quota) = &self.parts.quota {
             below = Boxed::new(quota.layer(below));
         }
-        if let Some(breaker) = &self.breaker {
+        if let Some(breaker) = &self.parts.breaker {
             let layer =
                 CircuitBreakerLayer::new(breaker.clone()).classifier(self.classifier.clone());
             below = Boxed::new(layer.layer(below));
         }
-        match (&self.receipt, &self.key) {
+        match (&self.parts.receipt, &self.parts.key) {
             (Some((store, config)), Some(key)) => {
-                let layer = ReceiptGuardLayer::new(store.clone(), self.policy.class(), key.clone())
-                    .config(*config)
-                    .classifier(self.classifier.clone())
-                    .codec(self.codec.clone());
+                let layer =
+                    ReceiptGuardLayer::new(store.clone(), self.parts.policy.class(), key.clone())
+                        .config(*config)
+                        .classifier(self.classifier.clone())
+                        .codec(self.codec.clone());
                 below = Boxed::new(layer.layer(below));
             }
             (None, Some(key)) => {
@@ -291,14 +274,14 @@ where
             }
             _ => {}
         }
-        let retry = RetryLayer::new(self.policy, self.budget.clone())
-            .name(self.name.to_string())
+        let retry = RetryLayer::new(self.parts.policy, self.parts.budget.clone())
+            .name(self.parts.name.to_string())
             .classifier(self.classifier.clone())
-            .role(self.role);
+            .role(self.parts.role);
         ToolService {
             inner: Boxed::new(retry.layer(below)),
-            name: self.name.clone(),
-            quota_context: self.quota_context.clone(),
+            name: self.parts.name.clone(),
+            quota_context: self.parts.quota_context.clone(),
         }
     }
 }
