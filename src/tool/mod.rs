@@ -22,9 +22,10 @@ mod scan;
 mod spec;
 mod stack;
 mod toolbox;
+mod tools;
 
 pub use audit::{Audit, Finding, Row, Severity};
-pub use build::{Stores, Tools};
+pub use build::Stores;
 pub use call::Call;
 pub use parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
 pub use router::ToolRouter;
@@ -32,3 +33,4 @@ pub use scan::{scan, ScanHit};
 pub use spec::Tool;
 pub use stack::{ToolLayer, ToolService};
 pub use toolbox::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
+pub use tools::Tools;
