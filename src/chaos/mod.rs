@@ -51,9 +51,11 @@
 
 mod decide;
 mod effects;
+mod episodes;
 mod service;
 
 pub use effects::{Effect, Effects};
+pub use episodes::{Harness, Report, Step};
 pub use service::{Chaos, FaultAnswer, ResponseFuture};
 
 use crate::error::ConfigError;

@@ -154,6 +154,17 @@ impl Toolbox {
         self.validate().map(|()| self)
     }
 
+    /// The same toolbox with every receipt store in memory (the episode harness runs a user's
+    /// toolbox on stores it can crash and resume in process).
+    #[cfg(feature = "chaos")]
+    pub(crate) fn with_stores_in_memory(&self) -> Toolbox {
+        let mut tb = self.clone();
+        for store in tb.stores.values_mut() {
+            store.kind = String::from("memory");
+        }
+        tb
+    }
+
     /// The declared sagas.
     ///
     /// ```

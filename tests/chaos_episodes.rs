@@ -1,0 +1,123 @@
+//! The episode harness on a user's toolbox: a sound table does nothing twice over 1,000 seeded
+//! episodes with crashes; a table with a deliberate defect does, and the report says where.
+#![cfg(feature = "chaos")]
+
+use serde_json::json;
+use stormguard::chaos::{Harness, Step};
+use stormguard::tool::Toolbox;
+
+/// A billing agent's table: a read, a keyed write and an unkeyed write, with `overrides` merged
+/// into the tools by name.
+fn toolbox(send_invoice: serde_json::Value, post_ticket: serde_json::Value) -> Toolbox {
+    let file = json!({
+        "stores": { "receipts": { "kind": "postgres", "retention_secs": 604800 } },
+        "tools": [
+            { "name": "search", "class": "read", "retry": ["layer"] },
+            send_invoice,
+            post_ticket,
+        ]
+    });
+    Toolbox::from_json_str(&file.to_string()).unwrap()
+}
+
+fn sound_invoice() -> serde_json::Value {
+    json!({ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } })
+}
+
+fn sound_ticket() -> serde_json::Value {
+    json!({ "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
+            "key": ["run", "tool", "id:ticket"], "unknown_outcome": "escalate",
+            "receipt": { "store": "receipts" } })
+}
+
+fn script() -> Vec<Step> {
+    vec![
+        Step::new("search", json!({ "q": "unpaid invoices" })),
+        Step::new("send_invoice", json!({ "invoice_id": 4471 })),
+        Step::new(
+            "post_ticket",
+            json!({ "ticket": "t-1", "body": "sent 4471" }),
+        ),
+    ]
+}
+
+#[test]
+fn a_sound_table_does_nothing_twice_over_1000_episodes_with_crashes() {
+    let report = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+        .run(1_000, 7)
+        .unwrap();
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+    assert_eq!(report.lost_work, 0, "{report:?}");
+    assert!(report.crashes > 100, "{report:?}");
+    // What could not be decided was escalated, not guessed.
+    assert!(
+        report
+            .escalations
+            .get("outcome_unknown")
+            .copied()
+            .unwrap_or(0)
+            > 0,
+        "{report:?}"
+    );
+    // The same seed, the same run.
+    let again = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+        .run(1_000, 7)
+        .unwrap();
+    assert_eq!(again, report);
+}
+
+#[test]
+fn an_unkeyed_write_retried_automatically_duplicates_and_the_report_names_it() {
+    let retried = json!({ "name": "post_ticket", "class": "unkeyed_write", "retry": ["layer"],
+                          "unknown_outcome": "escalate" });
+    let report = Harness::new(toolbox(sound_invoice(), retried), script())
+        .run(1_000, 7)
+        .unwrap();
+    // Without a key and receipt, a crash and resume sends it again.
+    assert!(report.duplicate_effects > 0, "{report:?}");
+    assert!(report.silent_duplicates > 0, "{report:?}");
+    assert_eq!(
+        report.duplicates_by_tool.keys().collect::<Vec<_>>(),
+        ["post_ticket"]
+    );
+}
+
+#[test]
+fn a_key_that_changes_when_the_model_reissues_duplicates() {
+    // The model owns the retries, and the key includes the step: its reissue is a new key.
+    let step_keyed = json!({ "name": "send_invoice", "class": "keyed_write", "retry": ["model"],
+            "key": ["run", "step", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } });
+    let report = Harness::new(toolbox(step_keyed, sound_ticket()), script())
+        .run(1_000, 7)
+        .unwrap();
+    assert!(report.duplicate_effects > 0, "{report:?}");
+    assert_eq!(
+        report.duplicates_by_tool.keys().collect::<Vec<_>>(),
+        ["send_invoice"]
+    );
+    // The same with the step left out of the key: nothing twice.
+    let run_keyed = json!({ "name": "send_invoice", "class": "keyed_write", "retry": ["model"],
+            "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } });
+    let report = Harness::new(toolbox(run_keyed, sound_ticket()), script())
+        .run(1_000, 7)
+        .unwrap();
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+}
+
+#[test]
+fn a_script_outside_the_toolbox_or_a_bad_rate_is_refused() {
+    let tb = toolbox(sound_invoice(), sound_ticket());
+    let err = Harness::new(tb.clone(), vec![Step::new("nope", json!({}))])
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!(err.field(), "script");
+    let err = Harness::new(tb, script())
+        .after_work(1.5)
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!(err.field(), "after_work");
+}
