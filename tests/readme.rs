@@ -919,3 +919,64 @@ fn tools_audit_your_tool_table() -> Result<(), stormguard::tool::SpecError> {
     assert_eq!(audit.findings.len(), 11);
     Ok(())
 }
+
+/// The tool table of "Crash on purpose": a read and a keyed write with receipts; `step_keyed`
+/// puts the step in the write's key and gives its retries to the model.
+#[cfg(feature = "chaos")]
+fn crash_on_purpose_table(step_keyed: bool) -> stormguard::tool::Toolbox {
+    let (key, owner) = if step_keyed {
+        (
+            serde_json::json!(["run", "step", "tool", "id:invoice_id"]),
+            "model",
+        )
+    } else {
+        (serde_json::json!(["run", "tool", "id:invoice_id"]), "layer")
+    };
+    let file = serde_json::json!({
+        "stores": { "receipts": { "kind": "sqlite", "retention_secs": 604800 } },
+        "tools": [
+            { "name": "search", "class": "read", "retry": ["layer"] },
+            { "name": "send_invoice", "class": "keyed_write", "retry": [owner], "key": key,
+              "unknown_outcome": "escalate",
+              "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } }
+        ]
+    });
+    stormguard::tool::Toolbox::from_json_str(&file.to_string()).unwrap()
+}
+
+/// "Crash on purpose": the snippet as written, over `toolbox`.
+#[cfg(feature = "chaos")]
+#[rustfmt::skip]
+fn crash_on_purpose(toolbox: &stormguard::tool::Toolbox) -> Result<stormguard::chaos::Report, BoxError> {
+    use stormguard::chaos::{Harness, Step};
+
+    let script = vec![
+        Step::new("search", serde_json::json!({ "q": "unpaid invoices" })),
+        Step::new("send_invoice", serde_json::json!({ "invoice_id": 4471 })),
+    ];
+    let report = Harness::new(toolbox.clone(), script).run(1_000, 7)?;
+    assert_eq!(report.duplicate_effects, 0);
+    Ok(report)
+}
+
+#[cfg(feature = "chaos")]
+#[test]
+fn crash_on_purpose_passes_a_sound_table_and_fails_a_key_with_the_step() {
+    let report = crash_on_purpose(&crash_on_purpose_table(false)).unwrap();
+    assert!(report.crashes > 100, "{report:?}");
+    let failed = std::panic::catch_unwind(|| crash_on_purpose(&crash_on_purpose_table(true)));
+    assert!(failed.is_err(), "the step in the key went unnoticed");
+    let report = stormguard::chaos::Harness::new(
+        crash_on_purpose_table(true),
+        vec![stormguard::chaos::Step::new(
+            "send_invoice",
+            serde_json::json!({ "invoice_id": 4471 }),
+        )],
+    )
+    .run(1_000, 7)
+    .unwrap();
+    assert!(
+        report.duplicates_by_tool.contains_key("send_invoice"),
+        "{report:?}"
+    );
+}
