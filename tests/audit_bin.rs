@@ -75,3 +75,26 @@ fn a_bad_file_exits_2_with_the_typed_error() {
     assert!(out.contains("k.rs:1"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_readme_shows_the_binarys_own_output() {
+    let readme = include_str!("../README.md");
+    let start = readme.find("## Audit your tool table").unwrap();
+    let section = &readme[start
+        ..start
+            + readme[start..]
+                .find("\n## ")
+                .unwrap_or(readme.len() - start)];
+    let (_, out) = run(&["examples/tools.toml"]);
+    let shown: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") || l.starts_with("- **"))
+        .collect();
+    assert!(shown.len() >= 4);
+    for line in shown {
+        assert!(
+            out.lines().any(|o| o == line),
+            "the README shows a line the audit does not print: {line}"
+        );
+    }
+}
