@@ -85,23 +85,29 @@ const TRIP: &[(&str, Option<&str>)] = &[
 ];
 
 fn toolbox(charge_class: &str) -> Toolbox {
-    let tool = |name: &str, class: &str| {
+    toolbox_with(&[("charge", charge_class, json!(["run", "tool"]))])
+}
+
+/// The trip's tools, keyed writes on `["run", "tool"]` but for the `(tool, class, key)` given.
+fn toolbox_with(tools_given: &[(&str, &str, Value)]) -> Toolbox {
+    let tool = |name: &str| {
+        let (class, key) = tools_given
+            .iter()
+            .find(|(t, _, _)| *t == name)
+            .map_or(("keyed_write", json!(["run", "tool"])), |(_, c, k)| {
+                (*c, k.clone())
+            });
         json!({
-            "name": name, "class": class, "retry": ["layer"], "key": ["run", "tool"],
+            "name": name, "class": class, "retry": ["layer"], "key": key,
             "unknown_outcome": "escalate",
             "receipt": { "store": "receipts", "provider_key_window_secs": 86400 }
         })
     };
     let mut tools = vec![];
     for (step, undo) in TRIP {
-        let class = if *step == "charge" {
-            charge_class
-        } else {
-            "keyed_write"
-        };
-        tools.push(tool(step, class));
+        tools.push(tool(step));
         if let Some(undo) = undo {
-            tools.push(tool(undo, "keyed_write"));
+            tools.push(tool(undo));
         }
     }
     Toolbox::from_json_str(
@@ -433,7 +439,15 @@ fn the_saga_of_the_guide_reads_from_a_tool_file() {
     file += sagas;
     let toolbox = Toolbox::from_toml_str(&file).unwrap();
     assert_eq!(toolbox.sagas()["trip"], spec());
-    assert!(toolbox.audit().findings.is_empty());
+    // In memory, the saga's decision would not survive a crash: the audit says so.
+    let codes: Vec<_> = toolbox.audit().findings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, ["saga-decision-in-memory"]);
+    let durable = file.replace("kind = \"memory\"", "kind = \"sqlite\"");
+    assert!(Toolbox::from_toml_str(&durable)
+        .unwrap()
+        .audit()
+        .findings
+        .is_empty());
 }
 
 /// One seeded episode: refusals before any work at some calls, maybe a crash at one call, maybe
@@ -525,4 +539,120 @@ async fn an_outage_of_a_step_pauses_the_saga_and_undoes_nothing() {
         provider.effects(),
         effects(&[("charge", 1), ("issue", 1), ("reserve", 1)])
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_step_that_may_have_landed_pauses_and_is_sent_again_under_its_key() {
+    // The charge is taken, then a proxy loses every answer (a reset after the work).
+    let provider = Provider::default();
+    provider.reset_after_work.lock().unwrap().push("charge");
+    let clock = ManualClock::new(0);
+    let store = InMemoryStore::with_clock(clock.clone());
+    let trip = saga(
+        &toolbox("keyed_write"),
+        Stores::new().with("receipts", store),
+        &provider,
+    );
+    let err = trip.run("run-7", json!({})).await.unwrap_err();
+    assert_eq!(
+        err.halt(),
+        &Halt::Paused {
+            step: "charge".into()
+        },
+        "not undone: it may have landed"
+    );
+    assert_eq!(
+        provider.effects(),
+        effects(&[("charge", 1), ("reserve", 1)])
+    );
+    // The proxy recovers; once the intent's lease has passed, the charge goes again under its
+    // key (the provider answers what it did) and the trip completes.
+    provider.reset_after_work.lock().unwrap().clear();
+    clock.advance_ms(120_000);
+    trip.run("run-7", json!({})).await.unwrap();
+    assert_eq!(
+        provider.effects(),
+        effects(&[("charge", 1), ("issue", 1), ("reserve", 1)])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_of_unknown_outcome_halts_for_the_operator_and_is_not_left_to_undo_twice() {
+    // The refund goes to a provider without keys and is reset after it was made.
+    let provider = Provider::default();
+    provider.fail_for_good.lock().unwrap().push("issue");
+    provider.reset_after_work.lock().unwrap().push("refund");
+    let tb = toolbox_with(&[("refund", "unkeyed_write", json!(["run", "tool"]))]);
+    let tools = tb.build(Stores::new()).unwrap();
+    let p = provider.clone();
+    let trip = tools
+        .saga(
+            "trip",
+            tower::service_fn(move |call: Call| p.serve(call)),
+            OkIsSuccess,
+        )
+        .unwrap();
+    let err = trip.run("run-8", json!({})).await.unwrap_err();
+    assert_eq!(
+        err.halt(),
+        &Halt::OutcomeUnknown {
+            step: "refund".into()
+        }
+    );
+    assert_eq!(provider.effects()["refund"], 1);
+    assert_eq!(provider.effects().get("release"), None);
+    // The operator finds the refund made and settles it; the undo goes on with the release.
+    let store = tools.store("receipts").unwrap();
+    let refund = store
+        .pending(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| p.key.contains(":refund:"))
+        .unwrap();
+    store
+        .resolve(
+            &refund.key,
+            Resolution::Done(br#"{"done":"refund"}"#.to_vec()),
+        )
+        .await
+        .unwrap();
+    let err = trip.run("run-8", json!({})).await.unwrap_err();
+    assert_eq!(
+        err.halt(),
+        &Halt::Compensated {
+            step: "issue".into()
+        }
+    );
+    assert_eq!(
+        provider.effects(),
+        effects(&[("charge", 1), ("refund", 1), ("release", 1), ("reserve", 1)])
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_compensation_keyed_on_an_argument_field_finds_it() {
+    let provider = Provider::default();
+    provider.fail_for_good.lock().unwrap().push("issue");
+    let seat_keyed = json!(["run", "tool", "id:seat"]);
+    let tb = toolbox_with(&[("release", "keyed_write", seat_keyed)]);
+    let trip = saga(&tb, Stores::new(), &provider);
+    let err = trip
+        .run("run-9", json!({ "seat": "12A" }))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.halt(),
+        &Halt::Compensated {
+            step: "issue".into()
+        }
+    );
+    assert_eq!(provider.effects()["release"], 1);
+    // What the model sees is the failed step's own error, now and on a run again.
+    assert_eq!(err.to_tool_error().code(), ErrorCode::InvalidArgument);
+    let again = trip
+        .run("run-9", json!({ "seat": "12A" }))
+        .await
+        .unwrap_err();
+    assert_eq!(again.to_tool_error().code(), ErrorCode::InvalidArgument);
 }

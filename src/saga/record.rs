@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 pub(super) enum Decided {
     /// Every step is done.
     Completed,
-    /// Step `failed` (its index) failed for good: the steps before it are undone.
-    Compensate { failed: usize },
+    /// Step `failed` (its index) failed for good with `code`: the steps before it are undone.
+    Compensate { failed: usize, code: String },
 }
 
 impl Decided {
@@ -33,7 +33,13 @@ mod tests {
 
     #[test]
     fn a_decision_reads_back_as_written() {
-        for d in [Decided::Completed, Decided::Compensate { failed: 3 }] {
+        for d in [
+            Decided::Completed,
+            Decided::Compensate {
+                failed: 3,
+                code: String::from("invalid_argument"),
+            },
+        ] {
             assert_eq!(Decided::from_bytes(&d.to_bytes()), Some(d));
         }
         assert_eq!(Decided::from_bytes(b"not json"), None);

@@ -182,13 +182,38 @@ fn owner() -> String {
     )
 }
 
+/// What a compensation is called with: the saga's arguments, with the step's answer under
+/// `result` (so a compensation keyed on an argument field finds it at the top, as the step did);
+/// arguments that are not an object go under `args`.
+fn undo_args(args: &Value, done: Value) -> Value {
+    match args {
+        Value::Object(fields) if !fields.contains_key("result") => {
+            let mut fields = fields.clone();
+            fields.insert(String::from("result"), done);
+            Value::Object(fields)
+        }
+        _ => json!({ "args": args, "result": done }),
+    }
+}
+
 /// What a step's error means for the saga: an unknown outcome halts it for an operator; a
 /// failure that may pass (retryable, or transient once the step's retries are spent: an outage, an
 /// open breaker, a rate limit) pauses it; anything else fails the step for good.
+///
+/// An ambiguous failure that is not `outcome_unknown` is a keyed step whose retries were spent on
+/// answers that may come after the work (a proxy's 502): the step may have happened, so it is not
+/// undone as if it failed; the next run sends it again under the same key.
 fn after_failure(err: &ToolError) -> Next {
     match err.code() {
         ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey => Next::Unknown,
-        _ if err.retryable() || err.class() == Some(FailureClass::Transient) => Next::Pause,
+        _ if err.retryable()
+            || matches!(
+                err.class(),
+                Some(FailureClass::Transient | FailureClass::Ambiguous)
+            ) =>
+        {
+            Next::Pause
+        }
         _ => Next::Compensate,
     }
 }
@@ -257,8 +282,11 @@ impl Saga {
             Begin::Done { receipt, .. } => match Decided::from_bytes(&receipt) {
                 // Done before: every step answers from its receipt.
                 Some(Decided::Completed) => false,
-                Some(Decided::Compensate { failed }) => {
-                    return Err(self.compensate(run, &args, failed, None).await)
+                Some(Decided::Compensate { failed, code }) => {
+                    // A run again: the failed step's error as it was, from the record.
+                    let cause =
+                        ErrorCode::parse(&code).map(|c| ToolError::new(c).with_retryable(false));
+                    return Err(self.compensate(run, &args, failed, cause, false).await);
                 }
                 None => return refused(String::from("the saga's record cannot be read")),
             },
@@ -279,12 +307,13 @@ impl Saga {
                 Err(err) => {
                     let next = after_failure(&err);
                     if let Next::Compensate = next {
-                        let decided = Decided::Compensate { failed: i }.to_bytes();
+                        let code = err.code().as_str().to_owned();
+                        let decided = Decided::Compensate { failed: i, code }.to_bytes();
                         if let Err(e) = self.store.complete(&key, &owner, &decided).await {
                             let _ = self.store.release(&key, &owner, None).await;
                             return Err(self.store_failed(e));
                         }
-                        return Err(self.compensate(run, &args, i, Some(err)).await);
+                        return Err(self.compensate(run, &args, i, Some(err), true).await);
                     }
                     if holding {
                         // Nothing decided: the next run takes the lease at once.
@@ -311,15 +340,19 @@ impl Saga {
         Ok(results)
     }
 
-    /// Undoes the steps before `failed`, in reverse order; the error the run ends with.
+    /// Undoes the steps before `failed`, in reverse order; the error the run ends with. `first`:
+    /// this run decided it (a run again goes over the same undo, and is not counted again).
     async fn compensate(
         &self,
         run: &str,
         args: &Value,
         failed: usize,
         cause: Option<ToolError>,
+        first: bool,
     ) -> SagaError {
-        telemetry::saga_event(&self.name, "compensating");
+        if first {
+            telemetry::saga_event(&self.name, "compensating");
+        }
         let undo: Vec<(usize, &str)> = (0..failed.min(self.steps.len()))
             .rev()
             .filter_map(|i| Some((i, self.steps[i].compensation.as_deref()?)))
@@ -334,17 +367,27 @@ impl Saga {
                 }
                 Err(err) => return self.compensation_failed(compensation, &undo[n..], err),
             };
-            let undo_args = json!({ "args": args, "result": done });
-            if let Err(err) = self.call(compensation, run, undo_args).await {
-                if let Next::Pause = after_failure(&err) {
+            if let Err(err) = self.call(compensation, run, undo_args(args, done)).await {
+                let step = (*compensation).to_owned();
+                match after_failure(&err) {
                     // The undo is decided and recorded: the next run continues it.
-                    let step = (*compensation).to_owned();
-                    return self.halted(SagaError::new(Halt::Paused { step }).because(err));
+                    Next::Pause => {
+                        return self.halted(SagaError::new(Halt::Paused { step }).because(err))
+                    }
+                    // The undo may have happened: an operator settles it, then the next run goes
+                    // on (it is not "left to undo").
+                    Next::Unknown => {
+                        let halt = Halt::OutcomeUnknown { step };
+                        return self.halted(SagaError::new(halt).because(err));
+                    }
+                    Next::Compensate => {}
                 }
                 return self.compensation_failed(compensation, &undo[n..], err);
             }
         }
-        telemetry::saga_event(&self.name, "compensated");
+        if first {
+            telemetry::saga_event(&self.name, "compensated");
+        }
         let step = self
             .steps
             .get(failed)
