@@ -82,15 +82,51 @@ impl Tools {
             .iter()
             .find(|t| t.name == name)
             .ok_or_else(|| SpecError::new(Some(name), "name", "the toolbox holds no such tool"))?;
+        // Every name was checked when the toolbox was; a miss here is refused, never a panic.
+        let unknown = |field: &str| {
+            SpecError::new(
+                Some(name),
+                field,
+                "names a part the toolbox was not built with",
+            )
+        };
         let budget = match &tool.budget {
-            Some(b) => self.budgets[b].clone(),
+            Some(b) => self
+                .budgets
+                .get(b)
+                .ok_or_else(|| unknown("budget"))?
+                .clone(),
             None => self.default_budget.clone(),
         };
-        let breaker = tool.breaker.as_ref().map(|b| self.breakers[b].clone());
-        let quota = tool.quota.as_ref().map(|q| self.quotas[&q.name].clone());
+        let breaker = match &tool.breaker {
+            Some(b) => Some(
+                self.breakers
+                    .get(b)
+                    .ok_or_else(|| unknown("breaker"))?
+                    .clone(),
+            ),
+            None => None,
+        };
+        let quota = match &tool.quota {
+            Some(q) => Some(
+                self.quotas
+                    .get(&q.name)
+                    .ok_or_else(|| unknown("quota"))?
+                    .clone(),
+            ),
+            None => None,
+        };
         let receipt = match &tool.receipt {
             Some(r) => {
-                let spec = &self.toolbox.stores()[&r.store];
+                let spec = self
+                    .toolbox
+                    .stores()
+                    .get(&r.store)
+                    .ok_or_else(|| unknown("receipt.store"))?;
+                let store = self
+                    .stores
+                    .get(&r.store)
+                    .ok_or_else(|| unknown("receipt.store"))?;
                 let window = Duration::from_secs(r.provider_key_window_secs.unwrap_or(1));
                 let mut config = ReceiptConfig::builder()
                     .retention(Duration::from_secs(spec.retention_secs))
@@ -101,7 +137,7 @@ impl Tools {
                 let config = config
                     .build()
                     .map_err(|e| SpecError::new(Some(name), "receipt", &e.to_string()))?;
-                Some((self.stores[&r.store].clone(), config))
+                Some((store.clone(), config))
             }
             None => None,
         };
@@ -162,7 +198,9 @@ impl Tools {
                     format!("`{tool}` needs receipts and a key: a resume must not repeat it"),
                 );
             };
-            store.get_or_insert_with(|| self.stores[&receipt.store].clone());
+            if store.is_none() {
+                store = self.stores.get(&receipt.store).cloned();
+            }
         }
         let mut stacks = BTreeMap::new();
         for tool in names {
