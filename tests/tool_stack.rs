@@ -38,17 +38,27 @@ fn counting_body(
     })
 }
 
-/// The stack of the lone tool `tool` over `dep`, read by the shared test classifier.
-fn lone(tool: Tool, dep: &Dependency) -> stormguard::tool::ToolService<u32> {
-    let name = tool.name.clone();
-    Toolbox::new(vec![tool])
-        .unwrap()
-        .build(Stores::new())
-        .unwrap()
-        .layer(&name)
+/// The stack of the tool `name` of `tools` over `dep`, read by the shared test classifier.
+fn stack_of(
+    tools: &stormguard::tool::Tools,
+    name: &str,
+    dep: &Dependency,
+) -> stormguard::tool::ToolService<u32> {
+    tools
+        .layer(name)
         .unwrap()
         .classifier(classifier as fn(&_) -> _)
         .layer(dep.clone())
+}
+
+/// The stack of the lone tool `tool` over `dep`, read by the shared test classifier.
+fn lone(tool: Tool, dep: &Dependency) -> stormguard::tool::ToolService<u32> {
+    let name = tool.name.clone();
+    let tools = Toolbox::new(vec![tool])
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+    stack_of(&tools, &name, dep)
 }
 
 /// The `send_invoice` tool keyed on `key`, with memory receipts, built.
@@ -206,21 +216,13 @@ async fn tools_that_name_one_breaker_share_it() {
         .unwrap();
     let tools = toolbox.build(Stores::new()).unwrap();
     let down = Dependency::always(Outcome::Fail(FailureClass::Transient));
-    let mut lookup = tools
-        .layer("lookup")
-        .unwrap()
-        .classifier(classifier as fn(&_) -> _)
-        .layer(down.clone());
+    let mut lookup = stack_of(&tools, "lookup", &down);
     for i in 0..20 {
         let _ = call(&mut lookup, Call::new("r", format!("s{i}"), json!({}))).await;
     }
     assert_eq!(tools.breaker("billing-api").unwrap().state(), State::Open);
     let healthy = Dependency::always(Outcome::Ok);
-    let mut list = tools
-        .layer("list")
-        .unwrap()
-        .classifier(classifier as fn(&_) -> _)
-        .layer(healthy.clone());
+    let mut list = stack_of(&tools, "list", &healthy);
     let err = call(&mut list, Call::new("r", "s", json!({})))
         .await
         .unwrap_err();
@@ -250,11 +252,7 @@ async fn a_quota_counted_per_tenant_needs_the_tenant_in_the_call() {
         .unwrap();
     let tools = toolbox.build(Stores::new()).unwrap();
     let dep = Dependency::always(Outcome::Ok);
-    let mut svc = tools
-        .layer("complete")
-        .unwrap()
-        .classifier(classifier as fn(&_) -> _)
-        .layer(dep.clone());
+    let mut svc = stack_of(&tools, "complete", &dep);
     let err = call(&mut svc, Call::new("r", "s", json!({})))
         .await
         .unwrap_err();
@@ -612,11 +610,7 @@ async fn one_session_for_many_tools_applies_each_tools_class_per_call() {
         assert_eq!(err.code(), ErrorCode::InvalidArgument);
     }
     // A call addressed to one tool never goes through another tool's stack.
-    let mut search = tools
-        .layer("search")
-        .unwrap()
-        .classifier(classifier as fn(&_) -> _)
-        .layer(dep.clone());
+    let mut search = stack_of(&tools, "search", &dep);
     let err = call(
         &mut search,
         Call::new("r", "s", json!({})).to("post_ticket"),
