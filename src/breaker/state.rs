@@ -168,6 +168,17 @@ impl Breaker {
         self.machine.opens.load(Ordering::Acquire)
     }
 
+    /// The settings it was made with.
+    ///
+    /// ```
+    /// use stormguard::breaker::{Breaker, BreakerConfig};
+    /// let b = Breaker::new("dep", BreakerConfig::default());
+    /// assert_eq!(b.config().probe_after(), 25);
+    /// ```
+    pub fn config(&self) -> &BreakerConfig {
+        &self.machine.config
+    }
+
     /// The breaker's name.
     pub fn name(&self) -> &str {
         &self.machine.name

@@ -31,6 +31,11 @@ impl Latencies {
         }
     }
 
+    /// A record with the same settings and no answers yet.
+    pub(crate) fn fresh(&self) -> Self {
+        Latencies::new(self.quantile, self.min_samples)
+    }
+
     /// The quantile of recent answers, once there have been `min_samples` of them.
     #[inline]
     pub(crate) fn delay(&self) -> Option<Duration> {

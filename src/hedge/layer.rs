@@ -190,6 +190,23 @@ impl<C, R> HedgeLayer<C, R> {
     }
 }
 
+impl<C, R: Clone> HedgeLayer<C, R> {
+    /// The same settings, reading answers with `classifier` (and a latency record of its own).
+    pub(crate) fn with_classifier<C2>(&self, classifier: C2) -> HedgeLayer<C2, R> {
+        let s = &self.shared;
+        HedgeLayer {
+            shared: Arc::new(HedgeState {
+                budget: s.budget.clone(),
+                fixed: s.fixed,
+                latencies: s.latencies.fresh(),
+                classifier,
+                replay: s.replay.clone(),
+                name: s.name.clone(),
+            }),
+        }
+    }
+}
+
 impl<C, R> Clone for HedgeLayer<C, R> {
     fn clone(&self) -> Self {
         HedgeLayer {

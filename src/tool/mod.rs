@@ -17,9 +17,11 @@ mod boxed;
 mod build;
 mod call;
 mod parts;
+mod read_back;
 mod router;
 mod scan;
 mod spec;
+mod spec_key;
 mod stack;
 mod toolbox;
 mod tools;
@@ -27,10 +29,12 @@ mod tools;
 pub use audit::{Audit, Finding, Row, Severity};
 pub use build::Stores;
 pub use call::Call;
-pub use parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
+pub use parts::{
+    Annotations, BackoffSpec, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome,
+};
 pub use router::ToolRouter;
 pub use scan::{scan, ScanHit};
 pub use spec::Tool;
 pub use stack::{ToolLayer, ToolService};
-pub use toolbox::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
+pub use toolbox::{BreakerSpec, BudgetSpec, HedgeSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
 pub use tools::Tools;

@@ -176,6 +176,25 @@ pub struct ReceiptUse {
     pub lease_secs: Option<u64>,
 }
 
+/// The backoff between a tool's attempts when its class's default does not fit: exponential
+/// from `base_ms`, doubling per retry up to `cap_ms`, with full jitter (the class default's
+/// shape; only the numbers change).
+///
+/// ```
+/// use stormguard::tool::BackoffSpec;
+/// let b: BackoffSpec = serde_json::from_str(r#"{"base_ms": 5}"#).unwrap();
+/// assert_eq!((b.base_ms, b.cap_ms), (5, None));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackoffSpec {
+    /// The first retry's ceiling, in milliseconds (at least 1).
+    pub base_ms: u64,
+    /// The largest ceiling, in milliseconds (`None`: the backoff's default, 10 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap_ms: Option<u64>,
+}
+
 /// A quota a tool spends: which quota, the key it is counted under and the cost of one call.
 ///
 /// ```

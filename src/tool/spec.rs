@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::parts::{Annotations, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome};
+use super::parts::{
+    Annotations, BackoffSpec, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome,
+};
 use super::toolbox::SpecError;
 use crate::class::ToolClass;
 
@@ -54,6 +56,13 @@ pub struct Tool {
     /// it in the body (a `Timeout` on the client).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
+    /// Attempts at most per operation, the first included (`None`: the class's default, 3 for
+    /// a read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// The backoff between attempts (`None`: the class's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffSpec>,
     /// The longest the agent may pause and resume a run using this tool, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_window_secs: Option<u64>,
@@ -90,6 +99,10 @@ pub(super) struct ToolFields {
     #[serde(default)]
     deadline_secs: Option<u64>,
     #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    backoff: Option<BackoffSpec>,
+    #[serde(default)]
     resume_window_secs: Option<u64>,
     #[serde(default)]
     reissue_likely: bool,
@@ -112,6 +125,8 @@ impl TryFrom<ToolFields> for Tool {
             quota: f.quota,
             hedge: f.hedge,
             deadline_secs: f.deadline_secs,
+            max_attempts: f.max_attempts,
+            backoff: f.backoff,
             resume_window_secs: f.resume_window_secs,
             reissue_likely: f.reissue_likely,
             annotations: f.annotations,
@@ -120,6 +135,8 @@ impl TryFrom<ToolFields> for Tool {
         Ok(t)
     }
 }
+
+mod builder;
 
 impl Tool {
     /// A tool with its required parts: name, class and its one retry owner.
@@ -141,155 +158,12 @@ impl Tool {
             quota: None,
             hedge: None,
             deadline_secs: None,
+            max_attempts: None,
+            backoff: None,
             resume_window_secs: None,
             reissue_likely: false,
             annotations: None,
         }
-    }
-
-    /// The class as MCP annotations suggest it (a hint, not a guarantee): read-only is a read,
-    /// idempotent an idempotent write, anything else an unkeyed write.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{Annotations, Tool}};
-    /// let a = Annotations { read_only_hint: Some(true), ..Default::default() };
-    /// assert_eq!(Tool::class_from_annotations(&a), ToolClass::Read);
-    /// ```
-    pub fn class_from_annotations(a: &Annotations) -> ToolClass {
-        if a.read_only_hint == Some(true) {
-            ToolClass::Read
-        } else if a.idempotent_hint == Some(true) {
-            ToolClass::IdempotentWrite
-        } else {
-            ToolClass::UnkeyedWrite
-        }
-    }
-
-    /// Sets the key parts.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{KeyPart, RetryOwner, Tool}};
-    /// let t = Tool::new("t", ToolClass::KeyedWrite, RetryOwner::Layer).key(vec![KeyPart::Run]);
-    /// assert_eq!(t.key.unwrap().len(), 1);
-    /// ```
-    pub fn key(mut self, parts: Vec<KeyPart>) -> Self {
-        self.key = Some(parts);
-        self
-    }
-
-    /// Adds a further retry owner (the audit flags more than one).
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// let t = Tool::new("t", ToolClass::Read, RetryOwner::Layer).also_retried_by(RetryOwner::Client);
-    /// assert_eq!(t.retry.len(), 2);
-    /// ```
-    pub fn also_retried_by(mut self, owner: RetryOwner) -> Self {
-        self.retry.push(owner);
-        self
-    }
-
-    /// Sets the receipt store and the provider's key window.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// let t = Tool::new("t", ToolClass::KeyedWrite, RetryOwner::Layer).receipt("pg", Some(86_400));
-    /// assert_eq!(t.receipt.unwrap().store, "pg");
-    /// ```
-    pub fn receipt(
-        mut self,
-        store: impl Into<String>,
-        provider_key_window_secs: Option<u64>,
-    ) -> Self {
-        self.receipt = Some(ReceiptUse {
-            store: store.into(),
-            provider_key_window_secs,
-            lease_secs: None,
-        });
-        self
-    }
-
-    /// Sets the unknown-outcome behaviour.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool, UnknownOutcome}};
-    /// let t = Tool::new("t", ToolClass::UnkeyedWrite, RetryOwner::None).unknown_outcome(UnknownOutcome::Escalate);
-    /// assert!(t.unknown_outcome.is_some());
-    /// ```
-    pub fn unknown_outcome(mut self, u: UnknownOutcome) -> Self {
-        self.unknown_outcome = Some(u);
-        self
-    }
-
-    /// Sets the retry budget by name.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).budget("b").budget.as_deref(), Some("b"));
-    /// ```
-    pub fn budget(mut self, name: impl Into<String>) -> Self {
-        self.budget = Some(name.into());
-        self
-    }
-
-    /// Sets the breaker by name.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// assert!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).breaker("b").breaker.is_some());
-    /// ```
-    pub fn breaker(mut self, name: impl Into<String>) -> Self {
-        self.breaker = Some(name.into());
-        self
-    }
-
-    /// Sets the quota, its key and the cost of one call.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 2).quota.unwrap().cost, 2);
-    /// ```
-    pub fn quota(mut self, name: impl Into<String>, key: impl Into<String>, cost: u32) -> Self {
-        self.quota = Some(QuotaUse {
-            name: name.into(),
-            key: key.into(),
-            cost,
-        });
-        self
-    }
-
-    /// Sets the deadline in seconds.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).deadline_secs(3).deadline_secs, Some(3));
-    /// ```
-    pub fn deadline_secs(mut self, secs: u64) -> Self {
-        self.deadline_secs = Some(secs);
-        self
-    }
-
-    /// Sets the longest resume window in seconds.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
-    /// assert_eq!(Tool::new("t", ToolClass::Read, RetryOwner::Layer).resume_window_secs(60).resume_window_secs, Some(60));
-    /// ```
-    pub fn resume_window_secs(mut self, secs: u64) -> Self {
-        self.resume_window_secs = Some(secs);
-        self
-    }
-
-    /// Sets the MCP annotations the server declares.
-    ///
-    /// ```
-    /// use stormguard::{class::ToolClass, tool::{Annotations, RetryOwner, Tool}};
-    /// let t = Tool::new("t", ToolClass::Read, RetryOwner::Layer).annotations(Annotations::default());
-    /// assert!(t.annotations.is_some());
-    /// ```
-    pub fn annotations(mut self, a: Annotations) -> Self {
-        self.annotations = Some(a);
-        self
     }
 
     /// The checks deserialising also runs: a non-empty name, one or more retry owners, no zero
@@ -354,6 +228,21 @@ impl Tool {
             if q.cost == 0 {
                 return err("quota.cost", "must be at least 1");
             }
+        }
+        if self.max_attempts == Some(0) {
+            return err("max_attempts", "must be at least 1 (the first attempt)");
+        }
+        if let Some(b) = self.backoff {
+            if b.base_ms == 0 || b.cap_ms.is_some_and(|cap| cap < b.base_ms) {
+                return err(
+                    "backoff",
+                    "base_ms must be at least 1 and cap_ms at least base_ms",
+                );
+            }
+        }
+        if self.hedge.is_some() && self.class != ToolClass::Read {
+            // The hedge never sends a write twice: declared on one, it would do nothing.
+            return err("hedge", "only a read is hedged: leave the hedge out");
         }
         if matches!(&self.key, Some(k) if k.is_empty()) {
             return err("key", "an empty key; leave it out for no key");

@@ -2,17 +2,24 @@
 
 use super::boxed::{BoxFuture, Boxed};
 use super::call::Call;
-use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
+use super::parts::{RetryOwner, UnknownOutcome};
+use super::read_back::Bounded;
 use super::spec::Tool;
-use super::toolbox::SpecError;
+use super::spec_key::SpecKey;
+use super::toolbox::{HedgeSpec, SpecError};
+use crate::backoff::Backoff;
 use crate::breaker::{Breaker, CircuitBreakerLayer};
 use crate::budget::RetryBudget;
 use crate::class::ClassPolicy;
 use crate::classify::{Classify, DefaultClassifier, NeverClassifyEos};
 use crate::error::{BoxError, ErrorCode, ToolError};
-use crate::key::{Action, KeyError, SetIdempotencyKeyLayer};
+use crate::hedge::HedgeLayer;
+use crate::key::SetIdempotencyKeyLayer;
 use crate::quota::KeyedQuotaLayer;
-use crate::receipt::{AnyStore, Codec, DefaultCodec, ReceiptConfig, ReceiptGuardLayer};
+use crate::receipt::{
+    AnyStore, Codec, Consistency, DefaultCodec, NoReadBack, ReadBack, ReceiptConfig,
+    ReceiptGuardLayer,
+};
 use crate::retry::layer::Role;
 use crate::retry::RetryLayer;
 use std::fmt;
@@ -70,10 +77,14 @@ use tower_service::Service;
 /// assert_eq!(sent.load(Ordering::SeqCst), 1);
 /// # Ok(()) }
 /// ```
-pub struct ToolLayer<C = DefaultClassifier, Cd = DefaultCodec> {
+pub struct ToolLayer<C = DefaultClassifier, Cd = DefaultCodec, RB = NoReadBack> {
     parts: Parts,
     classifier: C,
     codec: Cd,
+    /// The tool's hedge, reading answers with `classifier`.
+    hedge: Option<HedgeLayer<C>>,
+    /// The user's read-back (see [`Tools::layer_reading_back`](super::Tools::layer_reading_back)).
+    read_back: RB,
 }
 
 /// What a declaration makes of its tool's stack, apart from the classifier and the codec.
@@ -90,19 +101,23 @@ struct Parts {
     quota_context: Option<String>,
     receipt: Option<(AnyStore, ReceiptConfig)>,
     key: Option<SpecKey>,
+    /// The declared read-back's bounds: attempts and the time they may take.
+    read_back: Option<(u32, Duration)>,
 }
 
-impl<C: Clone, Cd: Clone> Clone for ToolLayer<C, Cd> {
+impl<C: Clone, Cd: Clone, RB: Clone> Clone for ToolLayer<C, Cd, RB> {
     fn clone(&self) -> Self {
         ToolLayer {
             parts: self.parts.clone(),
             classifier: self.classifier.clone(),
             codec: self.codec.clone(),
+            hedge: self.hedge.clone(),
+            read_back: self.read_back.clone(),
         }
     }
 }
 
-impl<C, Cd> fmt::Debug for ToolLayer<C, Cd> {
+impl<C, Cd, RB> fmt::Debug for ToolLayer<C, Cd, RB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ToolLayer")
             .field("tool", &self.parts.name)
@@ -110,20 +125,34 @@ impl<C, Cd> fmt::Debug for ToolLayer<C, Cd> {
             .field("owns_retries", &(self.parts.role == Role::JoinsOrOpens))
             .field("breaker", &self.parts.breaker.as_ref().map(Breaker::name))
             .field("quota", &self.parts.quota.is_some())
+            .field("hedge", &self.hedge.is_some())
+            .field("read_back", &self.parts.read_back.is_some())
             .field("receipts", &self.parts.receipt.is_some())
             .field("key", &self.parts.key.is_some())
             .finish()
     }
 }
 
-impl ToolLayer {
-    pub(super) fn new(
-        tool: Arc<Tool>,
-        budget: RetryBudget,
-        breaker: Option<Breaker>,
-        quota: Option<KeyedQuotaLayer<String, Call>>,
-        receipt: Option<(AnyStore, ReceiptConfig)>,
-    ) -> Result<Self, SpecError> {
+/// The shared parts [`Tools`](super::Tools) found for a tool, by name.
+pub(super) struct Shared {
+    pub(super) budget: RetryBudget,
+    pub(super) breaker: Option<Breaker>,
+    pub(super) quota: Option<KeyedQuotaLayer<String, Call>>,
+    pub(super) receipt: Option<(AnyStore, ReceiptConfig)>,
+    pub(super) hedge: Option<HedgeSpec>,
+}
+
+impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
+    /// The stack `tool` declares over `shared`; `read_back` is the user's when the tool reads
+    /// back (and [`NoReadBack`] when it does not: [`Tools`](super::Tools) checks which).
+    pub(super) fn new(tool: Arc<Tool>, shared: Shared, read_back: RB) -> Result<Self, SpecError> {
+        let Shared {
+            budget,
+            breaker,
+            quota,
+            receipt,
+            hedge,
+        } = shared;
         let refuse =
             |field: &str, reason: &str| Err(SpecError::new(Some(&tool.name), field, reason));
         let role = match tool.retry.as_slice() {
@@ -134,31 +163,32 @@ impl ToolLayer {
                 "more than one retry owner: name one (the layer, the client, the model or none)",
             ),
         };
-        if tool.hedge.is_some() {
-            return refuse(
-                "hedge",
-                "a built stack has no hedge yet: leave it out of the tool and put a HedgeLayer above the stack",
-            );
-        }
-        if matches!(tool.unknown_outcome, Some(UnknownOutcome::ReadBack { .. })) {
-            return refuse(
-                "unknown_outcome",
-                "a built stack has no read-back yet: declare `escalate`, or build this tool's stack by hand with ReceiptGuardLayer::read_back",
-            );
-        }
+        let bounds = match tool.unknown_outcome {
+            Some(UnknownOutcome::ReadBack {
+                attempts,
+                within_secs,
+            }) => {
+                if receipt.is_none() {
+                    return refuse(
+                        "unknown_outcome",
+                        "a read-back runs in the receipt layer: give the tool receipts",
+                    );
+                }
+                Some((attempts, Duration::from_secs(within_secs)))
+            }
+            _ => None,
+        };
         if receipt.is_some() && tool.key.is_none() {
             return refuse(
                 "key",
                 "a tool with receipts needs a key: name its parts (run, tool, id:FIELD)",
             );
         }
-        let mut policy = ClassPolicy::builder(tool.class);
-        if let Some(secs) = tool.deadline_secs {
-            policy = policy.deadline(Duration::from_secs(secs));
-        }
-        let policy = policy
-            .build()
-            .map_err(|e| SpecError::new(Some(&tool.name), "deadline_secs", &e.to_string()))?;
+        let policy = policy_of(&tool)?;
+        let hedge = match hedge {
+            Some(spec) => Some(hedge_of(&tool.name, &spec, &budget)?),
+            None => None,
+        };
         let name: Arc<str> = Arc::from(tool.name.as_str());
         let key = tool.key.as_ref().map(|parts| SpecKey {
             tool: name.clone(),
@@ -180,34 +210,78 @@ impl ToolLayer {
             quota_context,
             receipt,
             key,
+            read_back: bounds,
         };
         Ok(ToolLayer {
             parts,
             classifier: DefaultClassifier,
             codec: DefaultCodec,
+            hedge,
+            read_back,
         })
     }
 }
 
-impl<C, Cd> ToolLayer<C, Cd> {
+/// The `Retry`'s policy: the tool's class with its deadline, attempts and backoff.
+fn policy_of(tool: &Tool) -> Result<ClassPolicy, SpecError> {
+    let bad =
+        |field: &str, e: &dyn fmt::Display| SpecError::new(Some(&tool.name), field, &e.to_string());
+    let mut policy = ClassPolicy::builder(tool.class);
+    if let Some(secs) = tool.deadline_secs {
+        policy = policy.deadline(Duration::from_secs(secs));
+    }
+    if let Some(n) = tool.max_attempts {
+        policy = policy.max_attempts(n);
+    }
+    if let Some(b) = tool.backoff {
+        let mut backoff = Backoff::exponential(Duration::from_millis(b.base_ms));
+        if let Some(cap) = b.cap_ms {
+            backoff = backoff.cap(Duration::from_millis(cap));
+        }
+        policy = policy.backoff(backoff.build().map_err(|e| bad("backoff", &e))?);
+    }
+    policy.build().map_err(|e| bad(e.field(), &e))
+}
+
+/// The tool's hedge on its budget, as its spec says.
+fn hedge_of(tool: &str, spec: &HedgeSpec, budget: &RetryBudget) -> Result<HedgeLayer, SpecError> {
+    let builder = match spec.delay_ms {
+        Some(ms) => HedgeLayer::fixed(budget.clone(), Duration::from_millis(ms)),
+        None => HedgeLayer::percentile(
+            budget.clone(),
+            spec.percentile.unwrap_or(0.95),
+            spec.min_samples.unwrap_or(20),
+        ),
+    };
+    builder
+        .name(format!("{tool}-hedge"))
+        .build()
+        .map_err(|e| SpecError::new(Some(tool), "hedge", &e.to_string()))
+}
+
+impl<C, Cd, RB> ToolLayer<C, Cd, RB> {
     /// The classifier every layer of the stack reads results with (the default reads an answer
     /// by its type: for a body that answers JSON and fails with an `Err`, give
     /// [`OkIsSuccess`](crate::classify::OkIsSuccess)).
-    pub fn classifier<C2>(self, classifier: C2) -> ToolLayer<C2, Cd> {
+    pub fn classifier<C2: Clone>(self, classifier: C2) -> ToolLayer<C2, Cd, RB> {
         ToolLayer {
             parts: self.parts,
+            hedge: self.hedge.map(|h| h.with_classifier(classifier.clone())),
             classifier,
             codec: self.codec,
+            read_back: self.read_back,
         }
     }
 
     /// How a receipt stores the answer (the default: by its type, see
     /// [`Stored`](crate::receipt::Stored)).
-    pub fn codec<Cd2>(self, codec: Cd2) -> ToolLayer<C, Cd2> {
+    pub fn codec<Cd2>(self, codec: Cd2) -> ToolLayer<C, Cd2, RB> {
         ToolLayer {
             parts: self.parts,
             classifier: self.classifier,
             codec,
+            hedge: self.hedge,
+            read_back: self.read_back,
         }
     }
 
@@ -235,7 +309,7 @@ impl<C, Cd> ToolLayer<C, Cd> {
     }
 }
 
-impl<S, C, Cd> Layer<S> for ToolLayer<C, Cd>
+impl<S, C, Cd, RB> Layer<S> for ToolLayer<C, Cd, RB>
 where
     S: Service<Call> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
@@ -247,6 +321,7 @@ where
         + Sync
         + 'static,
     Cd: Codec<S::Response> + Clone + Send + Sync + 'static,
+    RB: ReadBack<Call, S::Response>,
 {
     type Service = ToolService<S::Response>;
 
@@ -260,6 +335,9 @@ where
                 CircuitBreakerLayer::new(breaker.clone()).classifier(self.classifier.clone());
             below = Boxed::new(layer.layer(below));
         }
+        if let Some(hedge) = &self.hedge {
+            below = Boxed::new(hedge.layer(below));
+        }
         match (&self.parts.receipt, &self.parts.key) {
             (Some((store, config)), Some(key)) => {
                 let layer =
@@ -267,7 +345,18 @@ where
                         .config(*config)
                         .classifier(self.classifier.clone())
                         .codec(self.codec.clone());
-                below = Boxed::new(layer.layer(below));
+                below = match self.parts.read_back {
+                    Some((attempts, within)) => {
+                        let read_back = Bounded {
+                            inner: self.read_back.clone(),
+                            attempts,
+                            within,
+                        };
+                        let layer = layer.read_back(read_back, Consistency::Immediate);
+                        Boxed::new(layer.layer(below))
+                    }
+                    None => Boxed::new(layer.layer(below)),
+                };
             }
             (None, Some(key)) => {
                 below = Boxed::new(SetIdempotencyKeyLayer::new(key.clone()).layer(below));
@@ -345,55 +434,5 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
             }
         }
         self.inner.call(call)
-    }
-}
-
-/// The idempotency key a declaration says: the run and the step if its parts name them (`-`
-/// where they do not), the tool's name always, and the named argument fields (a key of the
-/// run and the tool alone covers no argument; its fingerprint covers them all).
-#[derive(Clone, Debug)]
-pub(super) struct SpecKey {
-    tool: Arc<str>,
-    parts: Arc<[KeyPart]>,
-}
-
-impl SpecKey {
-    /// The action `call` stands for.
-    pub(super) fn action(&self, call: &Call) -> Result<Action, KeyError> {
-        let has = |p: &KeyPart| self.parts.contains(p);
-        let run = if has(&KeyPart::Run) { call.run() } else { "-" };
-        let step = if has(&KeyPart::Step) {
-            call.step()
-        } else {
-            "-"
-        };
-        let fields: Vec<&str> = self
-            .parts
-            .iter()
-            .filter_map(|p| match p {
-                KeyPart::Id(f) | KeyPart::Text(f) => Some(f.as_str()),
-                _ => None,
-            })
-            .collect();
-        // An identifier that is `null` identifies nothing: two actions without one would share
-        // a key (and the second be answered with the first's receipt).
-        let null = |f: &&str| call.args().get(*f).is_some_and(serde_json::Value::is_null);
-        if fields.iter().any(null) {
-            return Err(KeyError::new(
-                "args",
-                "an identity field the key covers is null: give the identifier",
-            ));
-        }
-        if fields.is_empty() {
-            Action::of_identity(run, step, &self.tool, call.args())
-        } else {
-            Action::task(run, step, &self.tool, call.args(), &fields, &fields)
-        }
-    }
-}
-
-impl crate::key::MakeIdempotencyKey<Call> for SpecKey {
-    fn make_key(&self, call: &Call) -> Result<Action, KeyError> {
-        self.action(call)
     }
 }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::spec::{Tool, ToolFields};
 use crate::saga::SagaSpec;
-pub use specs::{BreakerSpec, BudgetSpec, QuotaSpec, SpecError, StoreSpec};
+use specs::HedgesField;
+pub use specs::{BreakerSpec, BudgetSpec, HedgeSpec, QuotaSpec, SpecError, StoreSpec};
 
 /// The tools of one agent plus the named shared parts, as data; built in Rust ([`Toolbox::new`])
 /// or loaded from a file, with the same checks either way.
@@ -29,8 +30,8 @@ pub struct Toolbox {
     quotas: BTreeMap<String, QuotaSpec>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     stores: BTreeMap<String, StoreSpec>,
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    hedges: BTreeSet<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    hedges: BTreeMap<String, HedgeSpec>,
     tools: Vec<Tool>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     sagas: BTreeMap<String, SagaSpec>,
@@ -48,7 +49,7 @@ struct ToolboxFields {
     #[serde(default)]
     stores: BTreeMap<String, StoreSpec>,
     #[serde(default)]
-    hedges: BTreeSet<String>,
+    hedges: HedgesField,
     tools: Vec<ToolFields>,
     #[serde(default)]
     sagas: BTreeMap<String, SagaSpec>,
@@ -62,7 +63,7 @@ impl TryFrom<ToolboxFields> for Toolbox {
             breakers: f.breakers,
             quotas: f.quotas,
             stores: f.stores,
-            hedges: f.hedges,
+            hedges: f.hedges.into_map(),
             tools: f
                 .tools
                 .into_iter()
@@ -222,6 +223,15 @@ impl Toolbox {
         &self.breakers
     }
 
+    /// The named hedges.
+    ///
+    /// ```
+    /// assert!(stormguard::tool::Toolbox::new(vec![]).unwrap().hedges().is_empty());
+    /// ```
+    pub fn hedges(&self) -> &BTreeMap<String, HedgeSpec> {
+        &self.hedges
+    }
+
     /// The named quotas.
     ///
     /// ```
@@ -327,7 +337,7 @@ impl Toolbox {
             if matches!(&t.receipt, Some(r) if !self.stores.contains_key(&r.store)) {
                 return missing("receipt.store", "receipt store");
             }
-            if matches!(&t.hedge, Some(h) if !self.hedges.contains(h)) {
+            if matches!(&t.hedge, Some(h) if !self.hedges.contains_key(h)) {
                 return missing("hedge", "hedge");
             }
         }
@@ -345,6 +355,18 @@ impl Toolbox {
             }
             if b.open_secs == 0 {
                 return bad("breakers.open_secs", n, "must be at least 1 second");
+            }
+        }
+        for (n, h) in &self.hedges {
+            match (h.delay_ms, h.percentile) {
+                (Some(_), Some(_)) => {
+                    return bad("hedges", n, "a fixed delay_ms or a percentile, not both")
+                }
+                (Some(0), None) => return bad("hedges.delay_ms", n, "must be at least 1"),
+                (None, Some(q)) if !(q > 0.0 && q < 1.0) => {
+                    return bad("hedges.percentile", n, "must be within (0.0, 1.0)")
+                }
+                _ => {}
             }
         }
         for (name, saga) in &self.sagas {

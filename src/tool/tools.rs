@@ -2,14 +2,16 @@
 //! every tool, a saga.
 
 use super::call::Call;
+use super::parts::UnknownOutcome;
 use super::router::ToolRouter;
 use super::spec::Tool;
-use super::stack::{ToolLayer, ToolService};
+use super::stack::{Shared, ToolLayer, ToolService};
 use super::toolbox::{SpecError, Toolbox};
 use crate::breaker::Breaker;
 use crate::budget::RetryBudget;
+use crate::classify::DefaultClassifier;
 use crate::quota::KeyedQuotaLayer;
-use crate::receipt::{AnyStore, ReceiptConfig};
+use crate::receipt::{AnyStore, DefaultCodec, NoReadBack, ReceiptConfig};
 use crate::saga::Saga;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -64,10 +66,11 @@ impl fmt::Debug for Tools {
 
 impl Tools {
     /// The stack of the tool `name`, to put over its body (a `Service<Call>`): its `Retry` as
-    /// its class and retry owner say, then its receipts (or its key alone), its breaker and its
-    /// quota, in the documented order, with one classifier for every layer. A tool the toolbox
-    /// does not hold, more than one retry owner, or a part a built stack does not have yet (a
-    /// hedge; a read-back) is a [`SpecError`].
+    /// its class and retry owner say (with its attempts, backoff and deadline), then its
+    /// receipts (or its key alone), its hedge, its breaker and its quota, in the documented
+    /// order, with one classifier for every layer. A tool the toolbox does not hold, more than
+    /// one retry owner, or a tool that reads back (give its read-back with
+    /// [`layer_reading_back`](Self::layer_reading_back)) is a [`SpecError`].
     ///
     /// ```
     /// use stormguard::tool::{Stores, Toolbox};
@@ -76,6 +79,74 @@ impl Tools {
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn layer(&self, name: &str) -> Result<ToolLayer, SpecError> {
+        let (tool, shared) = self.shared(name)?;
+        if matches!(tool.unknown_outcome, Some(UnknownOutcome::ReadBack { .. })) {
+            return Err(SpecError::new(
+                Some(name),
+                "unknown_outcome",
+                "the tool reads back an unknown outcome: give its read-back with Tools::layer_reading_back(name, read_back)",
+            ));
+        }
+        ToolLayer::new(tool, shared, NoReadBack)
+    }
+
+    /// The stack of the tool `name` that declares `unknown_outcome = { read_back = { attempts,
+    /// within_secs } }`, with the [`ReadBack`] that looks for a call's effect at the provider.
+    /// After a crash left a call's outcome unknown (its lease passed with no outcome recorded),
+    /// the receipt layer asks it, up to `attempts` times within `within_secs` (a read that
+    /// cannot tell is made again; past the bound the call is escalated `outcome_unknown`):
+    /// found, its answer becomes the receipt and nothing is sent; absent, the call is sent. It
+    /// must read consistently (a miss must mean "not done"). A tool that declares no read-back,
+    /// or has no receipts, is a [`SpecError`].
+    ///
+    /// ```
+    /// use serde_json::{json, Value};
+    /// use stormguard::receipt::{ReadBack, ReadBackResult};
+    /// use stormguard::tool::{Call, Stores, Toolbox};
+    ///
+    /// /// The provider's sent log: consistent, keyed by ticket.
+    /// #[derive(Clone)]
+    /// struct SentLog;
+    /// impl ReadBack<Call, Value> for SentLog {
+    ///     async fn read_back(&self, call: &Call) -> ReadBackResult<Value> {
+    ///         match call.args()["ticket"].as_u64() {
+    ///             Some(7) => ReadBackResult::Found(json!({ "posted": 7 })),
+    ///             _ => ReadBackResult::Absent,
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let tools = Toolbox::from_json_str(r#"{
+    ///     "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
+    ///     "tools": [{
+    ///         "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
+    ///         "key": ["run", "tool", "id:ticket"], "receipt": { "store": "receipts" },
+    ///         "unknown_outcome": { "read_back": { "attempts": 3, "within_secs": 10 } }
+    ///     }]
+    /// }"#)?.build(Stores::new())?;
+    /// assert_eq!(tools.layer("post_ticket").unwrap_err().field(), "unknown_outcome");
+    /// let layer = tools.layer_reading_back("post_ticket", SentLog)?;
+    /// # let _ = layer;
+    /// # Ok::<(), stormguard::tool::SpecError>(())
+    /// ```
+    pub fn layer_reading_back<RB>(
+        &self,
+        name: &str,
+        read_back: RB,
+    ) -> Result<ToolLayer<DefaultClassifier, DefaultCodec, RB>, SpecError> {
+        let (tool, shared) = self.shared(name)?;
+        if !matches!(tool.unknown_outcome, Some(UnknownOutcome::ReadBack { .. })) {
+            return Err(SpecError::new(
+                Some(name),
+                "unknown_outcome",
+                "the tool declares no read-back: declare `unknown_outcome = { read_back = { attempts, within_secs } }`, or build it with Tools::layer",
+            ));
+        }
+        ToolLayer::new(tool, shared, read_back)
+    }
+
+    /// The tool `name` and the shared parts it names.
+    fn shared(&self, name: &str) -> Result<(Arc<Tool>, Shared), SpecError> {
         let tool = self
             .toolbox
             .tools()
@@ -141,7 +212,24 @@ impl Tools {
             }
             None => None,
         };
-        ToolLayer::new(Arc::new(tool.clone()), budget, breaker, quota, receipt)
+        let hedge = match &tool.hedge {
+            Some(h) => Some(
+                *self
+                    .toolbox
+                    .hedges()
+                    .get(h)
+                    .ok_or_else(|| unknown("hedge"))?,
+            ),
+            None => None,
+        };
+        let shared = Shared {
+            budget,
+            breaker,
+            quota,
+            receipt,
+            hedge,
+        };
+        Ok((Arc::new(tool.clone()), shared))
     }
 
     /// Every tool's stack over one `body`, each with `classifier`: a call goes through the stack

@@ -84,19 +84,83 @@ pub struct BudgetSpec {
     pub min_per_sec: u32,
 }
 
-/// A breaker's settings.
+/// A breaker's settings: the default breaker's (see
+/// [`BreakerConfig`](crate::breaker::BreakerConfig)) with these two numbers; `{}` in a file is
+/// the default breaker.
 ///
 /// ```
 /// let b = stormguard::tool::BreakerSpec { failure_ratio: 0.5, open_secs: 30 };
 /// assert_eq!(b.open_secs, 30);
+/// let d: stormguard::tool::BreakerSpec = serde_json::from_str("{}").unwrap();
+/// assert_eq!(d, stormguard::tool::BreakerSpec::default());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct BreakerSpec {
-    /// The failure ratio that opens it (0.0..=1.0, above 0).
+    /// The failure ratio over the last 50 calls (at least 20) that opens it (0.0..=1.0, above
+    /// 0; default 0.9).
     pub failure_ratio: f64,
-    /// How long it stays open, in seconds.
+    /// How long it stays open at most, in seconds (default 30): the first opening lasts 250 ms
+    /// and each one after a failed probe doubles, up to this.
     pub open_secs: u64,
+}
+
+impl Default for BreakerSpec {
+    /// The default breaker's numbers: 0.9 and 30 s.
+    fn default() -> Self {
+        BreakerSpec {
+            failure_ratio: 0.9,
+            open_secs: 30,
+        }
+    }
+}
+
+/// A hedge's settings: when the copy of a slow read goes. Either a fixed `delay_ms`, or a
+/// `percentile` of recent latencies after `min_samples` answers (default: the 0.95 quantile
+/// after 20, `{}` in a file).
+///
+/// ```
+/// let h: stormguard::tool::HedgeSpec = serde_json::from_str(r#"{"delay_ms": 50}"#).unwrap();
+/// assert_eq!(h.delay_ms, Some(50));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HedgeSpec {
+    /// A fixed delay, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// The quantile of recent latencies to wait (within (0.0, 1.0)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percentile: Option<f64>,
+    /// Answers seen before the first hedge by percentile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_samples: Option<u32>,
+}
+
+/// The hedges of a file: a map of settings, or (as before) a list of names with the defaults.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(in crate::tool) enum HedgesField {
+    Names(std::collections::BTreeSet<String>),
+    Specs(std::collections::BTreeMap<String, HedgeSpec>),
+}
+
+impl Default for HedgesField {
+    fn default() -> Self {
+        HedgesField::Specs(Default::default())
+    }
+}
+
+impl HedgesField {
+    pub(in crate::tool) fn into_map(self) -> std::collections::BTreeMap<String, HedgeSpec> {
+        match self {
+            HedgesField::Names(names) => names
+                .into_iter()
+                .map(|n| (n, HedgeSpec::default()))
+                .collect(),
+            HedgesField::Specs(map) => map,
+        }
+    }
 }
 
 /// A quota's settings.
