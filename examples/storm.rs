@@ -9,8 +9,12 @@
 //! Stacks:
 //! - `tower-nested`: tower 0.5's `Retry` three deep, no budget;
 //! - `tower-nested-budget`: the same with one `TpsBudget::default()` per layer;
-//! - `stormguard-nested`: three stormguard `Retry` layers sharing one `RetryBudget` (defaults);
-//! - `stormguard-breaker`: the same with a stormguard `CircuitBreaker` (defaults) under it.
+//! - `stormguard-nested`: three stormguard `Retry` layers sharing one `RetryBudget` (defaults):
+//!   the client's is the stack of the tool `lookup`, declared once in [`TOOLS`] (a read whose
+//!   own layer owns its attempts); the tool wrapper's and the agent loop's are `Retry` layers of
+//!   the class the declaration says, on the budget it draws on;
+//! - `stormguard-breaker`: the same with a stormguard `CircuitBreaker` (defaults) under the
+//!   client's `Retry` (the tool `lookup-guarded`, which names the default breaker).
 //!
 //! Scenarios (in-process ones run on tokio's paused clock, so simulated minutes take seconds):
 //! - `outage` at 1 request/s for 600 s and at 100 requests/s for 60 s: every call fails;
@@ -46,9 +50,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
+use stormguard::breaker::Breaker;
 use stormguard::budget::{RetryBudget, RunLimits};
-use stormguard::class::ToolClass;
 use stormguard::classify::{
     classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
     NeverClassifyEos,
@@ -57,14 +60,38 @@ use stormguard::classify::{
 mod pictures;
 
 use stormguard::error::ToolError;
-use stormguard::hedge::HedgeLayer;
+use stormguard::receipt::NotStored;
 use stormguard::retry::RetryLayer;
+use stormguard::tool::{Call, Stores, Toolbox, Tools};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 const SEED: u64 = 0x5EED;
+
+/// The tool every stormguard stack here is built from, declared once: a read whose own `Retry`
+/// (the client's layer) owns its attempts, on the default budget; `lookup-guarded` has the
+/// default breaker under it (`{}`: `BreakerConfig::default()`), `lookup-hedged` the `tail`
+/// scenario's hedge (the 90th percentile of recent latencies, after 50 answers).
+const TOOLS: &str = r#"{
+    "breakers": { "dependency": {} },
+    "hedges": { "tail": { "percentile": 0.9, "min_samples": 50 } },
+    "tools": [
+        { "name": "lookup", "class": "read", "retry": ["layer"] },
+        { "name": "lookup-guarded", "class": "read", "retry": ["layer"], "breaker": "dependency" },
+        { "name": "lookup-hedged", "class": "read", "retry": ["layer"], "hedge": "tail" }
+    ]
+}"#;
+
+/// The declared tools, live, drawing on `budget` (seeded here, so that runs repeat exactly; a
+/// run's handle in the `fairness` scenario); each build has its own breaker and hedge.
+fn tools(budget: &RetryBudget) -> Tools {
+    Toolbox::from_json_str(TOOLS)
+        .and_then(|toolbox| toolbox.build(Stores::new()))
+        .expect("the demo's tool table is valid")
+        .with_default_budget(budget.clone())
+}
 
 // ---------------------------------------------------------------------------------------------
 // The dependency: counts calls, per operation too, and fails as the scenario says.
@@ -359,22 +386,23 @@ impl Stack {
         }
     }
 
-    /// The three-layer stack over `leaf`; stormguard's layers classify with `classifier`.
+    /// The three-layer stack over `leaf`, each logical request `i` sent as `make(i)`;
+    /// stormguard's layers classify with `classifier`.
     fn build<S, Req, Res, C>(
         self,
         leaf: S,
+        make: impl Fn(u64) -> Req + Clone + Send + Sync + 'static,
         classifier: C,
-    ) -> (BoxService<Req, Res>, Option<Breaker>)
+    ) -> (BoxService<u64, Res>, Option<Breaker>)
     where
         S: Service<Req, Response = Res> + Clone + Send + 'static,
         S::Error: Into<tower::BoxError> + Send + Sync + 'static,
         S::Future: Send + 'static,
-        Req: stormguard::retry::Request + Clone + Send + 'static,
+        Req: Clone + Send + 'static,
         Res: Failed + Send + 'static,
         // Decided at the head (no stream to watch): the breaker hands `Res` on as it is.
-        C: Classify<Res, S::Error, ClassifyEos = NeverClassifyEos>
+        C: Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
             + Classify<Res, ToolError>
-            + Classify<Res, tower::BoxError>
             + Clone
             + Send
             + Sync
@@ -385,63 +413,75 @@ impl Stack {
             Stack::TowerNested | Stack::TowerNestedBudget => {
                 let budgeted = matches!(self, Stack::TowerNestedBudget);
                 let svc = ServiceBuilder::new()
+                    .map_request(make)
                     .layer(tower_layer(budgeted, &seeds))
                     .layer(tower_layer(budgeted, &seeds))
                     .layer(tower_layer(budgeted, &seeds))
                     .service(leaf);
                 (BoxService::new(svc.map_err(Into::into)), None)
             }
-            Stack::StormguardNested | Stack::StormguardBreaker => {
-                let budget = stormguard_budget();
-                if matches!(self, Stack::StormguardNested) {
-                    return (stormguard_nested(leaf, classifier, &budget), None);
-                }
-                let layer = |name: &'static str| {
-                    RetryLayer::new(ToolClass::Read, budget.clone())
-                        .name(name)
-                        .classifier(classifier.clone())
-                };
-                let nested = ServiceBuilder::new()
-                    .layer(layer("agent-loop"))
-                    .layer(layer("tool-wrapper"))
-                    .layer(layer("client"));
-                let breaker = Breaker::new("dependency", BreakerConfig::default());
-                let svc = nested
-                    .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone()))
-                    .service(leaf);
+            Stack::StormguardNested => {
+                let tools = tools(&stormguard_budget());
                 (
-                    BoxService::new(svc.map_err(tower::BoxError::from)),
-                    Some(breaker),
+                    stormguard_stack(&tools, "lookup", leaf, make, classifier),
+                    None,
                 )
+            }
+            Stack::StormguardBreaker => {
+                let tools = tools(&stormguard_budget());
+                let breaker = tools.breaker("dependency").cloned();
+                let svc = stormguard_stack(&tools, "lookup-guarded", leaf, make, classifier);
+                (svc, breaker)
             }
         }
     }
 }
 
-/// Three stormguard `Retry` layers (agent loop, tool wrapper, client) on `budget` over `leaf`.
-fn stormguard_nested<S, Req, Res, C>(
+/// Three stormguard `Retry` layers over `leaf`: the agent loop's and the tool wrapper's, of the
+/// class the tool `name` declares and on the budget it draws on, above the declared tool's own
+/// stack (the client's layer: its `Retry`, and its breaker or hedge if it names one) over a body
+/// that sends the call's request `i` to `leaf` as `make(i)`. All three join one operation.
+fn stormguard_stack<S, Req, Res, C>(
+    tools: &Tools,
+    name: &str,
     leaf: S,
+    make: impl Fn(u64) -> Req + Clone + Send + Sync + 'static,
     classifier: C,
-    budget: &RetryBudget,
-) -> BoxService<Req, Res>
+) -> BoxService<u64, Res>
 where
     S: Service<Req, Response = Res> + Clone + Send + 'static,
     S::Error: Into<tower::BoxError> + Send + Sync + 'static,
     S::Future: Send + 'static,
-    Req: stormguard::retry::Request + Clone + Send + 'static,
+    Req: Send + 'static,
     Res: Send + 'static,
-    C: Classify<Res, S::Error> + Classify<Res, ToolError> + Clone + Send + Sync + 'static,
+    C: Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
+        + Classify<Res, ToolError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 {
+    let tool = tools.layer(name).expect("a declared tool");
+    let (policy, budget) = (*tool.policy(), tool.budget().clone());
+    let body = tower::service_fn(move |call: Call| {
+        let req = make(call.args().as_u64().unwrap_or_default());
+        leaf.clone().oneshot(req)
+    });
+    // A read keeps no receipts: its answers (a streamed HTTP body among them) are not stored.
+    let client = tool
+        .classifier(classifier.clone())
+        .codec(NotStored)
+        .layer(body);
     let layer = |name: &'static str| {
-        RetryLayer::new(ToolClass::Read, budget.clone())
+        RetryLayer::new(policy, budget.clone())
             .name(name)
             .classifier(classifier.clone())
     };
     let svc = ServiceBuilder::new()
+        .map_request(|i: u64| Call::new("storm", "step", serde_json::json!(i)))
         .layer(layer("agent-loop"))
         .layer(layer("tool-wrapper"))
-        .layer(layer("client"))
-        .service(leaf);
+        .service(client);
     BoxService::new(svc.map_err(tower::BoxError::from))
 }
 
@@ -505,12 +545,24 @@ fn fairness_once(failing: u32, sharing: Sharing, rate_b: f64, seed: u64) -> Fair
         let mut runs = JoinSet::new();
         for dep in &deps {
             let (budget, scope) = handle();
-            let svc = stormguard_nested(dep.clone(), DemoClassifier, &budget);
+            let svc = stormguard_stack(
+                &tools(&budget),
+                "lookup",
+                dep.clone(),
+                |i| i,
+                DemoClassifier,
+            );
             let count = (FAIL_RATE * FAIR_SECS as f64) as u64;
             runs.spawn(drive_as(scope, svc, |i| i, FAIL_RATE, count));
         }
         let (budget, scope) = handle();
-        let b = stormguard_nested(dep_b.clone(), DemoClassifier, &budget);
+        let b = stormguard_stack(
+            &tools(&budget),
+            "lookup",
+            dep_b.clone(),
+            |i| i,
+            DemoClassifier,
+        );
         let count_b = (rate_b * FAIR_SECS as f64) as u64;
         let ok_b = drive_as(scope, b, |i| i, rate_b, count_b).await;
         let mut ok_failing = 0;
@@ -704,7 +756,7 @@ fn simulate(scenario: &'static str, stack: Stack, failing: Failing, rate: f64, s
     let dep = Dependency::new(failing);
     let count = (rate * secs as f64) as u64;
     let (successes, breaker) = rt.block_on(async {
-        let (svc, breaker) = stack.build(dep.clone(), DemoClassifier);
+        let (svc, breaker) = stack.build(dep.clone(), |i| i, DemoClassifier);
         (drive(svc, |i| i, rate, count).await, breaker)
     });
     Row {
@@ -854,15 +906,16 @@ fn tail(stack: TailStack) -> Row {
                 BoxService::new(tower::buffer::Buffer::new(hedge, 1024))
             }
             TailStack::StormguardNested => {
-                stormguard_nested(reads, DemoClassifier, &stormguard_budget())
+                let tools = tools(&stormguard_budget());
+                stormguard_stack(&tools, "lookup", reads, |i| i, DemoClassifier)
             }
             TailStack::StormguardHedged => {
-                let budget = stormguard_budget();
-                let hedge = HedgeLayer::percentile(budget.clone(), TAIL_QUANTILE, TAIL_MIN_SAMPLES)
-                    .classifier(DemoClassifier)
-                    .build()
-                    .expect("valid hedge settings");
-                stormguard_nested(hedge.layer(reads), DemoClassifier, &budget)
+                // The hedge declared in `TOOLS`: the same as tower's above.
+                let tools = tools(&stormguard_budget());
+                let declared = tools.toolbox().hedges()["tail"];
+                assert_eq!(declared.percentile, Some(TAIL_QUANTILE));
+                assert_eq!(declared.min_samples, Some(TAIL_MIN_SAMPLES));
+                stormguard_stack(&tools, "lookup-hedged", reads, |i| i, DemoClassifier)
             }
         };
         drive_timed(svc, rate, count).await
@@ -1009,19 +1062,14 @@ fn outage_http(stack: Stack) -> Row {
         let client = HttpClient {
             client: Client::builder(TokioExecutor::new()).build_http(),
         };
-        let (svc, breaker) = stack.build(client, HttpClassifier);
         let uri: http::Uri = format!("http://{addr}/tool").parse().expect("uri");
-        let successes = drive(
-            svc,
-            move |i| {
-                http::Request::post(uri.clone())
-                    .body(Full::new(Bytes::from(i.to_string())))
-                    .expect("request")
-            },
-            rate,
-            count,
-        )
-        .await;
+        let make = move |i: u64| {
+            http::Request::post(uri.clone())
+                .body(Full::new(Bytes::from(i.to_string())))
+                .expect("request")
+        };
+        let (svc, breaker) = stack.build(client, make, HttpClassifier);
+        let successes = drive(svc, |i| i, rate, count).await;
         (successes, breaker)
     });
     let max_per_op = received

@@ -66,6 +66,7 @@
 //! # Ok(()) }
 //! ```
 
+mod build;
 mod record;
 mod run;
 mod spec;

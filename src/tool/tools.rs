@@ -12,8 +12,6 @@ use crate::budget::RetryBudget;
 use crate::classify::DefaultClassifier;
 use crate::quota::KeyedQuotaLayer;
 use crate::receipt::{AnyStore, DefaultCodec, NoReadBack, ReceiptConfig};
-use crate::saga::Saga;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -234,7 +232,8 @@ impl Tools {
 
     /// Every tool's stack over one `body`, each with `classifier`: a call goes through the stack
     /// of the tool it is addressed to ([`Call::to`]). See [`ToolRouter`]. The first tool whose
-    /// stack cannot be built is a [`SpecError`].
+    /// stack cannot be built is a [`SpecError`] (a tool that reads back among them: its
+    /// read-back is its own, give it with [`layer_reading_back`](Self::layer_reading_back)).
     pub fn router<S, C>(&self, body: S, classifier: C) -> Result<ToolRouter<S::Response>, SpecError>
     where
         ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<S::Response>>,
@@ -250,63 +249,6 @@ impl Tools {
             );
         }
         Ok(ToolRouter::new(stacks))
-    }
-
-    /// The saga the toolbox declares as `name` ([`Toolbox::with_saga`], or `sagas` in the file),
-    /// each step through its tool's stack over `body` with `classifier`; its decisions are
-    /// recorded in the first step's receipt store. Every step and compensation must be a tool
-    /// with receipts and a key (a resume must not repeat it), or it is a [`SpecError`]. See
-    /// [`crate::saga`].
-    pub fn saga<S, C>(&self, name: &str, body: S, classifier: C) -> Result<Saga, SpecError>
-    where
-        ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<Value>>,
-        S: tower_service::Service<Call, Response = Value> + Clone,
-        C: Clone,
-    {
-        let bad = |field: &str, reason: String| Err(SpecError::new(Some(name), field, &reason));
-        let Some(spec) = self.toolbox.sagas().get(name) else {
-            return bad("sagas", String::from("the toolbox declares no such saga"));
-        };
-        if spec.steps.is_empty() {
-            return bad("steps", String::from("a saga needs at least one step"));
-        }
-        let mut names = Vec::new();
-        for step in &spec.steps {
-            names.push(step.tool.as_str());
-            names.extend(step.compensation.as_deref());
-        }
-        let mut store = None;
-        for tool in &names {
-            let Some(t) = self.tool(tool) else {
-                return bad("steps", format!("`{tool}` is not a tool of the toolbox"));
-            };
-            let Some(receipt) = t.receipt.as_ref().filter(|_| t.key.is_some()) else {
-                return bad(
-                    "steps",
-                    format!("`{tool}` needs receipts and a key: a resume must not repeat it"),
-                );
-            };
-            if store.is_none() {
-                store = self.stores.get(&receipt.store).cloned();
-            }
-        }
-        let mut stacks = BTreeMap::new();
-        for tool in names {
-            let layer = self.layer(tool)?.classifier(classifier.clone());
-            stacks.insert(
-                tool.to_owned(),
-                tower_layer::Layer::layer(&layer, body.clone()),
-            );
-        }
-        let Some(store) = store else {
-            return bad("steps", String::from("a saga needs at least one step"));
-        };
-        Ok(Saga::new(
-            name,
-            spec.steps.clone(),
-            ToolRouter::new(stacks),
-            store,
-        ))
     }
 
     /// The declaration this was built from.
@@ -352,6 +294,29 @@ impl Tools {
     /// ```
     pub fn default_budget(&self) -> &RetryBudget {
         &self.default_budget
+    }
+
+    /// The same tools with `budget` as the budget of every tool that names none (instead of
+    /// a fresh [`RetryBudget::default()`]): one the agent's other layers already draw on, a
+    /// run's handle ([`RetryBudget::for_run`]) for the stacks of that run, or a seeded one for
+    /// a simulation that must repeat exactly. Stacks built before keep the budget they had.
+    ///
+    /// ```
+    /// use stormguard::budget::{RetryBudget, RunLimits};
+    /// use stormguard::tool::{Stores, Toolbox};
+    ///
+    /// let shared = RetryBudget::default();
+    /// let tools = Toolbox::from_json_str(r#"{"tools": [{"name": "search", "class": "read", "retry": ["layer"]}]}"#)?
+    ///     .build(Stores::new())?;
+    /// // This run's stacks spend this run's share of the shared budget.
+    /// let run = tools.clone().with_default_budget(shared.for_run(RunLimits::default()));
+    /// run.layer("search")?.budget().deposit();
+    /// assert!(shared.balance() > 0.0);
+    /// # Ok::<(), stormguard::tool::SpecError>(())
+    /// ```
+    pub fn with_default_budget(mut self, budget: RetryBudget) -> Self {
+        self.default_budget = budget;
+        self
     }
 
     /// The breaker named `name`.
