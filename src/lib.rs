@@ -145,6 +145,8 @@ pub mod quota;
 pub mod receipt;
 pub mod retry;
 pub mod saga;
+#[cfg(feature = "http")]
+pub mod stream;
 pub mod tool;
 
 mod telemetry;

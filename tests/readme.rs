@@ -654,6 +654,36 @@ async fn the_model_api_example_tells_a_used_up_quota_from_a_rate_limit() -> Resu
 
 #[tokio::test]
 #[rustfmt::skip]
+async fn the_streamed_answer_example_sends_a_stream_broken_before_its_first_token_again() -> Result<(), BoxError> {
+    use http_body_util::BodyExt;
+    use stormguard::breaker::{Breaker, BreakerConfig, CircuitBreakerLayer};
+    use stormguard::retry::{HttpReplay, RetryLayer};
+    use stormguard::{budget::RetryBudget, class::ToolClass};
+    use support::sse::{serve, Answer, EVENT};
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    // The first stream breaks after its head; the second is whole.
+    let (addr, received) = serve(vec![Answer::BreakBefore]).await;
+    let (http_client, budget) = (http_client(addr), RetryBudget::default());
+    let breaker = Breaker::new("model-api", BreakerConfig::default());
+    use stormguard::classify::StreamClassifier;
+    use stormguard::stream::CommitAtFirstFrameLayer;
+
+    let mut chat = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget.clone()).classifier(StreamClassifier).replay(HttpReplay))
+        .layer(CircuitBreakerLayer::new(breaker.clone()).classifier(StreamClassifier))
+        // holds a 2xx answer until its first data frame, for at most 30 s
+        .layer(CommitAtFirstFrameLayer::new(Duration::from_secs(30))?)
+        .service(http_client);
+
+    let ask = || http::Request::get("http://api.test/v1/chat/completions").body(String::new()).unwrap();
+    let answer = chat.ready().await?.call(ask()).await?;
+    assert_eq!(answer.into_body().collect().await?.to_bytes(), EVENT);
+    assert_eq!(*received.lock().unwrap(), 2, "the broken stream was sent again");
+    Ok(())
+}
+
+#[tokio::test]
+#[rustfmt::skip]
 async fn the_tenant_quota_example_spaces_each_tenants_tokens_apart() -> Result<(), BoxError> {
     use stormguard::classify::ModelApiClassifier;
     use stormguard::retry::{HttpReplay, RetryLayer};

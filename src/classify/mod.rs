@@ -54,6 +54,8 @@ mod retry_info;
 #[cfg(feature = "http")]
 mod status_error;
 mod stream;
+#[cfg(feature = "http")]
+mod streamed;
 
 pub use answer::{Answer, OkIsSuccess};
 #[cfg(feature = "http")]
@@ -75,6 +77,8 @@ pub(crate) use status_error::answered;
 #[cfg(feature = "http")]
 pub use status_error::{HttpStatusError, MAX_BODY_EXCERPT};
 pub use stream::{StreamEnd, WatchStream};
+#[cfg(feature = "http")]
+pub use streamed::{StreamClassifier, StreamEos};
 
 pub use crate::error::failure::FailureClass;
 use crate::error::{ErrorCode, ToolError};

@@ -41,14 +41,14 @@ pin_project! {
 }
 
 impl<B: Body> PeekedBody<B> {
-    pub(super) fn passthrough(body: B) -> Self {
+    pub(crate) fn passthrough(body: B) -> Self {
         PeekedBody {
             frames: VecDeque::new(),
             rest: Some(body),
         }
     }
 
-    pub(super) fn replayed(
+    pub(crate) fn replayed(
         frames: VecDeque<Result<Frame<Bytes>, B::Error>>,
         rest: Option<B>,
     ) -> Self {

@@ -6,6 +6,7 @@ pub mod fleet;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod receipts;
 pub mod server;
+pub mod sse;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod stores;
 
