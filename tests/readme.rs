@@ -752,6 +752,37 @@ async fn the_mcp_example_does_not_retry_what_the_server_gave_up_on() -> Result<(
     Ok(())
 }
 
+#[cfg(feature = "rmcp")]
+#[tokio::test]
+#[rustfmt::skip]
+async fn the_mcp_session_example_sends_a_lost_answer_again_under_one_key() -> Result<(), BoxError> {
+    use rmcp::ServiceExt as _;
+    use serde_json::json;
+    use support::shop::{serve, Seen};
+    use tower::ServiceExt;
+    // A shop whose send_invoice loses its first answer (after sending: it dedupes on the key).
+    let seen = Seen::default();
+    let client = ().serve(tokio::net::TcpStream::connect(serve(seen.clone()).await).await?).await?;
+    let peer = client.peer().clone();
+    use stormguard::tool::{Call, Stores, Toolbox};
+
+    let toolbox = Toolbox::from_json_str(r#"{ "tools": [{
+        "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+        "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate" }] }"#)?
+        // every other tool the server lists, declared from its annotations
+        .with_mcp_tools(&peer.list_all_tools().await?)?;
+    let session = toolbox.build(Stores::new())?.mcp_session(peer.clone())?;
+
+    let call = Call::new("run-81f2", "step-2", json!({ "invoice_id": 4471 })).to("send_invoice");
+    let answer = session.clone().oneshot(call).await?;
+    assert_ne!(answer.is_error, Some(true));
+    let keys = seen.keys.lock().unwrap().clone();
+    assert_eq!((keys.len(), keys[0].is_some(), keys[0] == keys[1]), (2, true, true), "twice, one key in _meta");
+    assert_eq!(seen.sent.lock().unwrap().len(), 1, "one invoice");
+    assert_eq!(toolbox.tools().len(), 3, "search and post_ticket from the server's list");
+    Ok(())
+}
+
 /// "A fleet on one Redis": the snippet as written, as one worker of `WORKERS`.
 #[cfg(feature = "redis")]
 #[rustfmt::skip]

@@ -41,6 +41,8 @@ mod action;
 mod canonical;
 pub mod future;
 mod layer;
+#[cfg(feature = "rmcp")]
+mod mcp;
 mod number;
 
 pub use action::Action;
@@ -48,6 +50,8 @@ use canonical::to_value;
 pub use canonical::{canonical_json, MAX_DEPTH};
 pub(crate) use layer::check_stamped;
 pub use layer::{KeyStamp, MakeIdempotencyKey, SetIdempotencyKey, SetIdempotencyKeyLayer};
+#[cfg(feature = "rmcp")]
+pub use mcp::{mcp_request_key, MCP_KEY_META};
 pub use number::es_number;
 
 use serde::Serialize;

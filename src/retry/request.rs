@@ -246,4 +246,8 @@ impl Request for rmcp::model::CallToolRequestParams {
     fn replay(&self) -> Option<Self> {
         Some(self.clone())
     }
+
+    fn carries_key(&self) -> bool {
+        crate::key::KeyStamp::stamped_key(self).is_some()
+    }
 }

@@ -16,6 +16,8 @@ mod audit;
 mod boxed;
 mod build;
 mod call;
+#[cfg(feature = "rmcp")]
+mod mcp;
 mod parts;
 mod read_back;
 mod router;
@@ -29,6 +31,8 @@ mod tools;
 pub use audit::{Audit, Finding, Row, Severity};
 pub use build::Stores;
 pub use call::Call;
+#[cfg(feature = "rmcp")]
+pub use mcp::McpPeer;
 pub use parts::{
     Annotations, BackoffSpec, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome,
 };

@@ -187,6 +187,12 @@ impl Toolbox {
         self.validate().map(|()| self)
     }
 
+    /// The tools, to amend in place (the caller validates after).
+    #[cfg(feature = "rmcp")]
+    pub(super) fn tools_mut(&mut self) -> &mut [Tool] {
+        &mut self.tools
+    }
+
     /// The tools, in declaration order.
     ///
     /// ```

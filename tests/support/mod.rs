@@ -6,6 +6,8 @@ pub mod fleet;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod receipts;
 pub mod server;
+#[cfg(feature = "rmcp")]
+pub mod shop;
 pub mod sse;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod stores;
