@@ -1,18 +1,14 @@
 //! [`Harness`]: seeded episodes of a user's own toolbox, with faults after the work, crashes and
 //! resumes, and the count of duplicate effects.
 
+use super::provider::Provider;
 use crate::backoff::rng::mix;
-use crate::class::ToolClass;
 use crate::classify::OkIsSuccess;
-use crate::error::{BoxError, ToolError};
-use crate::key::canonical_json;
+use crate::error::ToolError;
 use crate::receipt::{InMemoryStore, ManualClock};
 use crate::tool::{Call, SpecError, Stores, Toolbox, Tools};
-use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use serde_json::Value;
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -65,6 +61,14 @@ pub struct Report {
     pub duplicates_by_tool: BTreeMap<String, u64>,
 }
 
+/// How far an episode's agent has come: each step's outcome (`Err` holds the code it ended
+/// with) and the model's turn.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub(super) struct Progress {
+    pub(super) outcomes: Vec<Result<(), String>>,
+    pub(super) turn: u32,
+}
+
 /// Seeded episodes of a user's toolbox, as the reference text's habit has it: kill the process
 /// after the provider accepted a send and before the receipt is written, resume, and count what
 /// happened twice.
@@ -101,12 +105,12 @@ pub struct Report {
 /// ```
 #[derive(Clone, Debug)]
 pub struct Harness {
-    toolbox: Toolbox,
-    script: Vec<Step>,
-    before_work: f64,
-    after_work: f64,
-    crash: f64,
-    reissues: u32,
+    pub(super) toolbox: Toolbox,
+    pub(super) script: Vec<Step>,
+    pub(super) before_work: f64,
+    pub(super) after_work: f64,
+    pub(super) crash: f64,
+    pub(super) reissues: u32,
 }
 
 impl Harness {
@@ -152,6 +156,22 @@ impl Harness {
     /// toolbox does not hold, a rate outside 0.0 to 1.0, or a stack that cannot be built is a
     /// [`SpecError`].
     pub fn run(&self, episodes: u32, seed: u64) -> Result<Report, SpecError> {
+        self.check()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .map_err(|e| SpecError::new(None, "runtime", &e.to_string()))?;
+        let mut report = Report::default();
+        for n in 0..episodes {
+            runtime.block_on(self.episode(seed, n, &mut report))?;
+        }
+        report.episodes = episodes;
+        Ok(report)
+    }
+
+    /// The checks [`run`](Self::run) makes first: the rates, and every step's tool declared.
+    pub(super) fn check(&self) -> Result<(), SpecError> {
         for (field, p) in [
             ("before_work", self.before_work),
             ("after_work", self.after_work),
@@ -177,17 +197,7 @@ impl Harness {
                 ));
             }
         }
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .map_err(|e| SpecError::new(None, "runtime", &e.to_string()))?;
-        let mut report = Report::default();
-        for n in 0..episodes {
-            runtime.block_on(self.episode(seed, n, &mut report))?;
-        }
-        report.episodes = episodes;
-        Ok(report)
+        Ok(())
     }
 
     async fn episode(&self, seed: u64, n: u32, report: &mut Report) -> Result<(), SpecError> {
@@ -198,48 +208,69 @@ impl Harness {
             .keys()
             .map(|name| (name.clone(), InMemoryStore::with_clock(clock.clone())))
             .collect();
-        let provider = Provider::new(self, seed ^ mix(u64::from(n) + 1));
+        let provider = Provider::new(self, seed ^ mix(u64::from(n) + 1), None);
         let build = || {
             let given = stores.iter().fold(Stores::new(), |s, (name, store)| {
                 s.with(name, store.clone())
             });
             toolbox.build(given)
         };
-        let mut tools = build()?;
+        let tools = build()?;
+        let mut progress = Progress::default();
+        let crashed = || {
+            // A crash: a new process resumes the step it never saw complete, once the
+            // receipts' leases have passed.
+            report.crashes += 1;
+            clock.advance_ms(3_600_000);
+            build()
+        };
         let run = format!("ep-{n}");
-        let mut turn = 0u32;
-        let mut outcomes = Vec::new();
-        for (i, step) in self.script.iter().enumerate() {
+        self.steps(&run, &provider, tools, &mut progress, crashed, |_| ())
+            .await?;
+        provider.tally(&self.script, &progress.outcomes, report);
+        Ok(())
+    }
+
+    /// The agent's loop over the script from where `progress` stands: each step through its
+    /// tool's stack, reissued by the model at its next step when it failed in a way it may
+    /// retry. A call that never returns is a crash: `crashed` gives the tools of the process
+    /// that resumes the step. `checkpoint` is told after each step, as an agent framework
+    /// records its progress.
+    pub(super) async fn steps(
+        &self,
+        run: &str,
+        provider: &Provider,
+        mut tools: Tools,
+        progress: &mut Progress,
+        mut crashed: impl FnMut() -> Result<Tools, SpecError>,
+        mut checkpoint: impl FnMut(&Progress),
+    ) -> Result<(), SpecError> {
+        for (i, step) in self.script.iter().enumerate().skip(progress.outcomes.len()) {
             let mut reissues = 0;
-            turn += 1;
+            progress.turn += 1;
             let outcome = loop {
-                let call = Call::new(&run, format!("step-{turn}"), step.args.clone());
+                let turn = progress.turn;
+                let call = Call::new(run, format!("step-{turn}"), step.args.clone());
                 provider.action(i, &step.tool);
                 let sent = tokio::time::timeout(
                     Duration::from_secs(3_600),
-                    self.call(&tools, &provider, &step.tool, call),
+                    self.call(&tools, provider, &step.tool, call),
                 )
                 .await;
                 match sent {
-                    // A crash: a new process resumes the step it never saw complete, once the
-                    // receipts' leases have passed.
-                    Err(_) => {
-                        report.crashes += 1;
-                        clock.advance_ms(3_600_000);
-                        tools = build()?;
-                    }
+                    Err(_) => tools = crashed()?,
                     Ok(Ok(_)) => break Ok(()),
                     Ok(Err(e)) if e.retryable() && reissues < self.reissues => {
                         // The model reissues it at its next step.
                         reissues += 1;
-                        turn += 1;
+                        progress.turn += 1;
                     }
                     Ok(Err(e)) => break Err(e.code().as_str().to_owned()),
                 }
             };
-            outcomes.push(outcome);
+            progress.outcomes.push(outcome);
+            checkpoint(progress);
         }
-        provider.tally(&self.script, &outcomes, report);
         Ok(())
     }
 
@@ -262,156 +293,5 @@ impl Harness {
         let mut stack = stack;
         std::future::poll_fn(|cx| stack.poll_ready(cx)).await?;
         stack.call(call).await
-    }
-}
-
-/// The simulated provider of one episode: it applies each write as a real provider of its class
-/// would, fails calls as drawn, and crashes once if the episode draws a crash.
-#[derive(Clone)]
-struct Provider {
-    state: Arc<Mutex<ProviderState>>,
-    seed: u64,
-    before_work: f64,
-    after_work: f64,
-    crash: f64,
-    /// The calls of an episode a crash may fall on (its script's length, at least one).
-    crash_window: usize,
-    classes: Arc<HashMap<String, ToolClass>>,
-}
-
-#[derive(Default)]
-struct ProviderState {
-    calls: u64,
-    crashed: bool,
-    /// The script step under way, and its tool.
-    action: (usize, String),
-    /// What a keyed or idempotent write already did, by key or arguments.
-    done: HashMap<String, ()>,
-    /// Effects by script step.
-    effects: BTreeMap<usize, u64>,
-}
-
-type BodyFuture = Pin<Box<dyn Future<Output = Result<Value, BoxError>> + Send>>;
-
-fn unit(seed: u64, salt: u64) -> f64 {
-    (mix(seed ^ mix(salt)) >> 11) as f64 / (1u64 << 53) as f64
-}
-
-impl Provider {
-    fn new(h: &Harness, seed: u64) -> Self {
-        let classes = h
-            .toolbox
-            .tools()
-            .iter()
-            .map(|t| (t.name.clone(), t.class))
-            .collect();
-        Provider {
-            state: Arc::default(),
-            seed,
-            before_work: h.before_work,
-            after_work: h.after_work,
-            crash: h.crash,
-            crash_window: h.script.len().max(1),
-            classes: Arc::new(classes),
-        }
-    }
-
-    fn action(&self, step: usize, tool: &str) {
-        self.lock().action = (step, tool.to_owned());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ProviderState> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn body(&self) -> Provider {
-        self.clone()
-    }
-
-    fn serve(&self, call: Call) -> BodyFuture {
-        let tool = call.tool().unwrap_or_default().to_owned();
-        let class = self.classes.get(&tool).copied().unwrap_or(ToolClass::Read);
-        let mut st = self.lock();
-        st.calls += 1;
-        let draw = unit(self.seed, st.calls);
-        if draw < self.before_work {
-            let refused: BoxError =
-                std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
-            return Box::pin(async move { Err(refused) });
-        }
-        let identity = match class {
-            ToolClass::Read => None,
-            ToolClass::KeyedWrite => Some(
-                call.key()
-                    .map_or_else(|| format!("call-{}", st.calls), |k| k.to_string()),
-            ),
-            ToolClass::IdempotentWrite => Some(format!(
-                "{tool}:{}",
-                canonical_json(call.args()).unwrap_or_default()
-            )),
-            _ => Some(format!("call-{}", st.calls)),
-        };
-        if let Some(id) = identity {
-            if st.done.insert(id, ()).is_none() {
-                let step = st.action.0;
-                *st.effects.entry(step).or_default() += 1;
-            }
-        }
-        // The crash comes once, after the work, as a SIGKILL between the send and the receipt.
-        // It falls on one of the episode's first calls, drawn from its seed.
-        let crash_call = 1 + (unit(self.seed, 1) * self.crash_window as f64) as u64;
-        if !st.crashed && unit(self.seed, 0) < self.crash && st.calls >= crash_call {
-            st.crashed = true;
-            return Box::pin(std::future::pending());
-        }
-        if draw < self.before_work + self.after_work {
-            let reset: BoxError = std::io::Error::from(std::io::ErrorKind::ConnectionReset).into();
-            return Box::pin(async move { Err(reset) });
-        }
-        Box::pin(async move { Ok(json!({ "done": tool })) })
-    }
-
-    fn tally(&self, script: &[Step], outcomes: &[Result<(), String>], report: &mut Report) {
-        let st = self.lock();
-        for (i, (step, outcome)) in script.iter().zip(outcomes).enumerate() {
-            let effects = st.effects.get(&i).copied().unwrap_or(0);
-            report.effects += effects;
-            let extra = effects.saturating_sub(1);
-            if extra > 0 {
-                report.duplicate_effects += extra;
-                *report
-                    .duplicates_by_tool
-                    .entry(step.tool.clone())
-                    .or_default() += extra;
-                if outcome.is_ok() {
-                    report.silent_duplicates += extra;
-                }
-            }
-            let write = !matches!(self.classes.get(&step.tool), Some(ToolClass::Read) | None);
-            match outcome {
-                Ok(()) if write && effects == 0 => report.lost_work += 1,
-                Ok(()) => {}
-                Err(code) => *report.escalations.entry(code.clone()).or_default() += 1,
-            }
-        }
-    }
-}
-
-impl Service<Call> for Provider {
-    type Response = Value;
-    type Error = BoxError;
-    type Future = BodyFuture;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), BoxError>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, call: Call) -> BodyFuture {
-        self.serve(call)
     }
 }

@@ -52,6 +52,9 @@
 mod decide;
 mod effects;
 mod episodes;
+#[cfg(all(feature = "sqlite", unix))]
+mod processes;
+mod provider;
 mod service;
 
 pub use effects::{Effect, Effects};

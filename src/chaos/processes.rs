@@ -1,0 +1,247 @@
+//! [`Harness::run_in_processes`]: the same episodes, each crash a real SIGKILL of a child
+//! process, the resume a new process over the same SQLite files (feature `sqlite`).
+
+use super::episodes::{Harness, Progress, Report};
+use super::provider::{Provider, CRASH_POINT};
+use crate::backoff::rng::mix;
+use crate::receipt::{Clock, Durability, InMemoryStore, SqliteStore, SystemClock};
+use crate::tool::{SpecError, Stores, Tools};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Set in a child process: the episode's directory (its provider's books, its progress, its
+/// SQLite receipt files).
+const DIR: &str = "STORMGUARD_CHAOS_DIR";
+const EPISODE: &str = "STORMGUARD_CHAOS_EPISODE";
+const SEED: &str = "STORMGUARD_CHAOS_SEED";
+/// How far ahead of the system clock the child's receipt stores read the time: one hour per
+/// crash before it, so that a resumed process finds the crashed call's lease over.
+const AHEAD_MS: &str = "STORMGUARD_CHAOS_AHEAD_MS";
+/// The longest a child may run before it is killed and the run refused.
+const CHILD_LIMIT: Duration = Duration::from_secs(120);
+
+/// The system clock, `ahead` milliseconds ahead.
+#[derive(Clone, Copy, Debug)]
+struct Ahead(u64);
+
+impl Clock for Ahead {
+    fn now_ms(&self) -> u64 {
+        SystemClock.now_ms() + self.0
+    }
+}
+
+fn refused(field: &str, reason: impl std::fmt::Display) -> SpecError {
+    SpecError::new(None, field, &reason.to_string())
+}
+
+impl Harness {
+    /// Runs `episodes` seeded episodes as [`run`](Self::run) does, but each one in child
+    /// processes of this test binary: a crash is the child killed with SIGKILL right after the
+    /// provider applied a call and before the receipt was written, and the resume is a new
+    /// child over the same files (its receipt stores read the time an hour ahead, so the
+    /// crashed call's lease is over). The toolbox's `sqlite` stores are SQLite files in each
+    /// episode's directory under `dir`; its `memory` stores live and die with each process (a
+    /// resume finds them empty, as it would); any other kind is a [`SpecError`]. The provider
+    /// keeps its books in a file, flushed to disk before it answers.
+    ///
+    /// `test` is the exact name of the `#[test]` that calls this (the child runs that test
+    /// alone, `--exact`): in a child, this call runs the child's part and ends the process, so
+    /// the lines after it run in the parent only. A child that fails, or runs past two minutes,
+    /// is a [`SpecError`] with what it printed. Unix only (SIGKILL).
+    ///
+    /// ```no_run
+    /// # fn toolbox() -> stormguard::tool::Toolbox { unimplemented!() }
+    /// # fn script() -> Vec<stormguard::chaos::Step> { unimplemented!() }
+    /// #[test]
+    /// fn the_invoice_tool_survives_sigkill() {
+    ///     let dir = std::env::temp_dir().join("invoice-episodes");
+    ///     let report = stormguard::chaos::Harness::new(toolbox(), script())
+    ///         .crashes(0.5)
+    ///         .run_in_processes(20, 7, "the_invoice_tool_survives_sigkill", &dir)
+    ///         .unwrap();
+    ///     assert_eq!(report.duplicate_effects, 0);
+    /// }
+    /// ```
+    pub fn run_in_processes(
+        &self,
+        episodes: u32,
+        seed: u64,
+        test: &str,
+        dir: &Path,
+    ) -> Result<Report, SpecError> {
+        if let Some(dir) = std::env::var_os(DIR) {
+            let code = match self.child(Path::new(&dir)) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("stormguard-chaos child: {e}");
+                    2
+                }
+            };
+            let _ = std::io::stdout().flush();
+            std::process::exit(code);
+        }
+        self.check()?;
+        for (name, spec) in self.toolbox.stores() {
+            if spec.kind != "sqlite" && spec.kind != "memory" {
+                return Err(refused(
+                    "stores",
+                    format!("`{name}` is a {} store: the real-process mode opens SQLite files and memory stores", spec.kind),
+                ));
+            }
+        }
+        let exe = std::env::current_exe().map_err(|e| refused("test", e))?;
+        let mut report = Report::default();
+        for n in 0..episodes {
+            let ep = dir.join(format!("ep-{n}"));
+            let _ = std::fs::remove_dir_all(&ep);
+            std::fs::create_dir_all(&ep).map_err(|e| refused("dir", e))?;
+            let mut crashes = 0u64;
+            while spawn(&exe, test, &ep, n, seed, crashes)? {
+                crashes += 1;
+                if crashes > 1 {
+                    return Err(refused("episodes", "a resumed child crashed again"));
+                }
+            }
+            report.crashes += crashes;
+            let progress: Progress = std::fs::read(ep.join("progress.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .ok_or_else(|| refused("episodes", "a child ended without its progress"))?;
+            let provider =
+                Provider::new(self, episode_seed(seed, n), Some(ep.join("provider.json")));
+            provider.tally(&self.script, &progress.outcomes, &mut report);
+        }
+        report.episodes = episodes;
+        Ok(report)
+    }
+
+    /// The child's part: the episode from where its progress stands, over its files.
+    fn child(&self, dir: &Path) -> Result<(), SpecError> {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| refused("env", format!("{name} is not set")))
+        };
+        let (n, seed, ahead) = (var(EPISODE)?, var(SEED)?, var(AHEAD_MS)?);
+        let n = u32::try_from(n).map_err(|e| refused("env", e))?;
+        let clock = Ahead(ahead);
+        let mut stores = Stores::new();
+        for (name, spec) in self.toolbox.stores() {
+            stores = if spec.kind == "sqlite" {
+                let file = dir.join(format!("{name}.db"));
+                let store = SqliteStore::open_with_clock(file, Durability::Process, clock)
+                    .map_err(|e| refused("stores", e))?;
+                stores.with(name, store)
+            } else {
+                stores.with(name, InMemoryStore::with_clock(clock))
+            };
+        }
+        let tools: Tools = self.toolbox.build(stores)?;
+        let provider = Provider::new(self, episode_seed(seed, n), Some(dir.join("provider.json")));
+        let progress_file = dir.join("progress.json");
+        let mut progress: Progress = std::fs::read(&progress_file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| refused("runtime", e))?;
+        let never = || Err(refused("episodes", "a call in a child never returned"));
+        let run = format!("ep-{n}");
+        let save = |p: &Progress| write_synced(&progress_file, p);
+        runtime.block_on(self.steps(&run, &provider, tools, &mut progress, never, save))?;
+        write_synced(&progress_file, &progress);
+        Ok(())
+    }
+}
+
+/// The provider's seed for episode `n`, as [`Harness::run`] draws it.
+fn episode_seed(seed: u64, n: u32) -> u64 {
+    seed ^ mix(u64::from(n) + 1)
+}
+
+/// Writes `value` as JSON where it outlives the process (flushed to disk, then renamed).
+fn write_synced(path: &Path, value: &impl serde::Serialize) {
+    let tmp: PathBuf = path.with_extension("tmp");
+    let ok = serde_json::to_vec(value).ok().and_then(|bytes| {
+        let mut file = std::fs::File::create(&tmp).ok()?;
+        file.write_all(&bytes).ok()?;
+        file.sync_all().ok()
+    });
+    if ok.is_none() || std::fs::rename(&tmp, path).is_err() {
+        eprintln!("stormguard-chaos: cannot write {}", path.display());
+        std::process::exit(3);
+    }
+}
+
+/// Runs one child of episode `n`; `true` if it reached its crash point and was killed.
+fn spawn(
+    exe: &Path,
+    test: &str,
+    ep: &Path,
+    n: u32,
+    seed: u64,
+    crashes: u64,
+) -> Result<bool, SpecError> {
+    let mut child = Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(DIR, ep)
+        .env(EPISODE, n.to_string())
+        .env(SEED, seed.to_string())
+        .env(AHEAD_MS, (crashes * 3_600_000).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| refused("test", e))?;
+    let (lines, seen) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    let started = Instant::now();
+    let mut printed = Vec::new();
+    let killed = loop {
+        let left = CHILD_LIMIT.saturating_sub(started.elapsed());
+        match seen.recv_timeout(left) {
+            // libtest may have begun the line ("test name ... "): the marker ends it.
+            Ok(line) if line.ends_with(CRASH_POINT) => {
+                // SIGKILL: nothing after the provider's accept runs, the receipt included.
+                child.kill().map_err(|e| refused("episodes", e))?;
+                break true;
+            }
+            Ok(line) => printed.push(line),
+            Err(mpsc::RecvTimeoutError::Disconnected) => break false,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(refused("episodes", "a child ran past two minutes: killed"));
+            }
+        }
+    };
+    let status = child.wait().map_err(|e| refused("episodes", e))?;
+    if !killed && !status.success() {
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut e, &mut err);
+        }
+        return Err(refused(
+            "test",
+            format!(
+                "the child (`{test} --exact`) failed ({status}): is `{test}` the exact name of the test that calls run_in_processes? {}{}",
+                printed.join("\n"),
+                err
+            ),
+        ));
+    }
+    Ok(killed)
+}
