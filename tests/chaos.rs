@@ -313,3 +313,30 @@ async fn over_a_plain_value_service_the_faults_are_tool_errors() {
         }
     }
 }
+
+/// Over an MCP tool, a fault after the work is an `isError` result the client's classifier reads
+/// as ambiguous: an unkeyed write is escalated after one call, a read is retried.
+#[cfg(feature = "rmcp")]
+#[tokio::test(start_paused = true)]
+async fn over_an_mcp_tool_a_fault_after_the_work_is_an_error_result_read_as_ambiguous() {
+    use rmcp::model::CallToolResult;
+    use stormguard::classify::McpClassifier;
+    for (class, calls_wanted) in [(ToolClass::UnkeyedWrite, 1), (ToolClass::Read, 3)] {
+        let chaos = ChaosLayer::builder(7)
+            .fault(Fault::FailedAfterWork(502), 1.0)
+            .build()
+            .unwrap();
+        let effects = chaos.effects();
+        let tool = chaos.layer(service_fn(|_: u32| async {
+            Ok::<_, std::io::Error>(CallToolResult::success(vec![]))
+        }));
+        let client = RetryLayer::new(class, RetryBudget::default())
+            .classifier(McpClassifier)
+            .layer(tool);
+        let err = client.oneshot(1).await.unwrap_err();
+        assert_eq!(effects.work_done(), calls_wanted, "{class:?}");
+        if class == ToolClass::UnkeyedWrite {
+            assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+        }
+    }
+}

@@ -16,6 +16,9 @@
 //! | `LateCommit(after)` | a timeout at once (`io::ErrorKind::TimedOut`) | **yes, `after` later** |
 //! | `Latency(d)` | the answer, `d` later (tokio's clock) | yes |
 //!
+//! Over an MCP tool service (`CallToolResult`, feature `rmcp`), each fault's answer is an
+//! `isError` result carrying the structured error instead of a status.
+//!
 //! The draw is a pure function of (seed, operation, attempt): the operation is what the
 //! [`operation`](ChaosLayerBuilder::operation) function names (by default each call is its own),
 //! the attempt is how many times the layer has seen that operation. So the same seed gives the

@@ -50,9 +50,19 @@ impl<B: From<String>> FaultAnswer for http::Response<B> {
 
 /// The error a client of a plain-value service would return for the answer.
 fn as_tool_error(status: u16, headers: &[(&'static str, String)], body: &str) -> BoxError {
+    Box::new(tool_error(status, headers, body))
+}
+
+/// The error a client reads from a fault's answer: a used-up quota is permanent, a rate limit
+/// and an overload transient, a 504 and any other after-work status ambiguous.
+fn tool_error(
+    status: u16,
+    headers: &[(&'static str, String)],
+    body: &str,
+) -> crate::error::ToolError {
     use crate::classify::FailureClass;
     use crate::error::{ErrorCode, ToolError};
-    let err = match status {
+    match status {
         429 if body.contains("insufficient_quota") => {
             ToolError::new(ErrorCode::QuotaExhausted).with_class(FailureClass::Permanent)
         }
@@ -71,8 +81,42 @@ fn as_tool_error(status: u16, headers: &[(&'static str, String)], body: &str) ->
         503 | 529 => ToolError::new(ErrorCode::Unavailable).with_class(FailureClass::Transient),
         504 => ToolError::new(ErrorCode::Timeout).with_class(FailureClass::Ambiguous),
         _ => ToolError::new(ErrorCode::Unavailable).with_class(FailureClass::Ambiguous),
-    };
-    Box::new(err)
+    }
+}
+
+/// An MCP tool's answer (feature `rmcp`): every fault is an `isError` result carrying the
+/// structured error a tool server built on stormguard sends (what `McpClassifier` reads).
+///
+/// ```
+/// use rmcp::model::CallToolResult;
+/// use stormguard::chaos::{ChaosLayer, Fault};
+/// use stormguard::classify::FailureClass;
+/// use stormguard::error::{ErrorCode, ToolError};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let chaos = ChaosLayer::builder(7).fault(Fault::FailedAfterWork(502), 1.0).build().unwrap();
+/// let effects = chaos.effects();
+/// let tool = chaos.layer(service_fn(|_: ()| async {
+///     Ok::<_, std::io::Error>(CallToolResult::success(vec![]))
+/// }));
+/// let answer = tool.oneshot(()).await.unwrap();
+/// assert_eq!(answer.is_error, Some(true));
+/// let err = ToolError::from_call_tool_result(&answer).unwrap();
+/// assert_eq!((err.code(), err.class()), (ErrorCode::Unavailable, Some(FailureClass::Ambiguous)));
+/// assert_eq!(effects.work_done(), 1); // the tool did the work
+/// # }
+/// ```
+#[cfg(feature = "rmcp")]
+impl FaultAnswer for rmcp::model::CallToolResult {
+    fn fault_answer(
+        status: u16,
+        headers: &[(&'static str, String)],
+        body: &'static str,
+    ) -> Result<Self, BoxError> {
+        Ok(tool_error(status, headers, body).to_call_tool_result())
+    }
 }
 
 macro_rules! plain_fault_answer {
