@@ -205,3 +205,47 @@ fn a_stream_silent_past_the_timeout_before_its_first_frame_is_sent_again() {
     assert_eq!(body, EVENT);
     assert_eq!(received, 2);
 }
+
+/// The chaos layer's stream cut meets the commit rule: cut before its first frame, a read is
+/// sent again (each attempt cut, the operation's three); cut after it, never.
+#[cfg(feature = "chaos")]
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_by_chaos_is_sent_again_only_when_nothing_reached_the_caller() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, StreamBody};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use stormguard::chaos::StreamCutLayer;
+    for (frames, calls_wanted) in [(0, 3), (1, 1)] {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let model = service_fn(move |_: ()| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let events = ["data: Hel\n\n", "data: lo\n\n"]
+                .map(|e| Ok::<_, std::io::Error>(http_body::Frame::data(Bytes::from(e))));
+            let body = StreamBody::new(futures_util::stream::iter(events));
+            async move { Ok::<_, std::io::Error>(http::Response::new(body)) }
+        });
+        let svc = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(ToolClass::Read, RetryBudget::default())
+                    .classifier(StreamClassifier),
+            )
+            .layer(CommitAtFirstFrameLayer::default())
+            .layer(StreamCutLayer::new(7, 1.0, frames).unwrap())
+            .service(model);
+        let answer = svc.oneshot(()).await;
+        match frames {
+            0 => assert_eq!(answer.unwrap_err().code(), ErrorCode::Unavailable),
+            _ => {
+                let body = answer.unwrap().into_body();
+                assert!(body.collect().await.is_err(), "the caller sees the cut");
+            }
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            calls_wanted,
+            "cut after {frames}"
+        );
+    }
+}

@@ -18,6 +18,8 @@
 //!
 //! Over an MCP tool service (`CallToolResult`, feature `rmcp`), each fault's answer is an
 //! `isError` result carrying the structured error instead of a status.
+//! A streamed answer cut mid-stream is [`StreamCutLayer`]'s (a share of answers whose body fails
+//! after some data frames).
 //!
 //! The draw is a pure function of (seed, operation, attempt): the operation is what the
 //! [`operation`](ChaosLayerBuilder::operation) function names (by default each call is its own),
@@ -52,6 +54,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "http")]
+mod cut;
 mod decide;
 mod effects;
 mod episodes;
@@ -60,6 +64,8 @@ mod processes;
 mod provider;
 mod service;
 
+#[cfg(feature = "http")]
+pub use cut::{CutBody, CutFuture, StreamCut, StreamCutLayer};
 pub use effects::{Effect, Effects};
 pub use episodes::{Harness, Report, Step};
 pub use service::{Chaos, FaultAnswer, ResponseFuture};
