@@ -121,3 +121,32 @@ fn a_script_outside_the_toolbox_or_a_bad_rate_is_refused() {
         .unwrap_err();
     assert_eq!(err.field(), "after_work");
 }
+
+#[test]
+fn the_rates_of_two_tables_are_drawn_side_by_side() {
+    let sound = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+        .run(200, 7)
+        .unwrap();
+    let mut retried = sound_ticket();
+    retried["retry"] = json!(["layer"]);
+    retried.as_object_mut().unwrap().remove("receipt");
+    retried.as_object_mut().unwrap().remove("key");
+    let defect = Harness::new(toolbox(sound_invoice(), retried), script())
+        .run(200, 7)
+        .unwrap();
+    let svg = stormguard::chaos::Report::svg(&[("sound", &sound), ("ticket retried", &defect)]);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(dir.join("episodes.svg"), &svg).unwrap();
+    // Each run's first bar is its duplicate effects per episode, as the report says.
+    let titles: Vec<f64> = svg
+        .match_indices("<title>")
+        .map(|(i, _)| svg[i + 7..].split('<').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(titles.len(), 6);
+    assert_eq!(titles[0], 0.0, "the sound table duplicates nothing");
+    let rate = defect.duplicate_effects as f64 / 200.0;
+    assert!(
+        (titles[3] - rate).abs() < 1e-4 && rate > 0.0,
+        "{titles:?} {defect:?}"
+    );
+}

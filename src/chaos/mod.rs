@@ -63,6 +63,7 @@ mod episodes;
 mod processes;
 mod provider;
 mod service;
+mod svg;
 
 #[cfg(feature = "http")]
 pub use cut::{CutBody, CutFuture, StreamCut, StreamCutLayer};
