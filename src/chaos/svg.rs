@@ -4,8 +4,11 @@
 use super::episodes::Report;
 use std::fmt::Write;
 
-/// The bars of each run: (legend, colour, rate per episode).
-const BARS: [(&str, &str, fn(&Report) -> u64); 3] = [
+/// One bar of a run: its legend, its colour and the count it shows (per episode).
+type Bar = (&'static str, &'static str, fn(&Report) -> u64);
+
+/// The bars of each run.
+const BARS: [Bar; 3] = [
     ("duplicate effects", "#d62728", |r| r.duplicate_effects),
     ("... in a run that reported success", "#ff9896", |r| {
         r.silent_duplicates
