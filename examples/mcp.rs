@@ -6,11 +6,13 @@
 //! cargo run --release --all-features --example mcp -- --json  # one JSON object per line
 //! ```
 //!
-//! The server's tools call a fake backend (an HTTP-shaped tower service that counts requests)
-//! through a stormguard `Retry` whose class comes from the tool's annotations; a failure goes back
-//! to the model as a `ToolError` in the tool result (`isError: true`, the JSON as text and in
-//! `_meta`). The client wraps `Peer::call_tool` in a `Retry` with `McpClassifier`, so it does not
-//! retry what the server said not to. Cases:
+//! The server's tools are declared once ([`SERVER_TOOLS`]: class, key, backoff) and call a fake
+//! backend (an HTTP-shaped tower service that counts requests) through the stacks their
+//! declarations build; a failure goes back to the model as a `ToolError` in the tool result
+//! (`isError: true`, the JSON as text and in `_meta`). The client declares the server's tools
+//! from their listed annotations (`Toolbox::with_mcp_tools`) and sends each call through its
+//! tool's stack over the rmcp peer (`McpPeer`, read by `McpClassifier`), so it does not retry what
+//! the server said not to. Cases:
 //! - `outage`: the backend answers 503; the server's `Retry` makes 3 requests and gives up with
 //!   `retryable: false`; the client's `Retry` adds none;
 //! - `invalid_argument`: the backend answers 422; one request, and the hint reaches the client;
@@ -20,22 +22,18 @@
 //!   the server's `Retry` sends it again with the same key, and the backend applies it once.
 
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_handler, tool_router, Json, ServerHandler, ServiceExt as _};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use stormguard::backoff::Backoff;
-use stormguard::budget::RetryBudget;
-use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::{Classify, HttpClassifier, McpClassifier};
 use stormguard::error::ToolError;
-use stormguard::key::{Action, SetIdempotencyKeyLayer};
-use stormguard::retry::{HttpReplay, RetryLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use stormguard::key::KeyStamp;
+use stormguard::tool::{Call, McpPeer, Stores, ToolRouter, Toolbox};
+use tower::{Service, ServiceExt};
 
 type BackendReq = http::Request<String>;
 type BackendRes = http::Response<String>;
@@ -130,61 +128,35 @@ struct Report {
     rows: u32,
 }
 
-/// A quick policy for the demo: the class's rules, 5 ms backoff.
-fn fast(class: ToolClass) -> ClassPolicy {
-    ClassPolicy::builder(class)
-        .backoff(
-            Backoff::exponential(Duration::from_millis(5))
-                .build()
-                .unwrap(),
-        )
-        .build()
-        .unwrap()
-}
+/// The server's tools, declared once: each one's class (what its annotations below say, and
+/// the keyed write its code makes `send_invoice`), its key, and a quick backoff for the demo.
+const SERVER_TOOLS: &str = r#"{ "tools": [
+    { "name": "search", "class": "read", "retry": ["layer"], "backoff": { "base_ms": 5 },
+      "annotations": { "readOnlyHint": true } },
+    { "name": "create_ticket", "class": "unkeyed_write", "retry": ["layer"],
+      "backoff": { "base_ms": 5 }, "unknown_outcome": "escalate" },
+    { "name": "report", "class": "read", "retry": ["layer"], "backoff": { "base_ms": 5 },
+      "annotations": { "readOnlyHint": true } },
+    { "name": "send_invoice", "class": "keyed_write", "retry": ["layer"], "backoff": { "base_ms": 5 },
+      "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate" }
+] }"#;
+
+/// The run and step every call of the demo belongs to.
+const RUN: &str = "run-81f2";
+const STEP: &str = "step-2";
 
 #[derive(Clone)]
 struct Tools {
-    backend: Backend,
-    budget: RetryBudget,
+    /// Every tool's stack over the backend, built once per server.
+    stacks: ToolRouter<BackendRes>,
 }
 
 impl Tools {
-    /// Calls the backend through a stormguard `Retry` of `class`; a failure becomes the
-    /// `ToolError` the model sees.
-    async fn call_backend(
-        &self,
-        class: ToolClass,
-        req: BackendReq,
-        keyed: bool,
-    ) -> Result<String, ToolError> {
-        let retry = RetryLayer::new(fast(class), self.budget.clone())
-            .classifier(HttpClassifier)
-            .replay(HttpReplay);
-        let key = |req: &BackendReq| {
-            // The key covers the invoice, never the model's wording.
-            let invoice: serde_json::Value = serde_json::from_str(req.body()).unwrap_or_default();
-            Action::new(
-                "run-81f2",
-                "step-2",
-                "send_invoice",
-                &serde_json::json!({ "invoice_id": invoice["invoice_id"] }),
-            )
-        };
-        let result = if keyed {
-            ServiceBuilder::new()
-                .layer(retry)
-                .layer(SetIdempotencyKeyLayer::new(key))
-                .service(self.backend.service())
-                .oneshot(req)
-                .await
-        } else {
-            ServiceBuilder::new()
-                .layer(retry)
-                .service(self.backend.service())
-                .oneshot(req)
-                .await
-        };
-        match result {
+    /// Calls the backend through the stack `tool` declares (the key, if it has one, covers the
+    /// invoice, never the model's wording); a failure becomes the `ToolError` the model sees.
+    async fn call_backend(&self, tool: &str, args: serde_json::Value) -> Result<String, ToolError> {
+        let call = Call::new(RUN, STEP, args).to(tool);
+        match self.stacks.clone().oneshot(call).await {
             Ok(resp) if resp.status().is_success() => Ok(resp.into_body()),
             // A failure retrying cannot help is handed back: say what it was.
             Ok(resp) => Err(Classify::<_, std::io::Error>::dependency_error(
@@ -196,25 +168,40 @@ impl Tools {
             Err(e) => Err(e),
         }
     }
-
-    fn class_of(tool: rmcp::model::Tool) -> ToolClass {
-        ToolClass::from_tool_annotations(tool.annotations.as_ref())
-    }
 }
 
-fn post(path: &str, body: String) -> BackendReq {
-    http::Request::post(format!("http://backend{path}"))
-        .body(body)
-        .unwrap()
+/// The backend request a call stands for: a POST to its tool's path with its arguments, and
+/// the key its stack stamped.
+fn backend_request(call: &Call) -> BackendReq {
+    let path = match call.tool() {
+        Some("search") => "/search",
+        Some("create_ticket") => "/tickets",
+        Some("report") => "/reports",
+        Some("send_invoice") => "/invoices",
+        _ => "/unknown",
+    };
+    let mut req = http::Request::post(format!("http://backend{path}"))
+        .body(call.args().to_string())
+        .unwrap();
+    if let Some(key) = call.key() {
+        req.stamp_key(key);
+    }
+    req
 }
 
 #[tool_router]
 impl Tools {
     fn new(backend: Backend) -> Self {
-        Tools {
-            backend,
-            budget: RetryBudget::default(),
-        }
+        let tools = Toolbox::from_json_str(SERVER_TOOLS)
+            .and_then(|toolbox| toolbox.build(Stores::new()))
+            .expect("the server's tool table is valid");
+        let service = backend.service();
+        let body =
+            tower::service_fn(move |call: Call| service.clone().oneshot(backend_request(&call)));
+        let stacks = tools
+            .router(body, HttpClassifier)
+            .expect("every declared tool has a stack");
+        Tools { stacks }
     }
 
     #[tool(
@@ -222,8 +209,7 @@ impl Tools {
         annotations(read_only_hint = true)
     )]
     async fn search(&self, Parameters(args): Parameters<SearchArgs>) -> Result<String, ToolError> {
-        let class = Self::class_of(Self::search_tool_attr());
-        self.call_backend(class, post("/search", args.query), false)
+        self.call_backend("search", serde_json::json!({ "query": args.query }))
             .await
     }
 
@@ -232,10 +218,8 @@ impl Tools {
         &self,
         Parameters(args): Parameters<TicketArgs>,
     ) -> Result<String, ToolError> {
-        let class = Self::class_of(Self::create_ticket_tool_attr());
-        let body = serde_json::json!({ "title": args.title, "priority": args.priority });
-        self.call_backend(class, post("/tickets", body.to_string()), false)
-            .await
+        let args = serde_json::json!({ "title": args.title, "priority": args.priority });
+        self.call_backend("create_ticket", args).await
     }
 
     #[tool(
@@ -243,8 +227,7 @@ impl Tools {
         annotations(read_only_hint = true)
     )]
     async fn report(&self) -> Result<Json<Report>, ToolError> {
-        let class = Self::class_of(Self::report_tool_attr());
-        self.call_backend(class, post("/reports", String::new()), false)
+        self.call_backend("report", serde_json::json!({}))
             .await
             .map(|_| Json(Report { rows: 0 }))
     }
@@ -254,14 +237,10 @@ impl Tools {
         &self,
         Parameters(args): Parameters<InvoiceArgs>,
     ) -> Result<String, ToolError> {
-        // Annotations cannot say "keyed": this tool's code sends a key, so it says so itself.
-        let body = serde_json::json!({ "invoice_id": args.invoice_id, "body": args.body });
-        self.call_backend(
-            ToolClass::KeyedWrite,
-            post("/invoices", body.to_string()),
-            true,
-        )
-        .await
+        // Annotations cannot say "keyed": the declaration does (its key: the run, the tool and
+        // the invoice).
+        let args = serde_json::json!({ "invoice_id": args.invoice_id, "body": args.body });
+        self.call_backend("send_invoice", args).await
     }
 }
 
@@ -306,21 +285,21 @@ async fn run_case(case: &'static str, tool: &'static str, arguments: serde_json:
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     let client = ().serve(stream).await.expect("MCP client connects");
     let peer = client.peer().clone();
+    // The client's table: the server's tools as it lists them, classes from their annotations.
+    let listed = peer.list_all_tools().await.expect("tools/list");
+    let tools = Toolbox::new(vec![])
+        .and_then(|toolbox| toolbox.with_mcp_tools(&listed))
+        .and_then(|toolbox| toolbox.build(Stores::new()))
+        .expect("the server's tools");
     let calls = Arc::new(AtomicU32::new(0));
     let counter = calls.clone();
-    let call_tool = tower::service_fn(move |params: CallToolRequestParams| {
+    let over_peer = McpPeer::new(peer);
+    let body = tower::service_fn(move |call: Call| {
         counter.fetch_add(1, Ordering::SeqCst);
-        let peer = peer.clone();
-        async move { peer.call_tool(params).await }
+        over_peer.clone().oneshot(call)
     });
-    let mut agent = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(fast(ToolClass::Read), RetryBudget::default())
-                .classifier(McpClassifier),
-        )
-        .service(call_tool);
-    let params = CallToolRequestParams::new(tool)
-        .with_arguments(arguments.as_object().cloned().unwrap_or_default());
+    let mut agent = tools.router(body, McpClassifier).expect("a stack per tool");
+    let params = Call::new(RUN, STEP, arguments).to(tool);
     let result: Result<CallToolResult, ToolError> = agent.ready().await.unwrap().call(params).await;
     let (is_error, error, protocol_error) = match result {
         Ok(r) => (
