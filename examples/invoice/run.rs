@@ -21,14 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use stormguard::class::ToolClass;
 use stormguard::classify::HttpStatusError;
 use stormguard::error::BoxError;
-use stormguard::key::Action;
 use stormguard::key::{IdempotencyKey, KeyStamp};
-use stormguard::receipt::{Durability, ReceiptConfig, ReceiptGuardLayer, SqliteStore};
+use stormguard::receipt::{Durability, SqliteStore};
+use stormguard::tool::{Call, Stores, ToolService, Toolbox};
 use tokio::sync::mpsc;
-use tower::{Service, ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 
 /// The ways of running the steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,6 +346,57 @@ fn model_writes_body(invoice_id: u64) -> String {
 pub const RUN: &str = "run-81f2";
 pub const INVOICE: u64 = 4471;
 
+/// `send_invoice`, declared once, as each path's provider takes it: `keyed` (the provider
+/// honours `Idempotency-Key`: a resume sends it again under its key) or not (an unkeyed write,
+/// retried by the layer only when it was never processed; an unknown outcome escalated). Its
+/// key covers the run, the tool and the invoice, never the model's wording; receipts in SQLite,
+/// with a short lease for the demo (a resume waits it out).
+fn send_invoice_tool(keyed: bool) -> Toolbox {
+    let (class, retry) = if keyed {
+        // The crash path has no Retry: the resume is the only second attempt.
+        ("keyed_write", "none")
+    } else {
+        ("unkeyed_write", "layer")
+    };
+    Toolbox::from_json_str(&format!(
+        r#"{{
+        "stores": {{ "receipts": {{ "kind": "sqlite", "retention_secs": 604800 }} }},
+        "tools": [{{
+            "name": "send_invoice", "class": "{class}", "retry": ["{retry}"],
+            "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+            "receipt": {{ "store": "receipts", "provider_key_window_secs": 86400, "lease_secs": 2 }}
+        }}]
+    }}"#
+    ))
+    .expect("the tool table is valid")
+}
+
+/// The declared `send_invoice` over `client`, its receipts in `dir/receipts.db`.
+fn send_invoice_stack(
+    keyed: bool,
+    dir: &Path,
+    client: EmailClient,
+) -> Result<ToolService<Accepted>, BoxError> {
+    let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
+    let tools = send_invoice_tool(keyed).build(Stores::new().with("receipts", store))?;
+    // The call's arguments are the email; the key its stack stamped goes on the request.
+    let body = tower::service_fn(move |call: Call| {
+        let email: Result<Email, _> = serde_json::from_value(call.args().clone());
+        let key = call.key().map(|k| k.to_string());
+        let client = client.clone();
+        async move { client.oneshot(SendInvoice { email: email?, key }).await }
+    });
+    Ok(tools.layer("send_invoice")?.layer(body))
+}
+
+fn send_invoice_call(email: &Email) -> Call {
+    Call::new(
+        RUN,
+        "step-2",
+        serde_json::to_value(email).expect("an email is JSON"),
+    )
+}
+
 /// One run (or resume) of the three steps. The crash window is open on the first run only.
 pub async fn child(
     path: Path_,
@@ -385,31 +435,11 @@ pub async fn child(
                 client.clone().oneshot(req).await?
             }
             Path_::Receipts => {
-                let store = SqliteStore::open(dir.join("receipts.db"), Durability::Process)?;
-                let receipts =
-                    ReceiptGuardLayer::new(store, ToolClass::KeyedWrite, |req: &SendInvoice| {
-                        Action::task(
-                            RUN,
-                            "step-2",
-                            "send_invoice",
-                            &req.email,
-                            &["invoice_id"],
-                            &["invoice_id", "to"],
-                        )
-                    })
-                    .config(
-                        ReceiptConfig::builder()
-                            .lease(Duration::from_millis(1500))
-                            .wait(Duration::from_secs(10))
-                            .build()?,
-                    );
                 emit(
                     &serde_json::json!({"event": "intent", "note": "the receipt layer records the intent before the send"}),
                 );
-                ServiceBuilder::new()
-                    .layer(receipts)
-                    .service(client.clone())
-                    .oneshot(req)
+                send_invoice_stack(true, &dir, client.clone())?
+                    .oneshot(send_invoice_call(&req.email))
                     .await?
             }
         };
@@ -609,8 +639,6 @@ pub async fn run_path(
 /// Sends the invoice email once through `path`'s stack, in this process, against a provider
 /// that takes no key behind a proxy that answers the first send with 503 after forwarding it.
 pub async fn run_503_path(path: Path_, provider: &mut Provider, started: Instant) -> Report {
-    use stormguard::budget::RetryBudget;
-    use stormguard::retry::RetryLayer;
     let dir = std::env::temp_dir().join(format!(
         "stormguard-invoice-{}-{}-{}",
         path.name(),
@@ -645,31 +673,13 @@ pub async fn run_503_path(path: Path_, provider: &mut Provider, started: Instant
             }
             last
         }
-        _ => {
-            let store =
-                SqliteStore::open(dir.join("receipts.db"), Durability::Process).expect("store");
-            let receipts =
-                ReceiptGuardLayer::new(store, ToolClass::UnkeyedWrite, |req: &SendInvoice| {
-                    Action::task(
-                        RUN,
-                        "step-2",
-                        "send_invoice",
-                        &req.email,
-                        &["invoice_id"],
-                        &["invoice_id", "to"],
-                    )
-                });
-            ServiceBuilder::new()
-                .layer(RetryLayer::new(
-                    ToolClass::UnkeyedWrite,
-                    RetryBudget::default(),
-                ))
-                .layer(receipts)
-                .service(client)
-                .oneshot(req)
+        _ => match send_invoice_stack(false, &dir, client) {
+            Ok(stack) => stack
+                .oneshot(send_invoice_call(&req.email))
                 .await
-                .map_err(Into::into)
-        }
+                .map_err(Into::into),
+            Err(e) => Err(e),
+        },
     };
     let mut sends = Vec::new();
     while let Ok(ev) = provider.events.try_recv() {
