@@ -3,6 +3,7 @@
 //! overloaded (Anthropic's 529) until `OVERLOAD_ENDS`, the third answers. Requests arrive at
 //! `RATE` a second for `DURATION`. Then an unkeyed write whose first provider resets the
 //! connection after reading the request (an ambiguous failure): it must not be sent to another.
+//! Both calls are tools declared once ([`TOOLS`]), each stack over the `Failover` as its body.
 
 use crate::signals::HttpClient;
 use bytes::Bytes;
@@ -12,13 +13,45 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
 use stormguard::classify::ModelApiClassifier;
 use stormguard::failover::Failover;
 use stormguard::peek::PeekErrorBodyLayer;
-use stormguard::retry::RetryLayer;
+use stormguard::receipt::NotStored;
+use stormguard::tool::{Call, Stores, ToolService, Toolbox};
 use tower::util::BoxCloneSyncService;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+/// The two calls of the case: a chat completion (a read), and a message post the providers
+/// take no key for (an unkeyed write whose unknown outcome is escalated).
+const TOOLS: &str = r#"{ "tools": [
+    { "name": "chat", "class": "read", "retry": ["layer"] },
+    { "name": "post_message", "class": "unkeyed_write", "retry": ["layer"],
+      "unknown_outcome": "escalate" }
+] }"#;
+
+/// The declared tool `name`'s stack over `failover` (each call sent as [`ask`]).
+fn over<F, B>(name: &str, failover: F) -> ToolService<http::Response<B>>
+where
+    F: Service<http::Request<Full<Bytes>>, Response = http::Response<B>> + Clone + Send + 'static,
+    F::Error: Into<tower::BoxError>,
+    F::Future: Send + 'static,
+    B: Send + 'static,
+{
+    let tools = Toolbox::from_json_str(TOOLS)
+        .and_then(|toolbox| toolbox.build(Stores::new()))
+        .expect("the tool table is valid");
+    let body = tower::service_fn(move |_: Call| failover.clone().oneshot(ask()));
+    tools
+        .layer(name)
+        .expect("declared")
+        .classifier(ModelApiClassifier)
+        .codec(NotStored)
+        .layer(body)
+}
+
+fn call() -> Call {
+    Call::new("run-1", "step-1", serde_json::json!({}))
+}
 
 const RATE: u64 = 20;
 const DURATION: Duration = Duration::from_secs(4);
@@ -183,11 +216,7 @@ pub async fn run() -> Outcome {
         .probe_every(PROBE_EVERY)
         .build()
         .expect("valid");
-    let model = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, RetryBudget::default()).classifier(ModelApiClassifier),
-        )
-        .service(failover);
+    let model = over("chat", failover);
 
     let total = RATE * DURATION.as_secs();
     // On one thread (`spawn_local`): the calls arrive at `RATE` a second, each on its own task.
@@ -200,7 +229,7 @@ pub async fn run() -> Outcome {
                 tick.tick().await;
                 let model = model.clone();
                 calls.push(tokio::task::spawn_local(async move {
-                    matches!(model.oneshot(ask()).await, Ok(r) if r.status() == 200)
+                    matches!(model.oneshot(call()).await, Ok(r) if r.status() == 200)
                 }));
             }
             let mut answered = 0;
@@ -234,13 +263,8 @@ pub async fn run() -> Outcome {
         .classifier(ModelApiClassifier)
         .build()
         .expect("valid");
-    let write = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::UnkeyedWrite, RetryBudget::default())
-                .classifier(ModelApiClassifier),
-        )
-        .service(failover);
-    let write_code = match write.oneshot(ask()).await {
+    let write = over("post_message", failover);
+    let write_code = match write.oneshot(call()).await {
         Ok(r) => format!("answered {}", r.status()),
         Err(e) => e.code().as_str().to_string(),
     };

@@ -11,14 +11,17 @@
 //! each, jittered exponential backoff from 100 ms): `tower-nested` is tower 0.5's `Retry`, which
 //! knows nothing of `Retry-After`; `stormguard-nested` is three stormguard `Retry` layers with one
 //! shared budget, which wait what the server asks (`Retry-After`, clamped) and hold each call to
-//! its 3 attempts across the three layers; `stormguard-quota` adds a client-side `QuotaLayer`
-//! under the retries (40 calls a second, bursts of 5), so calls are spaced before they are sent.
+//! its 3 attempts across the three layers: the HTTP client's is the stack of the tool `model`,
+//! declared once in [`MODEL_TOOLS`], and the two above take its class and budget;
+//! `stormguard-quota` is the tool `model-quota`, which spends the declared quota `model-api`
+//! under its retries (40 calls a second, bursts of 5), so calls are spaced before they are sent.
 //!
 //! Then the providers' own signals, one case per line (`provider`, `case`): OpenAI's
 //! `insufficient_quota` 429 (one request, `quota_exhausted`, not retryable) and its ordinary
 //! rate-limit 429 (retried), Anthropic's 529 `overloaded_error` (retried until it recovers),
 //! `x-should-retry: false` (one request), and `retry-after-ms` (the wait is the header's), through
-//! `ModelApiClassifier` over a `PeekErrorBodyLayer` (see `signals.rs`).
+//! `ModelApiClassifier` over a `PeekErrorBodyLayer` (see `signals.rs`). Every stormguard stack
+//! here is a declared tool's, but the async-openai ones (see `openai.rs` for why).
 
 mod failover;
 mod openai;
@@ -36,13 +39,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
 use stormguard::classify::HttpClassifier;
 use stormguard::error::ToolError;
-use stormguard::quota::{QuotaLayer, Rate};
-use stormguard::retry::{HttpReplay, RetryLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use stormguard::retry::RetryLayer;
+use stormguard::tool::{Call, Stores, Toolbox};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+
+/// The model call, declared once: a read its own layer retries, on the default budget; the
+/// `model-quota` variant spends the quota `model-api` under its retries (40 calls a second with
+/// bursts of 5 put at most 45 into any one second, a margin under the API's 50 for network
+/// jitter).
+const MODEL_TOOLS: &str = r#"{
+    "quotas": { "model-api": { "per_sec": 40, "burst": 5 } },
+    "tools": [
+        { "name": "model", "class": "read", "retry": ["layer"] },
+        { "name": "model-quota", "class": "read", "retry": ["layer"],
+          "quota": { "name": "model-api", "key": "global", "cost": 1 } }
+    ]
+}"#;
 
 const LIMIT_PER_SEC: u64 = 50;
 const RUNS: u64 = 40;
@@ -173,9 +187,18 @@ impl<E> tower::retry::Policy<Req, Res, E> for TowerPolicy {
     }
 }
 
-type Boxed = tower::util::BoxCloneService<Req, Res, tower::BoxError>;
+/// A stack under test: it takes (run, step) and sends that model call.
+type Boxed = tower::util::BoxCloneService<(u64, u64), Res, tower::BoxError>;
 
-fn tower_nested(client: ModelClient) -> Boxed {
+/// The model call of `step` of `run`.
+fn request(uri: &http::Uri, run: u64, step: u64) -> Req {
+    let body = format!(r#"{{"run":{run},"step":{step},"messages":[]}}"#);
+    http::Request::post(uri.clone())
+        .body(Full::new(Bytes::from(body)))
+        .expect("request")
+}
+
+fn tower_nested(client: ModelClient, uri: http::Uri) -> Boxed {
     let seeds = Arc::new(AtomicU64::new(1));
     let layer = || {
         tower::retry::RetryLayer::new(TowerPolicy {
@@ -186,6 +209,7 @@ fn tower_nested(client: ModelClient) -> Boxed {
     };
     Boxed::new(
         ServiceBuilder::new()
+            .map_request(move |(run, step)| request(&uri, run, step))
             .layer(layer())
             .layer(layer())
             .layer(layer())
@@ -193,31 +217,40 @@ fn tower_nested(client: ModelClient) -> Boxed {
     )
 }
 
-fn stormguard_nested(client: ModelClient) -> Boxed {
-    stormguard_stack(client, None)
+fn stormguard_nested(client: ModelClient, uri: http::Uri) -> Boxed {
+    stormguard_stack(client, uri, "model")
 }
 
-/// The same, with a client-side quota under the retries: 40 calls a second with bursts of 5 put
-/// at most 45 into any one second, a margin under the API's 50 for network jitter.
-fn stormguard_quota(client: ModelClient) -> Boxed {
-    let quota = Rate::per_second(40).burst(5).build().expect("a valid rate");
-    stormguard_stack(client, Some(QuotaLayer::new(quota).name("model-api")))
+fn stormguard_quota(client: ModelClient, uri: http::Uri) -> Boxed {
+    stormguard_stack(client, uri, "model-quota")
 }
 
-fn stormguard_stack(client: ModelClient, quota: Option<QuotaLayer>) -> Boxed {
-    let budget = RetryBudget::default();
-    let layer = |name: &'static str| {
-        RetryLayer::new(ToolClass::Read, budget.clone())
+/// The agent loop's and the model wrapper's `Retry` (the declared tool's class and budget) over
+/// the stack the tool `tool` declares, whose body sends the call to the API.
+fn stormguard_stack(client: ModelClient, uri: http::Uri, tool: &str) -> Boxed {
+    let tools = Toolbox::from_json_str(MODEL_TOOLS)
+        .and_then(|toolbox| toolbox.build(Stores::new()))
+        .expect("the tool table is valid");
+    let layer = tools.layer(tool).expect("a declared tool");
+    let (policy, budget) = (*layer.policy(), layer.budget().clone());
+    let body = tower::service_fn(move |call: Call| {
+        let at = |field: &str| call.args()[field].as_u64().unwrap_or_default();
+        client.clone().oneshot(request(&uri, at("run"), at("step")))
+    });
+    let http_client = layer.classifier(HttpClassifier).layer(body);
+    let retry = |name: &'static str| {
+        RetryLayer::new(policy, budget.clone())
             .name(name)
             .classifier(HttpClassifier)
-            .replay(HttpReplay)
     };
     let svc = ServiceBuilder::new()
-        .layer(layer("agent-loop"))
-        .layer(layer("model-wrapper"))
-        .layer(layer("http-client"))
-        .option_layer(quota)
-        .service(client);
+        .map_request(|(run, step): (u64, u64)| {
+            let args = serde_json::json!({ "run": run, "step": step });
+            Call::new(format!("run-{run}"), format!("step-{step}"), args)
+        })
+        .layer(retry("agent-loop"))
+        .layer(retry("model-wrapper"))
+        .service(http_client);
     Boxed::new(svc.map_err(tower::BoxError::from))
 }
 
@@ -232,24 +265,20 @@ struct Row {
     wall: Duration,
 }
 
-async fn run(stack: &'static str, build: fn(ModelClient) -> Boxed) -> Row {
+async fn run(stack: &'static str, build: fn(ModelClient, http::Uri) -> Boxed) -> Row {
     let api = Arc::new(Api::default());
     let addr = start_model_api(api.clone()).await;
     let client = ModelClient(Client::builder(TokioExecutor::new()).build_http());
-    let svc = build(client);
     let uri: http::Uri = format!("http://{addr}/v1/messages").parse().expect("uri");
+    let svc = build(client, uri);
     let start = Instant::now();
     let mut runs = tokio::task::JoinSet::new();
     for run in 0..RUNS {
-        let (svc, uri) = (svc.clone(), uri.clone());
+        let svc = svc.clone();
         runs.spawn(async move {
             let mut failures = Vec::new();
             for step in 0..CALLS_PER_RUN {
-                let body = format!(r#"{{"run":{run},"step":{step},"messages":[]}}"#);
-                let req = http::Request::post(uri.clone())
-                    .body(Full::new(Bytes::from(body)))
-                    .expect("request");
-                match svc.clone().oneshot(req).await {
+                match svc.clone().oneshot((run, step)).await {
                     Ok(res) if res.status().is_success() => {}
                     Ok(res) => failures.push(format!("http_{}", res.status().as_u16())),
                     Err(e) => failures.push(match e.downcast::<ToolError>() {

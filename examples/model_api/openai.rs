@@ -5,6 +5,11 @@
 //!   so each attempt rebuilds the request): 3 requests for the call;
 //! - `async_openai_sdk_retry`: `with_http_client` keeps the SDK's own retry (3 retries, no
 //!   jitter) under a stormguard `Retry` at the agent loop: 4 x 3 = 12 requests.
+//!
+//! Both stacks are built by hand, not from a tool declaration: the first sits inside the SDK,
+//! whose requests are its own type, not a `Call`; the second has two retry owners (the layer
+//! and the client), which a declaration refuses and the audit reports as an error: it is here
+//! to measure what that costs.
 
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;

@@ -2,9 +2,10 @@
 //! OpenAI's two 429s (a rate limit, and `insufficient_quota` in the body), Anthropic's 529
 //! "overloaded", `x-should-retry: false`, and `retry-after-ms`.
 //!
-//! The stack is what the README's "Guarding a model API" shows: a stormguard `Retry` with
-//! `ModelApiClassifier` over a `PeekErrorBodyLayer` (reads at most 64 KiB of an error body, for
-//! at most 2 s, and hands the body on whole) over hyper's client.
+//! The stack is the declared tool `chat` (a read its layer retries) with `ModelApiClassifier`,
+//! over a body that sends the call through a `PeekErrorBodyLayer` (reads at most 64 KiB of an
+//! error body, for at most 2 s, and hands the body on whole) over hyper's client: the layers
+//! `docs/model-apis.md` stacks by hand. The token case declares the quota per tenant.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -16,13 +17,30 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use stormguard::budget::RetryBudget;
-use stormguard::class::ToolClass;
 use stormguard::classify::{Classify, ModelApiClassifier};
 use stormguard::error::ToolError;
 use stormguard::peek::PeekErrorBodyLayer;
-use stormguard::retry::{HttpReplay, RetryLayer};
-use tower::{Service, ServiceBuilder, ServiceExt};
+use stormguard::receipt::NotStored;
+use stormguard::tool::{Call, Stores, Toolbox, Tools};
+use tower::{Layer, Service, ServiceExt};
+
+/// The model call, declared once (a read its own layer retries); with `quota`, it spends that
+/// quota per tenant, each call weighing `cost` tokens.
+fn chat_tools(quota: Option<(u32, u32)>) -> Tools {
+    let (quotas, spends) = match quota {
+        Some((rate, cost)) => (
+            format!(r#""quotas": {{ "tokens": {{ "per_sec": {rate}, "burst": {rate} }} }},"#),
+            format!(r#", "quota": {{ "name": "tokens", "key": "tenant", "cost": {cost} }}"#),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let file = format!(
+        r#"{{ {quotas} "tools": [{{ "name": "chat", "class": "read", "retry": ["layer"] {spends} }}] }}"#
+    );
+    Toolbox::from_json_str(&file)
+        .and_then(|toolbox| toolbox.build(Stores::new()))
+        .expect("the tool table is valid")
+}
 
 /// The provider whose error shapes a case uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,31 +238,34 @@ impl Service<Req> for HttpClient {
 /// Runs one case: one model call through the guarded stack.
 pub async fn run_case(provider: Provider, case: &'static str) -> Outcome {
     let (addr, seen) = serve(provider, case).await;
-    let budget = RetryBudget::default();
-    let mut model = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .classifier(ModelApiClassifier)
-                .replay(HttpReplay),
-        )
-        .layer(
-            PeekErrorBodyLayer::builder()
-                .limit(64 * 1024)
-                .timeout(Duration::from_secs(2))
-                .build()
-                .expect("valid"),
-        )
-        .service(HttpClient::new());
     let path = match provider {
         Provider::OpenAi => "/v1/chat/completions",
         Provider::Anthropic => "/v1/messages",
     };
-    let req = http::Request::post(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model":"m","messages":[]}"#,
-        )))
-        .expect("request");
+    let url = format!("http://{addr}{path}");
+    let peek = PeekErrorBodyLayer::builder()
+        .limit(64 * 1024)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("valid")
+        .layer(HttpClient::new());
+    let body = tower::service_fn(move |_: Call| {
+        let req = http::Request::post(&url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"m","messages":[]}"#,
+            )))
+            .expect("request");
+        peek.clone().oneshot(req)
+    });
+    // A streamed answer is not stored (the tool keeps no receipts anyway).
+    let mut model = chat_tools(None)
+        .layer("chat")
+        .expect("declared")
+        .classifier(ModelApiClassifier)
+        .codec(NotStored)
+        .layer(body);
+    let req = Call::new("run-1", "step-1", serde_json::json!({}));
     let result = model.ready().await.expect("ready").call(req).await;
     let (is_error, code, retryable, hint) = match result {
         Ok(resp) if resp.status().is_success() => {
@@ -394,54 +415,32 @@ async fn serve_tokens() -> (std::net::SocketAddr, Arc<Mutex<(u64, u64)>>) {
 /// Two tenants, 20 calls of 300 tokens each, all at once: with a keyed, weighted quota of 90 %
 /// of each tenant's limit under the retries (`guarded`), or with the retries alone.
 pub async fn run_tokens(guarded: bool) -> Tokens {
-    use stormguard::quota::{KeyedQuotaLayer, Rate};
     let (addr, counts) = serve_tokens().await;
-    let budget = RetryBudget::default();
-    // The key and the cost, from the request: the tenant, and the tokens it will use.
-    let tenant_tokens = |req: &Req| {
-        let header = |name: &str| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_string()
-        };
-        (
-            header("x-tenant"),
-            header("x-tokens").parse::<u32>().unwrap_or(1),
-        )
-    };
+    // The quota per tenant, each call weighing its tokens: 90 % of each tenant's limit.
     let rate = TENANT_TOKENS_PER_SEC * 9 / 10;
-    let quota = Rate::per_second(rate)
-        .burst(rate)
-        .build()
-        .expect("valid rate");
-    let tokens = guarded.then(|| {
-        KeyedQuotaLayer::builder(quota, tenant_tokens)
-            .name("tokens")
-            .build()
-            .expect("valid keyed quota")
+    let tools = chat_tools(guarded.then_some((rate, TOKENS_PER_CALL)));
+    let url = format!("http://{addr}/v1/chat/completions");
+    let client = HttpClient::new();
+    let body = tower::service_fn(move |call: Call| {
+        let req = http::Request::post(&url)
+            .header("x-tenant", call.get("tenant").unwrap_or_default())
+            .header("x-tokens", TOKENS_PER_CALL.to_string())
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request");
+        client.clone().oneshot(req)
     });
-    let model = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(ToolClass::Read, budget)
-                .classifier(ModelApiClassifier)
-                .replay(HttpReplay),
-        )
-        .option_layer(tokens)
-        .map_err(tower::BoxError::from)
-        .service(HttpClient::new());
-    let model = tower::util::BoxCloneService::new(model);
+    let model = tools
+        .layer("chat")
+        .expect("declared")
+        .classifier(ModelApiClassifier)
+        .codec(NotStored)
+        .layer(body);
     let start = Instant::now();
     let mut calls = tokio::task::JoinSet::new();
     for tenant in ["acme", "globex"] {
         for _ in 0..CALLS_PER_TENANT {
             let model = model.clone();
-            let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
-                .header("x-tenant", tenant)
-                .header("x-tokens", TOKENS_PER_CALL.to_string())
-                .body(Full::new(Bytes::from_static(b"{}")))
-                .expect("request");
+            let req = Call::new("run-1", "step-1", serde_json::json!({})).with("tenant", tenant);
             calls.spawn(async move {
                 model
                     .oneshot(req)
