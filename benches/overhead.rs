@@ -115,6 +115,41 @@ fn overhead(c: &mut Criterion) {
         b.iter(|| once(&mut stormguard_3_breaker, black_box(1)))
     });
 
+    // A hedge over a write: never hedged, so nothing but the class check (no clock read, no
+    // copy); beside the same Retry alone.
+    let budget = RetryBudget::default();
+    let mut write_1 = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .service(Leaf);
+    group.bench_function("stormguard_retry_1_write", |b| {
+        b.iter(|| once(&mut write_1, black_box(1)))
+    });
+    let hedge =
+        stormguard::hedge::HedgeLayer::fixed(budget.clone(), std::time::Duration::from_secs(1))
+            .build()
+            .expect("valid");
+    let mut write_hedged = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::UnkeyedWrite, budget.clone()))
+        .layer(hedge.clone())
+        .service(Leaf);
+    group.bench_function("stormguard_retry_1_write_hedge", |b| {
+        b.iter(|| once(&mut write_hedged, black_box(1)))
+    });
+    // Over a read: the copy, one clock read and the timer armed (inside a runtime), then the
+    // answer at once.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let _in_runtime = rt.enter();
+    let mut read_hedged = ServiceBuilder::new()
+        .layer(RetryLayer::new(ToolClass::Read, budget))
+        .layer(hedge)
+        .service(Leaf);
+    group.bench_function("stormguard_retry_1_read_hedge", |b| {
+        b.iter(|| once(&mut read_hedged, black_box(1)))
+    });
+
     // The fault layer switched off (feature `chaos`): within noise of the bare service.
     #[cfg(feature = "chaos")]
     {

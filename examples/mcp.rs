@@ -133,8 +133,8 @@ struct Report {
 const SERVER_TOOLS: &str = r#"{ "tools": [
     { "name": "search", "class": "read", "retry": ["layer"], "backoff": { "base_ms": 5 },
       "annotations": { "readOnlyHint": true } },
-    { "name": "create_ticket", "class": "unkeyed_write", "retry": ["layer"],
-      "backoff": { "base_ms": 5 }, "unknown_outcome": "escalate" },
+    { "name": "create_ticket", "class": "unkeyed_write", "retry": ["none"],
+      "unknown_outcome": "escalate" },
     { "name": "report", "class": "read", "retry": ["layer"], "backoff": { "base_ms": 5 },
       "annotations": { "readOnlyHint": true } },
     { "name": "send_invoice", "class": "keyed_write", "retry": ["layer"], "backoff": { "base_ms": 5 },

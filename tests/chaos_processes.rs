@@ -15,7 +15,7 @@ fn toolbox(kind: &str) -> Toolbox {
             {{ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
                "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
                "receipt": {{ "store": "receipts", "provider_key_window_secs": 86400 }} }},
-            {{ "name": "post_ticket", "class": "unkeyed_write", "retry": ["layer"],
+            {{ "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
                "key": ["run", "tool", "id:ticket"], "unknown_outcome": "escalate",
                "receipt": {{ "store": "receipts" }} }}
         ]

@@ -393,3 +393,32 @@ fn bad_settings_are_refused() {
         "min_samples"
     );
 }
+
+/// Only reads feed the percentile: the latencies of writes (never hedged, and no clock read for
+/// them) leave the delay unknown, so the first read after them is not hedged.
+#[tokio::test(start_paused = true)]
+async fn the_percentile_is_learnt_from_reads_only() {
+    let budget = RetryBudget::default();
+    let hedge = HedgeLayer::percentile(budget.clone(), 0.5, 5)
+        .build()
+        .unwrap();
+    let dep = Dep::new(|_| (10, false));
+    let stack = |class| {
+        ServiceBuilder::new()
+            .layer(RetryLayer::new(class, budget.clone()))
+            .layer(hedge.clone())
+            .service(dep.clone())
+    };
+    for _ in 0..10 {
+        stack(ToolClass::UnkeyedWrite).oneshot(1).await.unwrap();
+    }
+    assert_eq!(hedge.delay(), None, "writes taught it nothing");
+    for _ in 0..5 {
+        stack(ToolClass::Read).oneshot(1).await.unwrap();
+    }
+    assert_eq!(
+        hedge.delay(),
+        Some(Duration::from_millis(10)),
+        "five reads did"
+    );
+}

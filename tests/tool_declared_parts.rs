@@ -305,3 +305,103 @@ fn the_new_parts_survive_a_toml_round_trip() {
     assert_eq!(Toolbox::from_toml_str(&tb.to_toml_string()).unwrap(), tb);
     assert_eq!(Toolbox::from_json_str(&tb.to_json_string()).unwrap(), tb);
 }
+
+#[test]
+fn a_hedge_goes_only_where_the_layer_owns_the_retries() {
+    // A hedge is a second attempt: under `none`, `model` or `client` the one attempt the layer
+    // makes would become two.
+    for owner in ["none", "model", "client"] {
+        let file = format!(
+            r#"{{ "hedges": {{ "h": {{ "delay_ms": 50 }} }},
+                "tools": [{{ "name": "search", "class": "read", "retry": ["{owner}"], "hedge": "h" }}] }}"#
+        );
+        let err = Toolbox::from_json_str(&file).unwrap_err();
+        assert_eq!(err.field(), "hedge", "{owner}: {err}");
+    }
+}
+
+#[test]
+fn a_table_that_validates_builds_every_stack() {
+    // Limits the layers would refuse are refused when the table is read, not when a stack is
+    // built (a table that audits clean could not be built before).
+    for (bad, field) in [
+        (r#""max_attempts": 101"#, "max_attempts"),
+        (r#""deadline_secs": 86401"#, "deadline_secs"),
+        (
+            r#""backoff": { "base_ms": 1, "cap_ms": 3600001 }"#,
+            "backoff",
+        ),
+    ] {
+        let file = format!(
+            r#"{{ "tools": [{{ "name": "t", "class": "read", "retry": ["layer"], {bad} }}] }}"#
+        );
+        let err = Toolbox::from_json_str(&file).unwrap_err();
+        assert_eq!(err.field(), field, "{bad}: {err}");
+    }
+    for (hedge, field) in [
+        (r#"{ "delay_ms": 3600001 }"#, "hedges.delay_ms"),
+        (
+            r#"{ "percentile": 0.9, "min_samples": 0 }"#,
+            "hedges.min_samples",
+        ),
+        (
+            r#"{ "delay_ms": 10, "min_samples": 5 }"#,
+            "hedges.min_samples",
+        ),
+    ] {
+        let file = format!(r#"{{ "hedges": {{ "h": {hedge} }}, "tools": [] }}"#);
+        let err = Toolbox::from_json_str(&file).unwrap_err();
+        assert_eq!(err.field(), field, "{hedge}: {err}");
+    }
+    let read_back = r#"{ "tools": [{ "name": "t", "class": "unkeyed_write", "retry": ["none"],
+        "unknown_outcome": { "read_back": { "attempts": 2, "within_secs": 86401 } } }] }"#;
+    assert!(Toolbox::from_json_str(read_back).is_err());
+    let breaker = r#"{ "breakers": { "b": { "failure_ratio": 0.05 } }, "tools": [] }"#;
+    assert_eq!(
+        Toolbox::from_json_str(breaker).unwrap_err().field(),
+        "breakers.failure_ratio"
+    );
+    // At the edges, every stack builds.
+    let edges = r#"{ "hedges": { "h": { "delay_ms": 3600000 } },
+        "tools": [{ "name": "t", "class": "read", "retry": ["layer"], "max_attempts": 100,
+                    "deadline_secs": 86400, "backoff": { "base_ms": 1, "cap_ms": 3600000 },
+                    "hedge": "h" },
+                  { "name": "slow", "class": "read", "retry": ["layer"],
+                    "backoff": { "base_ms": 20000 } }] }"#;
+    let tools = Toolbox::from_json_str(edges)
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+    assert!(tools.layer("t").is_ok());
+    // A base above the default cap with no cap of its own: the base is the cap.
+    assert!(tools.layer("slow").is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_without_a_field_its_key_covers_is_refused_naming_the_field() {
+    let tools = Toolbox::from_json_str(
+        r#"{ "tools": [{ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate" }] }"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let sent = Arc::new(AtomicU32::new(0));
+    let counter = sent.clone();
+    let body = service_fn(move |_: Call| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, std::io::Error>(json!({})) }
+    });
+    let send = tools
+        .layer("send_invoice")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
+    let err = send
+        .oneshot(Call::new("r", "s", json!({ "id": 4471 })))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.hint().contains("invoice_id"), "{}", err.hint());
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+}

@@ -39,7 +39,7 @@ pub enum Path_ {
     /// No crash: the provider (taking no key) sends the email, then a proxy in front of it
     /// answers 503; the client retries the 503 as a transient failure.
     Naive503,
-    /// The same 503, with stormguard: a `Retry` and a `ReceiptGuardLayer` for an unkeyed write.
+    /// The same 503, with stormguard: `send_invoice` declared an unkeyed write with receipts.
     Receipts503,
 }
 
@@ -347,16 +347,15 @@ pub const RUN: &str = "run-81f2";
 pub const INVOICE: u64 = 4471;
 
 /// `send_invoice`, declared once, as each path's provider takes it: `keyed` (the provider
-/// honours `Idempotency-Key`: a resume sends it again under its key) or not (an unkeyed write,
-/// retried by the layer only when it was never processed; an unknown outcome escalated). Its
-/// key covers the run, the tool and the invoice, never the model's wording; receipts in SQLite,
-/// with a short lease for the demo (a resume waits it out).
+/// honours `Idempotency-Key`: a resume sends it again under its key) or not (an unkeyed write:
+/// an unknown outcome is escalated). Nobody retries it automatically (the resume is the only
+/// second attempt). Its key covers the run, the tool and the invoice, never the model's wording;
+/// receipts in SQLite, with a short lease for the demo (a resume waits it out).
 fn send_invoice_tool(keyed: bool) -> Toolbox {
     let (class, retry) = if keyed {
-        // The crash path has no Retry: the resume is the only second attempt.
         ("keyed_write", "none")
     } else {
-        ("unkeyed_write", "layer")
+        ("unkeyed_write", "none")
     };
     Toolbox::from_json_str(&format!(
         r#"{{

@@ -25,7 +25,7 @@ use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 /// take no key for (an unkeyed write whose unknown outcome is escalated).
 const TOOLS: &str = r#"{ "tools": [
     { "name": "chat", "class": "read", "retry": ["layer"] },
-    { "name": "post_message", "class": "unkeyed_write", "retry": ["layer"],
+    { "name": "post_message", "class": "unkeyed_write", "retry": ["none"],
       "unknown_outcome": "escalate" }
 ] }"#;
 

@@ -64,7 +64,8 @@ pin_project! {
         // The delay passed; the spare service is being driven ready.
         arming: bool,
         shared: Arc<HedgeState<C, R>>,
-        started: Instant,
+        // When the call started, if its latency is to be recorded (a read, hedged by percentile).
+        started: Option<Instant>,
     }
 }
 
@@ -76,7 +77,7 @@ where
         first: S::Future,
         hedge: Option<(Spare<S, Req>, Instant)>,
         shared: Arc<HedgeState<C, R>>,
-        started: Instant,
+        started: Option<Instant>,
     ) -> Self {
         let (spare, sleep) = match hedge {
             Some((spare, at)) => (Some(spare), Some(tokio::time::sleep_until(at))),
@@ -136,7 +137,9 @@ where
                 // Answered (a success, or the last attempt's failure): no hedge after it.
                 this.sleep.set(None);
                 *this.spare = None;
-                this.shared.latencies.record(this.started.elapsed());
+                if let Some(started) = this.started {
+                    this.shared.latencies.record(started.elapsed());
+                }
                 return Poll::Ready(result);
             }
             // The delay: once it passes, drive the spare ready, then decide and send.

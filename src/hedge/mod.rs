@@ -229,7 +229,6 @@ where
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
-        let started = Instant::now();
         let shared = &self.shared;
         // Copy the request only if a hedge may go: a delay is known, and the operation is in
         // sight and a read (without one, the class is unknown: never hedged).
@@ -239,6 +238,12 @@ where
             Some(op) => op.with(is_read),
             None => with_current(is_read).unwrap_or(false),
         };
+        if !read {
+            // Never hedged: no clock read, no latency recorded (a write's or an unseen call's
+            // latency says nothing of the reads the percentile is for).
+            return ResponseFuture::new(self.inner.call(req), None, shared.clone(), None);
+        }
+        let started = Instant::now();
         let hedge = shared
             .fixed
             .or_else(|| shared.latencies.delay())
@@ -255,6 +260,8 @@ where
                 ))
             });
         let first = self.inner.call(req);
-        ResponseFuture::new(first, hedge, shared.clone(), started)
+        // A fixed delay needs no record of latencies: the answer's time is not read.
+        let timed = shared.fixed.is_none().then_some(started);
+        ResponseFuture::new(first, hedge, shared.clone(), timed)
     }
 }

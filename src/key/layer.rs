@@ -350,10 +350,11 @@ pub(crate) fn check_stamped(req: &impl KeyStamp, key: &IdempotencyKey) -> Result
     Ok(())
 }
 
-fn refuse(code: ErrorCode, hint: &'static str) -> ToolError {
+fn refuse(code: ErrorCode, hint: impl Into<std::borrow::Cow<'static, str>>) -> ToolError {
+    let hint = hint.into();
     tracing::warn!(
         code = code.as_str(),
-        hint,
+        hint = &*hint,
         "idempotency key layer refused the call"
     );
     crate::telemetry::key_refused(code);
@@ -379,11 +380,8 @@ where
         let key = match self.derive.make_key(&req) {
             Ok(action) => action.into_key(),
             Err(e) => {
-                let err = refuse(
-                    ErrorCode::InvalidArgument,
-                    "the idempotency key could not be derived from this request; fix the run, step or tool name",
-                )
-                .with_source(e);
+                let hint = format!("the idempotency key could not be derived from this request ({e}): give the identity fields it covers, or fix the run, step or tool name");
+                let err = refuse(ErrorCode::InvalidArgument, hint).with_source(e);
                 return SetIdempotencyKeyFuture::refused(err);
             }
         };

@@ -259,7 +259,7 @@ where
             Err(e) => {
                 super::refuse::answered_here(req.operation().as_ref());
                 let err = ToolError::new(ErrorCode::InvalidArgument)
-                    .with_hint("the action's idempotency key could not be derived; fix the run, step or tool name, or the identity fields")
+                    .with_hint(format!("the action's idempotency key could not be derived ({e}): give the identity fields it covers, or fix the run, step or tool name"))
                     .with_retryable(false)
                     .with_source(e);
                 return refused(err);

@@ -96,7 +96,9 @@ impl Tools {
     /// breaker) and out over `peer` as a `tools/call` ([`McpPeer`]), read by [`McpClassifier`]
     /// (an `isError` result by its structured error; a JSON-RPC error by its code). A tool the
     /// server lists but the toolbox does not declare is refused: declare it, or add the
-    /// server's list with [`Toolbox::with_mcp_tools`].
+    /// server's list with [`Toolbox::with_mcp_tools`]. A toolbox holding a tool that reads back
+    /// is a [`SpecError`] (its read-back is its own: build that tool's stack with
+    /// [`Tools::layer_reading_back`] and the others' with [`Tools::router`]).
     ///
     /// See `docs/mcp.md` for a whole session against an rmcp server.
     pub fn mcp_session(
@@ -111,9 +113,11 @@ impl Toolbox {
     /// The toolbox with the tools an MCP server lists (`tools/list`): a tool it declares keeps
     /// its declaration (and gets the server's annotations, so the audit checks them against its
     /// class); any other is declared from its annotations, as documentation and never as the
-    /// guarantee: read-only is a read, idempotent an idempotent write, anything else an unkeyed
-    /// write that escalates an unknown outcome; retried by the layer (an unkeyed write only when
-    /// it was never processed).
+    /// guarantee: read-only is a read and idempotent an idempotent write, both retried by the
+    /// layer; anything else an unkeyed write nobody retries, whose unknown outcome is escalated
+    /// (the audit's rule: declare it yourself, keyed, to have it retried). A listed name the
+    /// toolbox cannot hold (an empty one) is a [`SpecError`]; a name listed twice is declared
+    /// once.
     ///
     /// ```
     /// use rmcp::model::{Tool as McpTool, ToolAnnotations};
@@ -128,6 +132,7 @@ impl Toolbox {
     /// let toolbox = Toolbox::new(vec![])?.with_mcp_tools(&listed)?;
     /// assert_eq!(toolbox.tools()[0].class, ToolClass::Read);
     /// assert_eq!(toolbox.tools()[1].class, ToolClass::UnkeyedWrite);
+    /// assert!(!toolbox.audit().has_errors(), "a table the audit passes");
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn with_mcp_tools(mut self, listed: &[rmcp::model::Tool]) -> Result<Self, SpecError> {
@@ -148,7 +153,11 @@ impl Toolbox {
                     let class = annotations
                         .as_ref()
                         .map_or(ToolClass::UnkeyedWrite, Tool::class_from_annotations);
-                    let mut tool = Tool::new(name, class, RetryOwner::Layer);
+                    let owner = match class {
+                        ToolClass::Read | ToolClass::IdempotentWrite => RetryOwner::Layer,
+                        _ => RetryOwner::None,
+                    };
+                    let mut tool = Tool::new(name, class, owner);
                     if class != ToolClass::Read {
                         tool = tool.unknown_outcome(UnknownOutcome::Escalate);
                     }

@@ -22,6 +22,7 @@ mod parts;
 mod read_back;
 mod router;
 mod scan;
+mod service;
 mod spec;
 mod spec_key;
 mod stack;
@@ -38,7 +39,8 @@ pub use parts::{
 };
 pub use router::ToolRouter;
 pub use scan::{scan, ScanHit};
+pub use service::ToolService;
 pub use spec::Tool;
-pub use stack::{ToolLayer, ToolService};
+pub use stack::ToolLayer;
 pub use toolbox::{BreakerSpec, BudgetSpec, HedgeSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
 pub use tools::Tools;

@@ -190,7 +190,8 @@ pub struct ReceiptUse {
 pub struct BackoffSpec {
     /// The first retry's ceiling, in milliseconds (at least 1).
     pub base_ms: u64,
-    /// The largest ceiling, in milliseconds (`None`: the backoff's default, 10 s).
+    /// The largest ceiling, in milliseconds, at most one hour (`None`: 10 s, or `base_ms` if
+    /// that is longer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap_ms: Option<u64>,
 }

@@ -3,7 +3,7 @@
 
 use super::boxed::BoxFuture;
 use super::call::Call;
-use super::stack::ToolService;
+use super::service::ToolService;
 use crate::error::{ErrorCode, ToolError};
 use std::collections::BTreeMap;
 use std::fmt;

@@ -6,7 +6,14 @@ use super::parts::{
     Annotations, BackoffSpec, KeyPart, QuotaUse, ReceiptUse, RetryOwner, UnknownOutcome,
 };
 use super::toolbox::SpecError;
+use crate::backoff::MAX_CAP;
 use crate::class::ToolClass;
+use crate::class::MAX_ATTEMPTS_LIMIT;
+
+/// The longest deadline or read-back a declaration takes, in seconds.
+const DAY: u64 = 86_400;
+/// A backoff's cap when a declaration gives none (the backoff's own default), in milliseconds.
+const DEFAULT_CAP_MS: u64 = 10_000;
 
 /// One tool, declared once: everything its stack needs, as data.
 ///
@@ -214,10 +221,10 @@ impl Tool {
             within_secs,
         }) = self.unknown_outcome
         {
-            if attempts == 0 || within_secs == 0 {
+            if attempts == 0 || within_secs == 0 || within_secs > DAY {
                 return err(
                     "unknown_outcome.read_back",
-                    "a read-back needs at least 1 attempt within at least 1 second",
+                    "a read-back needs at least 1 attempt within 1 second to one day",
                 );
             }
         }
@@ -229,20 +236,39 @@ impl Tool {
                 return err("quota.cost", "must be at least 1");
             }
         }
-        if self.max_attempts == Some(0) {
-            return err("max_attempts", "must be at least 1 (the first attempt)");
+        if self
+            .max_attempts
+            .is_some_and(|n| !(1..=MAX_ATTEMPTS_LIMIT).contains(&n))
+        {
+            return err(
+                "max_attempts",
+                "must be between 1 (the first attempt) and 100",
+            );
+        }
+        if self.deadline_secs.is_some_and(|s| s > DAY) {
+            return err("deadline_secs", "must be at most one day (86400)");
         }
         if let Some(b) = self.backoff {
-            if b.base_ms == 0 || b.cap_ms.is_some_and(|cap| cap < b.base_ms) {
+            let most = MAX_CAP.as_millis() as u64;
+            let cap = b.cap_ms.unwrap_or(DEFAULT_CAP_MS.max(b.base_ms));
+            if b.base_ms == 0 || cap < b.base_ms || cap > most {
                 return err(
                     "backoff",
-                    "base_ms must be at least 1 and cap_ms at least base_ms",
+                    "base_ms must be at least 1, cap_ms at least base_ms, both at most one hour",
                 );
             }
         }
         if self.hedge.is_some() && self.class != ToolClass::Read {
             // The hedge never sends a write twice: declared on one, it would do nothing.
             return err("hedge", "only a read is hedged: leave the hedge out");
+        }
+        if self.hedge.is_some() && self.retry.as_slice() != [RetryOwner::Layer] {
+            // A hedge is a second attempt: under any other owner, the one attempt the layer
+            // makes would become two (and the client's or the model's retries multiply them).
+            return err(
+                "hedge",
+                "a hedge is a second attempt: only a tool whose retries the layer owns is hedged",
+            );
         }
         if matches!(&self.key, Some(k) if k.is_empty()) {
             return err("key", "an empty key; leave it out for no key");

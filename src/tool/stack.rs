@@ -1,9 +1,10 @@
 //! [`ToolLayer`]: the stack a tool declaration builds, and [`ToolService`], what it makes.
 
-use super::boxed::{BoxFuture, Boxed};
+use super::boxed::Boxed;
 use super::call::Call;
-use super::parts::{RetryOwner, UnknownOutcome};
+use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
 use super::read_back::Bounded;
+use super::service::ToolService;
 use super::spec::Tool;
 use super::spec_key::SpecKey;
 use super::toolbox::{HedgeSpec, SpecError};
@@ -12,7 +13,7 @@ use crate::breaker::{Breaker, CircuitBreakerLayer};
 use crate::budget::RetryBudget;
 use crate::class::ClassPolicy;
 use crate::classify::{Classify, DefaultClassifier, NeverClassifyEos};
-use crate::error::{BoxError, ErrorCode, ToolError};
+use crate::error::BoxError;
 use crate::hedge::HedgeLayer;
 use crate::key::SetIdempotencyKeyLayer;
 use crate::quota::KeyedQuotaLayer;
@@ -24,7 +25,6 @@ use crate::retry::layer::Role;
 use crate::retry::RetryLayer;
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -234,9 +234,12 @@ fn policy_of(tool: &Tool) -> Result<ClassPolicy, SpecError> {
         policy = policy.max_attempts(n);
     }
     if let Some(b) = tool.backoff {
-        let mut backoff = Backoff::exponential(Duration::from_millis(b.base_ms));
-        if let Some(cap) = b.cap_ms {
-            backoff = backoff.cap(Duration::from_millis(cap));
+        let base = Duration::from_millis(b.base_ms);
+        let mut backoff = Backoff::exponential(base);
+        match b.cap_ms {
+            Some(cap) => backoff = backoff.cap(Duration::from_millis(cap)),
+            // The default cap, or the base if that is longer.
+            None => backoff = backoff.cap(base.max(Duration::from_secs(10))),
         }
         policy = policy.backoff(backoff.build().map_err(|e| bad("backoff", &e))?);
     }
@@ -367,72 +370,20 @@ where
             .name(self.parts.name.to_string())
             .classifier(self.classifier.clone())
             .role(self.parts.role);
-        ToolService {
-            inner: Boxed::new(retry.layer(below)),
-            name: self.parts.name.clone(),
-            quota_context: self.parts.quota_context.clone(),
-        }
-    }
-}
-
-/// A declared tool's stack over its body: a `Service<`[`Call`]`>` whose errors are
-/// [`ToolError`]s. Made by a [`ToolLayer`].
-pub struct ToolService<Res> {
-    inner: Boxed<Call, Res, ToolError>,
-    name: Arc<str>,
-    quota_context: Option<String>,
-}
-
-impl<Res> Clone for ToolService<Res> {
-    fn clone(&self) -> Self {
-        ToolService {
-            inner: self.inner.clone(),
-            name: self.name.clone(),
-            quota_context: self.quota_context.clone(),
-        }
-    }
-}
-
-impl<Res> fmt::Debug for ToolService<Res> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ToolService")
-            .field("tool", &self.name)
-            .finish()
-    }
-}
-
-impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
-    type Response = Res;
-    type Error = ToolError;
-    type Future = BoxFuture<Res, ToolError>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut call: Call) -> Self::Future {
-        if let Some(to) = call.tool().filter(|to| *to != &*self.name) {
-            // Its key and class would be this tool's: refused, never sent as this tool.
-            let err = ToolError::new(ErrorCode::InvalidArgument)
-                .with_retryable(false)
-                .with_hint(format!(
-                    "a call addressed to `{to}` reached the stack of `{}`",
-                    self.name
-                ));
-            return Box::pin(std::future::ready(Err(err)));
-        }
-        call.set_tool(&self.name);
-        if let Some(entry) = &self.quota_context {
-            if call.get(entry).is_none() {
-                // Counted under no one's quota would be a silent default: refused instead.
-                let err = ToolError::new(ErrorCode::InvalidArgument)
-                    .with_retryable(false)
-                    .with_hint(format!(
-                        "the tool's quota is counted per `{entry}`: give it with Call::with(\"{entry}\", ..)"
-                    ));
-                return Box::pin(std::future::ready(Err(err)));
-            }
-        }
-        self.inner.call(call)
+        let key_fields = self.parts.key.as_ref().map_or_else(Vec::new, |key| {
+            key.parts
+                .iter()
+                .filter_map(|p| match p {
+                    KeyPart::Id(f) | KeyPart::Text(f) => Some(f.clone()),
+                    _ => None,
+                })
+                .collect()
+        });
+        ToolService::new(
+            Boxed::new(retry.layer(below)),
+            self.parts.name.clone(),
+            self.parts.quota_context.clone(),
+            key_fields.into(),
+        )
     }
 }

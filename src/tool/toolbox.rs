@@ -356,11 +356,16 @@ impl Toolbox {
             }
         }
         for (n, b) in &self.breakers {
-            if !(b.failure_ratio > 0.0 && b.failure_ratio <= 1.0) {
-                return bad("breakers.failure_ratio", n, "must be within (0.0, 1.0]");
+            // Over at least 20 calls, a ratio of 1/20 or less would trip on one failure.
+            if !(b.failure_ratio > 0.05 && b.failure_ratio <= 1.0) {
+                return bad("breakers.failure_ratio", n, "must be within (0.05, 1.0]");
             }
-            if b.open_secs == 0 {
-                return bad("breakers.open_secs", n, "must be at least 1 second");
+            if b.open_secs == 0 || b.open_secs > 86_400 {
+                return bad(
+                    "breakers.open_secs",
+                    n,
+                    "must be between 1 second and one day",
+                );
             }
         }
         for (n, h) in &self.hedges {
@@ -368,11 +373,27 @@ impl Toolbox {
                 (Some(_), Some(_)) => {
                     return bad("hedges", n, "a fixed delay_ms or a percentile, not both")
                 }
-                (Some(0), None) => return bad("hedges.delay_ms", n, "must be at least 1"),
+                (Some(ms), None) if ms == 0 || ms > 3_600_000 => {
+                    return bad(
+                        "hedges.delay_ms",
+                        n,
+                        "must be between 1 and 3600000 (one hour)",
+                    )
+                }
+                (Some(_), None) if h.min_samples.is_some() => {
+                    return bad(
+                        "hedges.min_samples",
+                        n,
+                        "a fixed delay learns nothing: min_samples goes with a percentile",
+                    )
+                }
                 (None, Some(q)) if !(q > 0.0 && q < 1.0) => {
                     return bad("hedges.percentile", n, "must be within (0.0, 1.0)")
                 }
                 _ => {}
+            }
+            if h.min_samples.is_some_and(|m| !(1..=1_000_000).contains(&m)) {
+                return bad("hedges.min_samples", n, "must be between 1 and 1000000");
             }
         }
         for (name, saga) in &self.sagas {

@@ -4,8 +4,9 @@
 use super::call::Call;
 use super::parts::UnknownOutcome;
 use super::router::ToolRouter;
+use super::service::ToolService;
 use super::spec::Tool;
-use super::stack::{Shared, ToolLayer, ToolService};
+use super::stack::{Shared, ToolLayer};
 use super::toolbox::{SpecError, Toolbox};
 use crate::breaker::Breaker;
 use crate::budget::RetryBudget;
@@ -233,7 +234,10 @@ impl Tools {
     /// Every tool's stack over one `body`, each with `classifier`: a call goes through the stack
     /// of the tool it is addressed to ([`Call::to`]). See [`ToolRouter`]. The first tool whose
     /// stack cannot be built is a [`SpecError`] (a tool that reads back among them: its
-    /// read-back is its own, give it with [`layer_reading_back`](Self::layer_reading_back)).
+    /// read-back is its own, give it with [`layer_reading_back`](Self::layer_reading_back) and
+    /// route to it yourself). Every stack reads answers at their head (the classifier's
+    /// end-of-stream type is `NeverClassifyEos`): a breaker that must count a stream breaking
+    /// after its first frame (`StreamClassifier`) is built by hand, see `docs/model-apis.md`.
     pub fn router<S, C>(&self, body: S, classifier: C) -> Result<ToolRouter<S::Response>, SpecError>
     where
         ToolLayer<C>: tower_layer::Layer<S, Service = ToolService<S::Response>>,

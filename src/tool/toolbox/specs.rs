@@ -97,11 +97,12 @@ pub struct BudgetSpec {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerSpec {
-    /// The failure ratio over the last 50 calls (at least 20) that opens it (0.0..=1.0, above
-    /// 0; default 0.9).
+    /// The failure ratio over the last 50 calls (at least 20) that opens it (above 0.05, at
+    /// most 1.0; default 0.9).
     pub failure_ratio: f64,
-    /// How long it stays open at most, in seconds (default 30): the first opening lasts 250 ms
-    /// and each one after a failed probe doubles, up to this.
+    /// The longest it stays open before a probe goes whatever the traffic, in seconds (1 to
+    /// 86400, default 30): it stays open at least 250 ms, then probes after 25 turned-away calls
+    /// (see [`BreakerConfig`](crate::breaker::BreakerConfig); the open time never doubles).
     pub open_secs: u64,
 }
 
