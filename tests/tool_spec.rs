@@ -191,7 +191,8 @@ fn tool() -> impl Strategy<Value = Tool> {
         proptest::collection::vec(owner, 1..3),
         proptest::option::of(proptest::collection::vec(part, 1..4)),
         unknown,
-        proptest::option::of(1u64..100_000),
+        // A deadline is at most one day.
+        proptest::option::of(1u64..=86_400),
         proptest::option::of(1u64..100_000),
         any::<bool>(),
         proptest::option::of(proptest::option::of(1u64..100_000)),
