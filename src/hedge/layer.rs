@@ -156,8 +156,8 @@ impl HedgeLayer {
     }
 
     /// A builder that hedges a call still unanswered after the `q` quantile (`0 < q < 1`, e.g.
-    /// 0.95) of the last 512 answers' latencies, once `min_samples` (1 to 1,000,000) answers
-    /// were seen, drawing hedges from `budget` (the budget the `Retry` layers share).
+    /// 0.95) of the last 512 reads' latencies, once `min_samples` (1 to 1,000,000) reads were
+    /// answered, drawing hedges from `budget` (the budget the `Retry` layers share).
     ///
     /// ```
     /// use stormguard::{budget::RetryBudget, hedge::HedgeLayer};

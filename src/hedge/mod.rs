@@ -34,11 +34,13 @@
 //! # The delay
 //!
 //! [`HedgeLayer::fixed`] waits a set time; [`HedgeLayer::percentile`] waits the `q` quantile
-//! of the last 512 answers' latencies (nearest rank, recomputed every 32 answers, after at
-//! least `min_samples`; no hedge before). Recording an answer is two atomic operations and the
-//! recompute copies the ring to the stack: no lock and no allocation on any call. The request is
-//! copied (with the layer's [`Replay`]) when the call is made and a hedge is possible, as
-//! tower's `Hedge` does.
+//! of the last 512 reads' latencies (nearest rank, recomputed every 32 answers, after at
+//! least `min_samples`; no hedge before). Only a call that could be hedged (a read, under a
+//! `Retry` on its task) is timed and recorded: a write's latency says nothing of the reads, and
+//! a call that can never be hedged reads no clock. Recording an answer is two atomic operations
+//! and the recompute copies the ring to the stack: no lock and no allocation on any call. The
+//! request is copied (with the layer's [`Replay`]) when the call is made and a hedge is possible,
+//! as tower's `Hedge` does.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
