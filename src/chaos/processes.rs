@@ -53,8 +53,16 @@ impl Harness {
     /// is a [`SpecError`] with what it printed. Unix only (SIGKILL).
     ///
     /// ```no_run
-    /// # fn toolbox() -> stormguard::tool::Toolbox { unimplemented!() }
-    /// # fn script() -> Vec<stormguard::chaos::Step> { unimplemented!() }
+    /// # fn toolbox() -> stormguard::tool::Toolbox {
+    /// #     stormguard::tool::Toolbox::from_json_str(r#"{
+    /// #         "stores": { "receipts": { "kind": "sqlite", "retention_secs": 604800 } },
+    /// #         "tools": [{ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+    /// #             "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+    /// #             "receipt": { "store": "receipts" } }] }"#).unwrap()
+    /// # }
+    /// # fn script() -> Vec<stormguard::chaos::Step> {
+    /// #     vec![stormguard::chaos::Step::new("send_invoice", serde_json::json!({ "invoice_id": 4471 }))]
+    /// # }
     /// #[test]
     /// fn the_invoice_tool_survives_sigkill() {
     ///     let dir = std::env::temp_dir().join("invoice-episodes");
