@@ -206,6 +206,15 @@ fn spawn(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| refused("test", e))?;
+    // What the child writes to stderr is drained as it comes (a full pipe would stall it) and
+    // shown if it fails.
+    let errors = child.stderr.take().map(|mut e| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut e, &mut text);
+            text
+        })
+    });
     let (lines, seen) = mpsc::channel();
     if let Some(out) = child.stdout.take() {
         std::thread::spawn(move || {
@@ -238,10 +247,9 @@ fn spawn(
     };
     let status = child.wait().map_err(|e| refused("episodes", e))?;
     if !killed && !status.success() {
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut e, &mut err);
-        }
+        let err = errors
+            .and_then(|reader| reader.join().ok())
+            .unwrap_or_default();
         return Err(refused(
             "test",
             format!(

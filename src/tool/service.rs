@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 /// A declared tool's stack over its body: a `Service<`[`Call`]`>` whose errors are
-/// [`ToolError`]s. Made by a [`ToolLayer`].
+/// [`ToolError`]s. Made by a [`ToolLayer`](super::ToolLayer).
 pub struct ToolService<Res> {
     inner: Boxed<Call, Res, ToolError>,
     name: Arc<str>,

@@ -90,7 +90,8 @@ impl Tools {
     }
 
     /// The stack of the tool `name` that declares `unknown_outcome = { read_back = { attempts,
-    /// within_secs } }`, with the [`ReadBack`] that looks for a call's effect at the provider.
+    /// within_secs } }`, with the [`ReadBack`](crate::receipt::ReadBack) that looks for a
+    /// call's effect at the provider.
     /// After a crash left a call's outcome unknown (its lease passed with no outcome recorded),
     /// the receipt layer asks it, up to `attempts` times within `within_secs` (a read that
     /// cannot tell is made again; past the bound the call is escalated `outcome_unknown`):
