@@ -400,13 +400,7 @@ impl Stack {
         S::Future: Send + 'static,
         Req: Clone + Send + 'static,
         Res: Failed + Send + 'static,
-        // Decided at the head (no stream to watch): the breaker hands `Res` on as it is.
-        C: Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
-            + Classify<Res, ToolError>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
+        C: StackClassifier<Res>,
     {
         let seeds = Arc::new(AtomicU64::new(1));
         match self {
@@ -437,6 +431,28 @@ impl Stack {
     }
 }
 
+/// What stormguard's layers read `Res` with: decided at the head (no stream to watch, so the
+/// breaker hands `Res` on as it is), from the leaf's errors and from the tool's stack's.
+trait StackClassifier<Res>:
+    Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
+    + Classify<Res, ToolError>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<Res, C> StackClassifier<Res> for C where
+    C: Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
+        + Classify<Res, ToolError>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Three stormguard `Retry` layers over `leaf`: the agent loop's and the tool wrapper's, of the
 /// class the tool `name` declares and on the budget it draws on, above the declared tool's own
 /// stack (the client's layer: its `Retry`, and its breaker or hedge if it names one) over a body
@@ -454,12 +470,7 @@ where
     S::Future: Send + 'static,
     Req: Send + 'static,
     Res: Send + 'static,
-    C: Classify<Res, tower::BoxError, ClassifyEos = NeverClassifyEos>
-        + Classify<Res, ToolError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
+    C: StackClassifier<Res>,
 {
     let tool = tools.layer(name).expect("a declared tool");
     let (policy, budget) = (*tool.policy(), tool.budget().clone());

@@ -2,12 +2,12 @@
 //! process, the resume a new process over the same SQLite files (feature `sqlite`).
 
 use super::episodes::{Harness, Progress, Report};
-use super::provider::{Provider, CRASH_POINT};
+use super::provider::{write_synced, Provider, CRASH_POINT};
 use crate::backoff::rng::mix;
 use crate::receipt::{Clock, Durability, InMemoryStore, SqliteStore, SystemClock};
 use crate::tool::{SpecError, Stores, Tools};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -171,20 +171,6 @@ impl Harness {
 /// The provider's seed for episode `n`, as [`Harness::run`] draws it.
 fn episode_seed(seed: u64, n: u32) -> u64 {
     seed ^ mix(u64::from(n) + 1)
-}
-
-/// Writes `value` as JSON where it outlives the process (flushed to disk, then renamed).
-fn write_synced(path: &Path, value: &impl serde::Serialize) {
-    let tmp: PathBuf = path.with_extension("tmp");
-    let ok = serde_json::to_vec(value).ok().and_then(|bytes| {
-        let mut file = std::fs::File::create(&tmp).ok()?;
-        file.write_all(&bytes).ok()?;
-        file.sync_all().ok()
-    });
-    if ok.is_none() || std::fs::rename(&tmp, path).is_err() {
-        eprintln!("stormguard-chaos: cannot write {}", path.display());
-        std::process::exit(3);
-    }
 }
 
 /// Runs one child of episode `n`; `true` if it reached its crash point and was killed.

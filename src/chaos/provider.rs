@@ -85,20 +85,8 @@ impl Provider {
 
     /// Writes the state where it outlives the process (write, flush to disk, rename).
     fn save(&self, st: &ProviderState) {
-        let Some(path) = &self.persist else { return };
-        let tmp = path.with_extension("tmp");
-        let written = serde_json::to_vec(st).ok().and_then(|bytes| {
-            let mut file = std::fs::File::create(&tmp).ok()?;
-            file.write_all(&bytes).ok()?;
-            file.sync_all().ok()
-        });
-        if written.is_none() || std::fs::rename(&tmp, path.as_ref()).is_err() {
-            // A provider that cannot keep its books cannot be counted: stop the child loudly.
-            eprintln!(
-                "stormguard-chaos: cannot write the provider's state to {}",
-                path.display()
-            );
-            std::process::exit(3);
+        if let Some(path) = &self.persist {
+            write_synced(path, st);
         }
     }
 
@@ -213,5 +201,20 @@ impl Service<Call> for Provider {
 
     fn call(&mut self, call: Call) -> BodyFuture {
         self.serve(call)
+    }
+}
+
+/// Writes `value` as JSON where it outlives the process: flushed to disk, then renamed over
+/// `path`. A child that cannot keep its books cannot be counted: it stops loudly (exit 3).
+pub(super) fn write_synced(path: &std::path::Path, value: &impl Serialize) {
+    let tmp = path.with_extension("tmp");
+    let written = serde_json::to_vec(value).ok().and_then(|bytes| {
+        let mut file = std::fs::File::create(&tmp).ok()?;
+        file.write_all(&bytes).ok()?;
+        file.sync_all().ok()
+    });
+    if written.is_none() || std::fs::rename(&tmp, path).is_err() {
+        eprintln!("stormguard-chaos: cannot write {}", path.display());
+        std::process::exit(3);
     }
 }
