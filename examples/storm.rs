@@ -25,8 +25,13 @@
 //!   `recovery_ms` is the time from healing to the first success a caller sees;
 //! - `partial` at 100 requests/s for 60 s: each call fails with probability 0.5 (a dependency
 //!   that is half up: a breaker must not make it an outage);
-//! - `brownout` at 100 requests/s for 120 s: every call fails for 20 s, then 30 % fail for 40 s,
-//!   then none; `recovery_ms` is from the end of the full outage to the first success;
+//! - `brownout` at 100 requests/s and at 1 request/s for 120 s: every call fails for 20 s, then
+//!   30 % fail for 40 s, then none; `recovery_ms` is from the end of the full outage to the first
+//!   success;
+//! - `outage-after-healthy` at 100 requests/s for 120 s: healthy for 60 s, then every call
+//!   fails (what the acceptance rule lets through before it sheds);
+//! - `overload` at 100 requests/s for 60 s: the dependency answers 50 calls a second and tells
+//!   the others to come back in a second (a `503` with `Retry-After: 1`);
 //! - `outage-http`: a real HTTP server on 127.0.0.1 answering 503, 200 requests at 50/s;
 //! - `fairness`: agent runs share one budget (defaults) for 300 s, each with its own three-layer
 //!   stack over its own dependency: 1, 2, 5 or 20 runs in an outage at 10 requests/s each beside
@@ -52,10 +57,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use stormguard::breaker::Breaker;
 use stormguard::budget::{RetryBudget, RunLimits};
+use stormguard::classify::hint::ServerHint;
 use stormguard::classify::{
-    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, HttpClassifier,
-    NeverClassifyEos,
+    classify_error, AsDynError, Classification, ClassifiedResponse, Classify, FailureClass,
+    HttpClassifier, NeverClassifyEos,
 };
+use stormguard::error::ErrorCode;
 #[path = "common/pictures.rs"]
 mod pictures;
 
@@ -99,6 +106,10 @@ fn tools(budget: &RetryBudget) -> Tools {
 /// The answer that means "no such record".
 const EMPTY: u64 = u64::MAX;
 
+/// The answer of a dependency over its capacity: what a `503` with `Retry-After: 1` is to an HTTP
+/// classifier (`Transient`, `unavailable`, the server's delay).
+const OVERLOADED: u64 = u64::MAX - 1;
+
 #[derive(Clone, Copy)]
 enum Failing {
     Always,
@@ -107,6 +118,11 @@ enum Failing {
     HalfEmpty(f64),
     /// Every call fails until this long after the start.
     Until(Duration),
+    /// Healthy until this long after the start, then every call fails.
+    After(Duration),
+    /// Answers at most this many calls in each second; the others are told to come back in a
+    /// second (`OVERLOADED`).
+    Capacity(u64),
     /// Every call fails for `outage`, then each fails with probability `p` until `until`, then
     /// none does.
     Brownout {
@@ -201,6 +217,7 @@ impl Service<u64> for Dependency {
             s.per_second.resize(second + 1, 0);
         }
         s.per_second[second] += 1;
+        let this_second = s.per_second[second];
         let nth = s.per_op.entry(op).or_default();
         *nth += 1;
         // A call's fate is drawn from its operation and its attempt number, not from the order
@@ -218,6 +235,13 @@ impl Service<u64> for Dependency {
                     answer = EMPTY;
                 }
                 roll < p
+            }
+            Failing::After(down) => s.start.elapsed() >= down,
+            Failing::Capacity(capacity) => {
+                if this_second > capacity {
+                    answer = OVERLOADED;
+                }
+                false
             }
             Failing::Until(heal) => {
                 let now = s.start.elapsed();
@@ -256,6 +280,10 @@ impl<E: AsDynError> Classify<u64, E> for DemoClassifier {
     fn classify(&self, result: &Result<u64, E>) -> ClassifiedResponse<NeverClassifyEos> {
         ClassifiedResponse::Ready(match result {
             Ok(EMPTY) => Classification::empty(),
+            Ok(OVERLOADED) => {
+                Classification::failure(FailureClass::Transient, ErrorCode::Unavailable)
+                    .with_hint(ServerHint::RetryAfter(Duration::from_secs(1)))
+            }
             Ok(_) => Classification::success(),
             Err(e) => classify_error(e.as_dyn_error()),
         })
@@ -271,7 +299,7 @@ trait Failed {
 
 impl Failed for u64 {
     fn failed(&self) -> bool {
-        false
+        *self == OVERLOADED
     }
 }
 
@@ -1109,18 +1137,27 @@ fn outage_http(stack: Stack) -> Row {
     }
 }
 
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 12] = [
     "outage",
     "transient",
     "empty-results",
     "recovery",
     "partial",
     "brownout",
+    "outage-after-healthy",
+    "overload",
     "tail",
     "outage-http",
     "fairness",
     "",
 ];
+
+/// Down for 20 s, then 30 % of calls fail for 40 s, then none.
+const BROWNOUT: Failing = Failing::Brownout {
+    outage: Duration::from_secs(20),
+    p: 0.3,
+    until: Duration::from_secs(60),
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -1180,16 +1217,15 @@ fn main() {
             90,
         ),
         ("partial", Failing::WithProbability(0.5), 100.0, 60),
+        ("brownout", BROWNOUT, 100.0, 120),
+        ("brownout", BROWNOUT, 1.0, 120),
         (
-            "brownout",
-            Failing::Brownout {
-                outage: Duration::from_secs(20),
-                p: 0.3,
-                until: Duration::from_secs(60),
-            },
+            "outage-after-healthy",
+            Failing::After(Duration::from_secs(60)),
             100.0,
             120,
         ),
+        ("overload", Failing::Capacity(50), 100.0, 60),
     ];
     for (name, failing, rate, secs) in scenarios {
         if wanted(name) {

@@ -9,6 +9,7 @@ use metrics::{Key, Label, Level, Metadata};
 
 pub(crate) const OPERATIONS: &str = "stormguard_operations_total";
 pub(crate) const RETRIES: &str = "stormguard_retries_total";
+pub(crate) const ACCEPTED_RETRIES: &str = "stormguard_retries_paid_by_acceptance_total";
 pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
@@ -63,6 +64,11 @@ pub(crate) fn operation_opened(class: ToolClass) {
 
 pub(crate) fn retry_granted(class: ToolClass, failure: &'static str) {
     metrics::counter!(RETRIES, "class" => class.as_str(), "failure" => failure).increment(1);
+}
+
+/// A retry the dependency's acceptance paid for (not the ratio balance).
+pub(crate) fn retry_accepted(class: ToolClass) {
+    metrics::counter!(ACCEPTED_RETRIES, "class" => class.as_str()).increment(1);
 }
 
 /// A run was sent to the floor because it may not borrow: `reason` is `run_share` or

@@ -31,11 +31,13 @@ async fn run(svc: &mut Svc, n: usize) -> Vec<Result<u32, BoxError>> {
     out
 }
 
-/// The defaults, with the classic time-only open state of 5 s (no turned-away-calls rule): the
-/// tests of the other rules read more simply on one clock. The probe rule has tests of its own.
+/// The defaults, with the classic time-only open state of 5 s (no turned-away-calls rule, no
+/// share of the outage): the tests of the other rules read more simply on one clock. The probe
+/// rules have tests of their own.
 fn config() -> stormguard::breaker::BreakerConfigBuilder {
     BreakerConfig::builder()
         .probe_after(0)
+        .open_share(0.0)
         .open_duration(Duration::from_secs(5), Duration::from_secs(60))
 }
 
@@ -612,9 +614,19 @@ mod model {
 
     #[derive(Debug, PartialEq, Clone, Copy)]
     enum Model {
-        Closed { in_a_row: u32 },
-        Open { until: u64, max: u64, rejected: u32 },
-        HalfOpen { successes: u32 },
+        Closed {
+            in_a_row: u32,
+        },
+        Open {
+            until: u64,
+            max: u64,
+            rejected: u32,
+            since: u64,
+        },
+        HalfOpen {
+            successes: u32,
+            since: u64,
+        },
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -626,7 +638,7 @@ mod model {
 
     proptest! {
         #[test]
-        fn matches_the_model(steps in proptest::collection::vec(step(), 1..80), trials in 1u32..4, probe_after in 0u32..4) {
+        fn matches_the_model(steps in proptest::collection::vec(step(), 1..80), trials in 1u32..4, probe_after in 0u32..4, share in prop_oneof![Just(0.0), Just(0.2), Just(0.5)]) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .start_paused(true)
@@ -639,6 +651,7 @@ mod model {
                     .no_failure_rate()
                     .open_duration(Duration::from_millis(open_ms), Duration::from_millis(max_ms))
                     .probe_after(probe_after)
+                    .open_share(share)
                     .trials(trials)
                     .build()
                     .unwrap());
@@ -654,28 +667,36 @@ mod model {
                         Step::Wait(ms) => tokio::time::advance(Duration::from_millis(ms)).await,
                         Step::Call(ok) => {
                             let now = start.elapsed().as_millis() as u64;
-                            if let Model::Open { until, max, rejected } = model {
+                            if let Model::Open { until, max, rejected, since } = model {
                                 if now >= max || (now >= until && rejected >= probe_after) {
-                                    model = Model::HalfOpen { successes: 0 };
+                                    model = Model::HalfOpen { successes: 0, since };
                                 }
                             }
                             let result = call(&mut svc, ok).await;
-                            let opened = Model::Open { until: now + open_ms, max: now + max_ms, rejected: 0 };
+                            // Open for the longest time, or a share of the outage so far.
+                            let opened = |since: u64| {
+                                let longest = if share == 0.0 {
+                                    max_ms
+                                } else {
+                                    (((now - since) as f64 * share) as u64).clamp(open_ms, max_ms)
+                                };
+                                Model::Open { until: now + open_ms, max: now + longest, rejected: 0, since }
+                            };
                             model = match model {
-                                Model::Open { until, max, rejected } => {
+                                Model::Open { until, max, rejected, since } => {
                                     prop_assert!(result.is_err());
                                     let err = result.unwrap_err().downcast::<ToolError>().unwrap();
                                     prop_assert_eq!(err.code(), ErrorCode::CircuitOpen);
-                                    Model::Open { until, max, rejected: rejected + 1 }
+                                    Model::Open { until, max, rejected: rejected + 1, since }
                                 }
-                                Model::Closed { in_a_row } if !ok && in_a_row + 1 >= threshold => opened,
+                                Model::Closed { in_a_row } if !ok && in_a_row + 1 >= threshold => opened(now),
                                 Model::Closed { in_a_row } if !ok => Model::Closed { in_a_row: in_a_row + 1 },
                                 Model::Closed { .. } => Model::Closed { in_a_row: 0 },
-                                Model::HalfOpen { .. } if !ok => opened,
-                                Model::HalfOpen { successes } if successes + 1 >= trials => {
+                                Model::HalfOpen { since, .. } if !ok => opened(since),
+                                Model::HalfOpen { successes, .. } if successes + 1 >= trials => {
                                     Model::Closed { in_a_row: 0 }
                                 }
-                                Model::HalfOpen { successes } => Model::HalfOpen { successes: successes + 1 },
+                                Model::HalfOpen { successes, since } => Model::HalfOpen { successes: successes + 1, since },
                             };
                             let expected = match model {
                                 Model::Closed { .. } => State::Closed,
@@ -807,12 +828,19 @@ async fn waiting_out_a_rejections_retry_after_lets_a_probe_through() {
     let mut svc = guarded(&dep, &breaker);
     run(&mut svc, 20).await;
     assert_eq!(breaker.state(), State::Open);
-    // A quiet caller is told the time after which a probe is sure to go (the longest open
-    // time: nobody else is turning calls away), and waiting it out lets its call through.
+    // Ten seconds into the outage a quiet caller's call is a probe (the breaker opened for the
+    // shortest time: the outage was young); it fails, and the breaker opens for a fifth of the
+    // outage so far.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    run(&mut svc, 1).await;
+    assert_eq!(dep.calls(), 21);
+    assert_eq!(breaker.state(), State::Open);
+    // A quiet caller is told the time after which a probe is sure to go (nobody else is turning
+    // calls away), and waiting it out lets its call through.
     let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
     let wait = err.retry_after().unwrap();
-    assert_eq!(wait, Duration::from_secs(30));
-    assert!(err.hint().contains("retry after 30 s"), "{}", err.hint());
+    assert_eq!(wait, Duration::from_secs(2));
+    assert!(err.hint().contains("retry after 2000 ms"), "{}", err.hint());
     tokio::time::advance(wait).await;
     let calls = dep.calls();
     let _ = call(&mut svc, 1u32).await;
@@ -821,6 +849,11 @@ async fn waiting_out_a_rejections_retry_after_lets_a_probe_through() {
         calls + 1,
         "the call after the wait was the probe"
     );
+    // An hour in, the longest open time (30 s) bounds the wait.
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    run(&mut svc, 1).await;
+    let err = rejection(call(&mut svc, 1u32).await.unwrap_err());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
 }
 
 #[tokio::test(start_paused = true)]

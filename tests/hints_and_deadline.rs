@@ -175,8 +175,9 @@ async fn a_throttled_retry_the_server_scheduled_costs_the_budget_less() {
     // A Retry-After of 0 is no schedule to honour: full price, one retry's worth pays for one.
     let spent = Some(ErrorCode::RetryBudgetExhausted);
     assert_eq!(two_failures(429, &[("retry-after", "0")]).await, (2, spent));
-    // A 503 with the same Retry-After is not throttling: one retry's worth pays for one.
-    assert_eq!(two_failures(503, &[("retry-after", "1")]).await, (2, spent));
+    // A 503 with the same Retry-After is an overload, not throttling: a retry costs two, so one
+    // retry's worth pays for none (and the dependency's acceptance never pays for it).
+    assert_eq!(two_failures(503, &[("retry-after", "1")]).await, (1, spent));
 }
 
 /// Two failures of `status`, then 200, through a `Read` layer with one retry's worth of budget:

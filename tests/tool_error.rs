@@ -201,7 +201,7 @@ async fn every_layers_boxed_error_becomes_a_tool_error_with_into() {
         .unwrap_err()
         .into();
     assert_eq!(err.code(), ErrorCode::CircuitOpen);
-    assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(5)));
 
     // `?` in a function that returns a ToolError.
     async fn stamped(req: http::Request<u64>) -> Result<bool, ToolError> {

@@ -68,7 +68,7 @@ pub type OnTransition = Arc<dyn Fn(&Transition) + Send + Sync>;
 /// | failure rate | 90 % | 50 % | 10 % | trips only a dependency that accepts almost nothing: one that still answers half its calls is kept, because shedding its successes makes a partial failure an outage (measured: 0.2 % success with a 50 % rule, 55 % without a breaker) |
 /// | window | last 50 counted calls | last 100 | 30 s | a count window works at any rate |
 /// | minimum calls | 20 | 100 | 100 | an agent run may make only dozens of calls |
-/// | open time | at least 250 ms, then a probe after 25 turned-away calls, at most 30 s | 60 s | 5 s | the probe rate follows the traffic (every 0.25 s at 100 calls/s, every 25 s at 1/s), and nothing doubles: a healed dependency is back within a second |
+/// | open time | at least 250 ms, then a probe after 25 turned-away calls, or once open a fifth of the outage so far (at most 30 s) | 60 s | 5 s | the probe rate follows the traffic (every 0.25 s at 100 calls/s) and, at low traffic, the outage's length (a dependency down 20 s is probed within 4 s at 1 call/s); nothing doubles |
 /// | half-open trials | 1 | 10 | 1 | Fowler's single trial call; its success closes the breaker |
 /// | trial timeout | 10 s | - | - | a trial unanswered this long counts as failed, so a hung call cannot keep the breaker half-open |
 /// | slow call | off | 60 s | - | |
@@ -91,6 +91,7 @@ pub struct BreakerConfig {
     pub(super) open_duration: Duration,
     pub(super) max_open_duration: Duration,
     pub(super) probe_after: u32,
+    pub(super) open_share: f64,
     pub(super) trial_timeout: Duration,
     pub(super) trials: u32,
     pub(super) on_transition: Option<OnTransition>,
@@ -124,6 +125,12 @@ impl BreakerConfig {
         self.probe_after
     }
 
+    /// The share of the outage so far after which an open breaker probes whatever the traffic
+    /// (see [`BreakerConfigBuilder::open_share`]).
+    pub fn open_share(&self) -> f64 {
+        self.open_share
+    }
+
     /// The number of trial calls admitted while half-open.
     pub fn trials(&self) -> u32 {
         self.trials
@@ -143,6 +150,7 @@ impl Default for BreakerConfig {
             open_duration: Duration::from_millis(250),
             max_open_duration: Duration::from_secs(30),
             probe_after: 25,
+            open_share: 0.2,
             trial_timeout: Duration::from_secs(10),
             trials: 1,
             on_transition: None,
@@ -159,6 +167,7 @@ impl fmt::Debug for BreakerConfig {
             .field("open_duration", &self.open_duration)
             .field("max_open_duration", &self.max_open_duration)
             .field("probe_after", &self.probe_after)
+            .field("open_share", &self.open_share)
             .field("trial_timeout", &self.trial_timeout)
             .field("trials", &self.trials)
             .field("on_transition", &self.on_transition.is_some())
@@ -246,6 +255,26 @@ impl BreakerConfigBuilder {
     /// rare at a low one, so an outage still sheds nearly every call.
     pub fn probe_after(mut self, calls: u32) -> Self {
         self.config.probe_after = calls;
+        self
+    }
+
+    /// At low traffic, how long an open breaker waits for its probe: at most this share of the
+    /// outage so far (from the trip that ended the last closed spell), within the shortest and
+    /// the longest open time. 0.2 by default: a dependency down for 10 s is probed at least
+    /// every 2 s, one down for a minute every 12 s, so a healed dependency waits at most a fifth
+    /// of its outage for the first call to reach it, and an outage of length `T` costs about
+    /// `ln(T) / ln(1.2)` probes, whatever the traffic. From 0 to 1; 0 turns it off (the longest
+    /// open time only, as a classic breaker). Under traffic the
+    /// [`probe_after`](Self::probe_after) rule probes sooner.
+    ///
+    /// ```
+    /// use stormguard::breaker::BreakerConfig;
+    ///
+    /// assert_eq!(BreakerConfig::default().open_share(), 0.2);
+    /// assert!(BreakerConfig::builder().open_share(1.5).build().is_err());
+    /// ```
+    pub fn open_share(mut self, share: f64) -> Self {
+        self.config.open_share = share;
         self
     }
 
@@ -348,6 +377,9 @@ impl BreakerConfigBuilder {
                 "trial_timeout",
                 "must be between 1 ms and one hour",
             ));
+        }
+        if !(0.0..=1.0).contains(&c.open_share) {
+            return Err(ConfigError::new("open_share", "must be from 0 to 1"));
         }
         if c.probe_after > 1_000_000 {
             return Err(ConfigError::new("probe_after", "must be at most 1,000,000"));

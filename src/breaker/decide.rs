@@ -90,6 +90,18 @@ pub(super) fn open_decision(
     }
 }
 
+/// When an open breaker probes whatever the traffic, in milliseconds after this trip: `share`
+/// of the outage so far (`age_ms`, from the trip that ended the last closed spell), within the
+/// shortest and the longest open time; the longest when `share` is 0. A healed dependency then
+/// waits at most that share of its outage at low traffic, and the probes of an outage grow
+/// apart geometrically (by `1 + share`), so a long one costs few.
+pub(super) fn longest_open_ms(age_ms: u64, shortest_ms: u64, longest_ms: u64, share: f64) -> u64 {
+    if share <= 0.0 {
+        return longest_ms;
+    }
+    ((age_ms as f64 * share) as u64).clamp(shortest_ms, longest_ms.max(shortest_ms))
+}
+
 /// Whether a failure recorded while closed trips the breaker, and why: a pure function of the
 /// rules, the failures in a row and the window's (calls, failures) after the record.
 pub(super) fn trip_reason(
@@ -156,6 +168,32 @@ mod tests {
         // probe_after 0: the classic time-only breaker.
         assert_eq!(open_decision(100, 250, 30_000, 0, 0), reject(150));
         assert_eq!(open_decision(250, 250, 30_000, 0, 0), OpenDecision::Probe);
+    }
+
+    #[test]
+    fn the_longest_open_time_is_a_share_of_the_outage_within_the_bounds() {
+        // Opened just now: the shortest open time.
+        assert_eq!(longest_open_ms(0, 250, 30_000, 0.2), 250);
+        assert_eq!(longest_open_ms(10_000, 250, 30_000, 0.2), 2_000);
+        assert_eq!(longest_open_ms(3_600_000, 250, 30_000, 0.2), 30_000);
+        // Off: the longest open time, as before.
+        assert_eq!(longest_open_ms(10_000, 250, 30_000, 0.0), 30_000);
+    }
+
+    #[test]
+    fn an_outage_at_one_call_a_second_costs_logarithmically_many_probes() {
+        // The rule alone, driven at one call a second through a 600 s outage: every call that
+        // finds the probe time passed is a probe, which fails and opens the breaker again.
+        let (mut probes, mut open_until, since) = (0, 0u64, 0u64);
+        for t in (0..600_000u64).step_by(1_000) {
+            if t >= open_until {
+                probes += 1;
+                open_until = t + longest_open_ms(t - since, 250, 30_000, 0.2);
+            }
+        }
+        assert!((25..=40).contains(&probes), "{probes} probes");
+        // Healed at 20 s after 20 s down: the next probe is at most 4 s away (a fifth of 20 s).
+        assert!(longest_open_ms(20_000, 250, 30_000, 0.2) <= 4_000);
     }
 
     #[test]

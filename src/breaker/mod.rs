@@ -28,10 +28,11 @@
 //!
 //! A rejection is a [`ToolError`] with code `circuit_open`,
 //! a `retry_after`, and a hint that names the dependency and why it opened, e.g.
-//! `"20 calls in a row to billing-api failed; open for at least 250 ms, then probing after 25
-//! turned-away calls (at most 30000 ms); calls are paused, retry after 30 s"`: `retry_after` is
-//! the time after which a call is sure to go through as a probe (the longest open time, or the
-//! shortest once enough calls were turned away); under traffic the probe comes sooner.
+//! `"a trial call to billing-api failed; open for at least 250 ms, then probing after 25
+//! turned-away calls (at most 2000 ms); calls are paused, retry after 2 s"`: `retry_after` is
+//! the time after which a call is sure to go through as a probe (the longest open time, a fifth
+//! of the outage so far by default, or the shortest once enough calls were turned away); under
+//! traffic the probe comes sooner.
 //! stormguard's [`Retry`](crate::retry::Retry) never retries it and spends no budget on it.
 //!
 //! ```
@@ -60,9 +61,10 @@
 //! let err = svc.ready().await.unwrap().call(()).await.unwrap_err();
 //! let err = err.downcast::<ToolError>().unwrap();
 //! assert_eq!(err.code(), ErrorCode::CircuitOpen);
-//! // The time after which a probe is sure to go: the longest open time (under traffic, a probe
-//! // goes once 5 s have passed and 25 calls were turned away).
-//! assert_eq!(err.retry_after(), Some(Duration::from_secs(30)));
+//! // The time after which a probe is sure to go: a fifth of the outage so far, at least the
+//! // shortest open time (5 s) and at most the longest (30 s); under traffic, a probe goes once
+//! // 5 s have passed and 25 calls were turned away.
+//! assert_eq!(err.retry_after(), Some(Duration::from_secs(5)));
 //! # }
 //! ```
 //!

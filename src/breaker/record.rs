@@ -1,7 +1,7 @@
 //! What a breaker does with an outcome: count it (closed), settle a trial (half-open), open or
 //! close, and tell the world (traces, metrics, the `on_transition` callback).
 
-use super::decide::trip_reason;
+use super::decide::{longest_open_ms, trip_reason};
 use super::policy::Count;
 use super::state::{
     Admission, Admit, Breaker, Word, CLOSED, GEN_SHIFT, HALF_OPEN, OPEN, SUCCESS_SHIFT,
@@ -143,10 +143,19 @@ impl Breaker {
             return;
         }
         let now = self.now_ms();
-        let (shortest, longest) = (s.config.open_duration, s.config.max_open_duration);
+        if from == State::Closed {
+            s.outage_since.store(now, Ordering::Release);
+        }
+        let age = now.saturating_sub(s.outage_since.load(Ordering::Acquire));
+        let shortest = s.config.open_duration;
+        let longest = longest_open_ms(
+            age,
+            shortest.as_millis() as u64,
+            s.config.max_open_duration.as_millis() as u64,
+            s.config.open_share,
+        );
         s.rejected_since_open.store(0, Ordering::Release);
-        s.open_max_until
-            .store(now + longest.as_millis() as u64, Ordering::Release);
+        s.open_max_until.store(now + longest, Ordering::Release);
         s.open_until.store(
             u64::from(open.generation()) << GEN_SHIFT | (now + shortest.as_millis() as u64),
             Ordering::Release,
@@ -157,7 +166,7 @@ impl Breaker {
             "{reason}; open for at least {} ms, then probing after {} turned-away calls (at most {} ms)",
             duration.as_millis(),
             s.config.probe_after,
-            longest.as_millis()
+            longest
         );
         *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
         self.transition(from, State::Open, reason);

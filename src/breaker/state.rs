@@ -77,6 +77,9 @@ pub(super) struct Machine {
     /// Milliseconds since `epoch` when the longest open time ends (a probe goes then whatever
     /// the traffic).
     pub(super) open_max_until: AtomicU64,
+    /// Milliseconds since `epoch` when the breaker last opened from closed: the outage's start,
+    /// kept across failed probes.
+    pub(super) outage_since: AtomicU64,
     /// Calls rejected since the breaker last opened (a probe goes after `probe_after` of them).
     pub(super) rejected_since_open: AtomicU32,
     /// (generation << 40) | milliseconds since `epoch` when the half-open state's first trial
@@ -144,6 +147,7 @@ impl Breaker {
                 word: AtomicU64::new(Word::new(0, CLOSED).0),
                 open_until: AtomicU64::new(0),
                 open_max_until: AtomicU64::new(0),
+                outage_since: AtomicU64::new(0),
                 rejected_since_open: AtomicU32::new(0),
                 trial_started: AtomicU64::new(0),
                 opens: AtomicU64::new(0),

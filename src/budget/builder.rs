@@ -38,6 +38,8 @@ pub struct RetryBudgetBuilder {
     shared: Option<Arc<dyn OpenBalance>>,
     /// The retries a process keeps leased from the shared balance.
     lease: Option<u32>,
+    /// The acceptance rule's multiplier (0: off) and window (attempts).
+    acceptance: (f64, u32),
 }
 
 impl Default for RetryBudgetBuilder {
@@ -53,6 +55,7 @@ impl Default for RetryBudgetBuilder {
             run: None,
             shared: None,
             lease: None,
+            acceptance: (2.0, 32),
         }
     }
 }
@@ -116,6 +119,26 @@ impl RetryBudgetBuilder {
         self
     }
 
+    /// The acceptance rule (see [`acceptance`](super::acceptance)): a retry after an ordinary
+    /// failure also goes, free of the balance, with probability `min(1, k·a)`, where `a` is the
+    /// share of the last ~`window` attempts the dependency answered. `k` is 0 (off: the balance
+    /// and the floor only) or from 1 to 10 (2 by default, Google SRE's `K`);
+    /// `window` is 1 to 100,000 attempts (32 by default).
+    ///
+    /// ```
+    /// use stormguard::budget::RetryBudget;
+    ///
+    /// let ratio_only = RetryBudget::builder().acceptance(0.0, 32).build()?;
+    /// assert_eq!(ratio_only.acceptance(), None);
+    /// assert_eq!(RetryBudget::default().acceptance(), Some((2.0, 32)));
+    /// assert!(RetryBudget::builder().acceptance(0.5, 32).build().is_err());
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn acceptance(mut self, k: f64, window: u32) -> Self {
+        self.acceptance = (k, window);
+        self
+    }
+
     /// Seeds the backoff RNGs, for reproducible tests and simulations. By default each budget
     /// takes a random seed.
     pub fn seed(mut self, seed: u64) -> Self {
@@ -161,8 +184,22 @@ impl RetryBudgetBuilder {
         {
             return Err(ConfigError::new("floor_window", "must be from 1 s to 1 h"));
         }
+        let (k, window) = self.acceptance;
+        if !(k == 0.0 || (1.0..=10.0).contains(&k)) {
+            return Err(ConfigError::new(
+                "acceptance",
+                "the multiplier must be 0 (off) or from 1 to 10",
+            ));
+        }
+        if !(1..=100_000).contains(&window) {
+            return Err(ConfigError::new(
+                "acceptance",
+                "the window must be from 1 to 100,000 attempts",
+            ));
+        }
         let seed = self.seed.unwrap_or_else(random_seed);
         let terms = Terms {
+            acceptance: (k, window),
             ratio: self.retry_ratio,
             max_balance: self.max_balance,
             run_share: self.run_share,

@@ -141,6 +141,37 @@ impl RetryBudget {
         self.withdraw(delay, ratio::THROTTLED)
     }
 
+    /// Asks for a retry after the server said it is overloaded (a `503` or `529` with
+    /// `Retry-After`, a gRPC pushback, a rate limit whose delay the retry does not wait in
+    /// full): it costs the ratio balance two retries, since in a sustained overload a retry that
+    /// succeeds takes the place of another caller's first attempt; the dependency's
+    /// [acceptance](super::acceptance) never pays for it. The run budget counts one retry.
+    pub(crate) fn try_withdraw_overloaded(&self, delay: Duration) -> Result<(), Refusal> {
+        self.withdraw(delay, ratio::OVERLOADED)
+    }
+
+    /// The [acceptance rule](super::acceptance)'s multiplier `k` and window in attempts, or
+    /// `None` when it is off (`RetryBudgetBuilder::acceptance(0.0, _)`).
+    ///
+    /// ```
+    /// use stormguard::budget::RetryBudget;
+    ///
+    /// assert_eq!(RetryBudget::default().acceptance(), Some((2.0, 32)));
+    /// ```
+    pub fn acceptance(&self) -> Option<(f64, u32)> {
+        let (k, window) = self.ratio.acceptance;
+        (k > 0.0).then_some((k, window))
+    }
+
+    /// A retry the dependency's acceptance pays for (see [`acceptance`](super::acceptance)): it
+    /// takes nothing from the ratio balance, but counts against this run's limits.
+    pub(crate) fn try_withdraw_accepted(&self, delay: Duration) -> Result<(), Refusal> {
+        self.with_run(|run| match run {
+            Some(run) => run.try_spend(delay),
+            None => Ok(()),
+        })
+    }
+
     fn withdraw(&self, delay: Duration, cost: i64) -> Result<(), Refusal> {
         self.with_run(|run| {
             let Some(run) = run else {

@@ -14,9 +14,16 @@ pub(crate) const RETRY: i64 = 1000;
 /// (throttling errors cost 5 tokens, other failures 14).
 pub(super) const THROTTLED: i64 = 357;
 
+/// A retry after the server said it is overloaded (and did not ask for a wait the retry honours
+/// in full as a rate limit): two retries. In a sustained overload every retry that succeeds
+/// takes the place of another caller's first attempt, so it is paid for twice.
+pub(super) const OVERLOADED: i64 = 2 * RETRY;
+
 /// A budget's settings, as the builder checked them.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Terms {
+    /// The acceptance rule's multiplier (0: off) and window in attempts.
+    pub(super) acceptance: (f64, u32),
     pub(super) ratio: f64,
     pub(super) max_balance: u32,
     pub(super) run_share: u32,
@@ -45,6 +52,8 @@ pub(super) struct Ratio {
     seed: u64,
     operations: AtomicU64,
     id: u32,
+    /// The acceptance rule's multiplier (0: off) and window in attempts.
+    pub(super) acceptance: (f64, u32),
 }
 
 impl Ratio {
@@ -64,6 +73,7 @@ impl Ratio {
             seed,
             operations: AtomicU64::new(0),
             id: next_id(),
+            acceptance: terms.acceptance,
         }
     }
 

@@ -1,11 +1,12 @@
 use super::{DefaultReplay, Retrier, Retry};
+use crate::budget::acceptance::Acceptance;
 use crate::budget::RetryBudget;
 use crate::class::ClassPolicy;
 #[cfg(doc)]
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tower_layer::Layer;
 
 /// Applies [`Retry`] to a service. Every clone of the layer, and every service it makes, shares
@@ -188,6 +189,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             replay: self.replay.clone(),
             name: self.name.clone(),
             role: self.role,
+            acceptance: Arc::new(Acceptance::new(self.budget.next_seed())),
         };
         Retry::new(inner, retrier)
     }

@@ -5,7 +5,8 @@ use super::decide::{decide, settle, under_key, GiveUp, Next, OperationView};
 use super::ending::{give_up, hand_back, leave_to_outer_layer, LastFailure};
 use super::part::LayerPart;
 use super::Retrier;
-use crate::classify::{Classification, ClassifiedResponse, Classify, Verdict};
+use crate::budget::acceptance::admits;
+use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::telemetry;
 use std::time::Duration;
@@ -36,6 +37,7 @@ where
         ClassifiedResponse::RequiresEos(_) => Classification::success(),
     };
     let Verdict::Failure(failure) = classification.verdict() else {
+        retrier.acceptance.answered();
         // Each budget once per operation: not if the layer above draws on the same one.
         if part.credits {
             retrier.budget.deposit();
@@ -46,6 +48,27 @@ where
         };
     };
     on_failure(retrier, part, has_request, result, classification, failure)
+}
+
+/// Whether a failure says the dependency is overloaded: it named when to come back (a `503` or
+/// `529` with `Retry-After`, a gRPC pushback) on a failure that is not a rate limit. Such a
+/// retry costs the balance two.
+fn overloaded(classification: &Classification) -> bool {
+    matches!(classification.hint(), ServerHint::RetryAfter(after) if !after.is_zero())
+        && classification.code() != Some(ErrorCode::RateLimited)
+}
+
+/// Whether the server pushed back at all (any server-named delay, or a rate limit): the
+/// dependency's acceptance never pays for the retry; the balance does.
+fn pushed_back(classification: &Classification) -> bool {
+    matches!(classification.hint(), ServerHint::RetryAfter(_))
+        || classification.code() == Some(ErrorCode::RateLimited)
+}
+
+/// Whether the dependency's acceptance pays for a retry after an ordinary failure (see
+/// [`budget::acceptance`](crate::budget::acceptance)): with probability `min(1, k·a)`.
+fn paid_by_acceptance<S, C, R>(retrier: &Retrier<S, C, R>, acceptance: Option<(f64, f64)>) -> bool {
+    acceptance.is_some_and(|(k, share)| admits(share, k, retrier.acceptance.draw()))
 }
 
 /// An `Err` the classifier called a success or an empty answer, as a `ToolError`.
@@ -96,6 +119,15 @@ where
     // A 409 or 422 under an idempotency key means what the class and the key make of it.
     let classification = under_key(view.class, view.keyed, classification);
     let failure = classification.failure_class().unwrap_or(failure);
+    // The dependency's acceptance, after this result (`None`: the rule is off).
+    let acceptance = retrier.budget.acceptance().map(|(k, window)| {
+        if failure.is_dependency_failure() {
+            (k, retrier.acceptance.failed(1.0 / f64::from(window)))
+        } else {
+            retrier.acceptance.answered();
+            (k, 1.0)
+        }
+    });
     let retrying = part.retrying();
     let next = decide(&view, &classification, &retrier.policy, || {
         retrying
@@ -115,6 +147,11 @@ where
             next,
             if throttled {
                 retrier.budget.try_withdraw_throttled(delay)
+            } else if overloaded(&classification) {
+                retrier.budget.try_withdraw_overloaded(delay)
+            } else if !pushed_back(&classification) && paid_by_acceptance(retrier, acceptance) {
+                telemetry::retry_accepted(own_class);
+                retrier.budget.try_withdraw_accepted(delay)
             } else {
                 retrier.budget.try_withdraw(delay)
             },

@@ -4,6 +4,7 @@ use super::ending;
 use super::future::ResponseFuture;
 use super::layer::Role;
 use super::{ClassPolicy, DefaultReplay, Replay};
+use crate::budget::acceptance::Acceptance;
 use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
 use crate::class::ToolClass;
@@ -84,6 +85,10 @@ pub(crate) struct Retrier<S, C, R> {
     pub(crate) replay: R,
     pub(crate) name: Cow<'static, str>,
     pub(crate) role: Role,
+    /// How much of its recent traffic the dependency below answered (see
+    /// [`budget::acceptance`](crate::budget::acceptance)): one per service the layer built,
+    /// shared with its clones.
+    pub(crate) acceptance: Arc<Acceptance>,
 }
 
 impl<S: Clone, C, R> Retrier<S, C, R> {
@@ -344,6 +349,7 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             replay: retrier.replay.clone(),
             name: retrier.name.clone(),
             role: retrier.role,
+            acceptance: retrier.acceptance.clone(),
         });
         self.stale = false;
     }

@@ -146,6 +146,8 @@ pub async fn call<S: Service<Req>, Req>(svc: &mut S, req: Req) -> Result<S::Resp
 pub fn no_floor() -> stormguard::budget::RetryBudget {
     stormguard::budget::RetryBudget::builder()
         .floor(0, std::time::Duration::from_secs(60))
+        // The ratio balance's books alone: no retry paid by the dependency's acceptance.
+        .acceptance(0.0, 32)
         .build()
         .unwrap()
 }
