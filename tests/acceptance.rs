@@ -128,13 +128,13 @@ async fn an_outage_after_a_healthy_spell_costs_a_bounded_burst() {
     let healthy_then_down = |n, _| if n < 2000 { Answer::Ok } else { Answer::Failed };
     let (_, calls) = run(budget(true), 5000, healthy_then_down).await;
     let (_, calls_ratio_only) = run(budget(false), 5000, healthy_then_down).await;
-    let burst = calls - calls_ratio_only;
+    let (retries, retries_ratio_only) = (calls - 5000, calls_ratio_only - 5000);
     // The acceptance falls below one half after ~22 failed attempts and pays for about 50
-    // retries in all, whatever the outage's length.
-    assert!(
-        (20..=80).contains(&burst),
-        "acceptance paid for {burst} retries"
-    );
+    // retries; the balance pays for some more until the dependency is known to be down (a tenth
+    // answered), then the floor only. Whatever the outage's length.
+    assert!((20..=150).contains(&retries), "{retries} retries");
+    // The balance alone spends all it holds (100) and then the floor.
+    assert!(retries_ratio_only >= 100, "{retries_ratio_only} retries");
 }
 
 #[tokio::test(start_paused = true)]
@@ -174,4 +174,40 @@ fn the_rule_is_on_by_default_and_refuses_settings_that_mean_nothing() {
             .unwrap_err();
         assert_eq!(err.field(), "acceptance", "{k} {window}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dependency_that_answers_nothing_does_not_spend_what_a_healthy_one_deposited() {
+    // One budget for two tools (plain clones, no run handles): one dependency healthy, one down.
+    let shared = RetryBudget::builder()
+        .seed(7)
+        .floor(0, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let (ok, _) = run(shared.clone(), 1000, |_, _| Answer::Ok).await;
+    assert_eq!(ok, 1000);
+    assert_eq!(
+        shared.balance(),
+        100.0,
+        "200 retries deposited, capped at 100"
+    );
+    let (_, calls) = run(shared.clone(), 1000, |_, _| Answer::Failed).await;
+    // Until the layer has seen a window of 32 attempts it does not know the dependency is down
+    // and the balance pays; then it pays nothing (no floor here).
+    assert!(calls <= 1000 + 32, "{calls} calls for 1,000 operations");
+    assert!(
+        shared.balance() >= 100.0 - 32.0,
+        "balance {}",
+        shared.balance()
+    );
+    // With the rule off, the balance is spent on the dependency that is down.
+    let ratio_only = RetryBudget::builder()
+        .seed(7)
+        .floor(0, Duration::from_secs(60))
+        .acceptance(0.0, 32)
+        .build()
+        .unwrap();
+    run(ratio_only.clone(), 1000, |_, _| Answer::Ok).await;
+    let (_, calls) = run(ratio_only.clone(), 1000, |_, _| Answer::Failed).await;
+    assert_eq!(calls, 1000 + 100);
 }

@@ -18,6 +18,12 @@
 //! is not bad luck, and a retry there displaces another caller's first attempt. Those retries
 //! come from the ratio balance (and its floor) only, as before.
 //!
+//! A dependency that has answered less than a tenth ([`DOWN`]) of a whole window of attempts is
+//! taken to be down: its retries are not paid by the ratio balance either, only by the floor.
+//! Otherwise a balance that healthy tools deposit into would pay for the retries of a tool whose
+//! dependency is down (an agent run's plain clones of one budget over two dependencies: 3.0x
+//! into the one that is down, where it now gets 1.0x and the floor).
+//!
 //! The statistic belongs to one dependency, so each retry layer (each service a `RetryLayer`
 //! builds, and its clones) keeps its own ([`Acceptance`]); the budget holds the rule's settings.
 //! It starts at `a` = 0: a layer that has seen nothing yet retries on the balance and the floor.
@@ -66,15 +72,23 @@ pub(crate) struct Acceptance {
     /// The average's bits as `f32` (high half) and the count of answers it has folded in (low
     /// half, wrapping), changed together by a failure.
     folded: AtomicU64,
+    /// Failures folded in (saturating): with the answers, whether the average rests on a whole
+    /// window of attempts yet.
+    failures: AtomicU64,
     draws: AtomicU64,
     seed: u64,
 }
+
+/// Below this share of answered attempts (over a whole window) the dependency is taken to be
+/// down: the ratio balance no longer pays for its retries, only the floor does.
+pub const DOWN: f64 = 0.1;
 
 impl Acceptance {
     pub(crate) fn new(seed: u64) -> Self {
         Acceptance {
             answered: AtomicU64::new(0),
             folded: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
             draws: AtomicU64::new(0),
             seed,
         }
@@ -89,6 +103,7 @@ impl Acceptance {
     /// An attempt failed as the dependency's failure: folds it (and the answers since the last
     /// one) into the average, and returns the average after it.
     pub(crate) fn failed(&self, alpha: f64) -> f64 {
+        self.failures.fetch_add(1, Ordering::Relaxed);
         let mut after = 0.0;
         let _ = self
             .folded
@@ -101,6 +116,12 @@ impl Acceptance {
                 Some(u64::from((after as f32).to_bits()) << 32 | u64::from(total))
             });
         after
+    }
+
+    /// Whether the average rests on at least `window` attempts.
+    pub(crate) fn known(&self, window: u32) -> bool {
+        let seen = self.answered.load(Ordering::Relaxed) + self.failures.load(Ordering::Relaxed);
+        seen >= u64::from(window)
     }
 
     /// The average now, with the answers not yet folded in.

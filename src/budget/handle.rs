@@ -172,6 +172,26 @@ impl RetryBudget {
         })
     }
 
+    /// A retry for a dependency that answers almost nothing (see
+    /// [`acceptance::DOWN`](super::acceptance::DOWN)): the floor only, within this run's limits.
+    pub(crate) fn try_withdraw_floor(&self, delay: Duration) -> Result<(), Refusal> {
+        self.with_run(|run| {
+            if let Some(run) = run {
+                run.try_spend(delay)?;
+                if self.ratio.try_floor() {
+                    return Ok(());
+                }
+                run.refund(delay);
+                return Err(Refusal::RetryBudget);
+            }
+            if self.ratio.try_floor() {
+                Ok(())
+            } else {
+                Err(Refusal::RetryBudget)
+            }
+        })
+    }
+
     fn withdraw(&self, delay: Duration, cost: i64) -> Result<(), Refusal> {
         self.with_run(|run| {
             let Some(run) = run else {

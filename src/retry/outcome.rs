@@ -5,7 +5,7 @@ use super::decide::{decide, settle, under_key, GiveUp, Next, OperationView};
 use super::ending::{give_up, hand_back, leave_to_outer_layer, LastFailure};
 use super::part::LayerPart;
 use super::Retrier;
-use crate::budget::acceptance::admits;
+use crate::budget::acceptance::{admits, DOWN};
 use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::telemetry;
@@ -67,8 +67,11 @@ fn pushed_back(classification: &Classification) -> bool {
 
 /// Whether the dependency's acceptance pays for a retry after an ordinary failure (see
 /// [`budget::acceptance`](crate::budget::acceptance)): with probability `min(1, k·a)`.
-fn paid_by_acceptance<S, C, R>(retrier: &Retrier<S, C, R>, acceptance: Option<(f64, f64)>) -> bool {
-    acceptance.is_some_and(|(k, share)| admits(share, k, retrier.acceptance.draw()))
+fn paid_by_acceptance<S, C, R>(
+    retrier: &Retrier<S, C, R>,
+    acceptance: Option<(f64, f64, bool)>,
+) -> bool {
+    acceptance.is_some_and(|(k, share, _)| admits(share, k, retrier.acceptance.draw()))
 }
 
 /// An `Err` the classifier called a success or an empty answer, as a `ToolError`.
@@ -122,10 +125,12 @@ where
     // The dependency's acceptance, after this result (`None`: the rule is off).
     let acceptance = retrier.budget.acceptance().map(|(k, window)| {
         if failure.is_dependency_failure() {
-            (k, retrier.acceptance.failed(1.0 / f64::from(window)))
+            let share = retrier.acceptance.failed(1.0 / f64::from(window));
+            let down = share < DOWN && retrier.acceptance.known(window);
+            (k, share, down)
         } else {
             retrier.acceptance.answered();
-            (k, 1.0)
+            (k, 1.0, false)
         }
     });
     let retrying = part.retrying();
@@ -152,6 +157,10 @@ where
             } else if !pushed_back(&classification) && paid_by_acceptance(retrier, acceptance) {
                 telemetry::retry_accepted(own_class);
                 retrier.budget.try_withdraw_accepted(delay)
+            } else if acceptance.is_some_and(|(_, _, down)| down) {
+                // The dependency answers almost nothing: the balance others deposit is not spent
+                // on it; the floor still lets a few retries find out whether it is back.
+                retrier.budget.try_withdraw_floor(delay)
             } else {
                 retrier.budget.try_withdraw(delay)
             },
