@@ -25,7 +25,7 @@
 //! into the one that is down, where it now gets 1.0x and the floor).
 //!
 //! The statistic belongs to one dependency, so each retry layer (each service a `RetryLayer`
-//! builds, and its clones) keeps its own ([`Acceptance`]); the budget holds the rule's settings.
+//! builds, and its clones) keeps its own; the budget holds the rule's settings.
 //! It starts at `a` = 0: a layer that has seen nothing yet retries on the balance and the floor.
 //! Counting a success is one relaxed atomic add; a failure folds the successes since the last
 //! failure into the average (one compare-and-swap) and reads no clock.
