@@ -33,8 +33,12 @@ fn script() -> Vec<Step> {
 
 /// `episodes` episodes of the toolbox with receipts in `kind`, run by the test `test`.
 fn run(kind: &str, test: &str) -> Report {
+    run_on(Harness::new(toolbox(kind), script()), kind, test)
+}
+
+fn run_on(harness: Harness, kind: &str, test: &str) -> Report {
     let dir = std::env::temp_dir().join(format!("stormguard-{test}-{}", std::process::id()));
-    let report = Harness::new(toolbox(kind), script())
+    let report = harness
         .crashes(0.7)
         .run_in_processes(12, 7, test, &dir)
         .unwrap();
@@ -68,4 +72,39 @@ fn receipts_kept_in_memory_send_an_unkeyed_write_again_after_a_real_sigkill() {
         ["post_ticket"],
         "{report:?}"
     );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn receipts_in_postgres_leave_no_duplicate_after_real_sigkills() {
+    let Ok(url) = std::env::var("STORMGUARD_POSTGRES_URL") else {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "STORMGUARD_POSTGRES_URL is not set under CI=true: .ci/run sets it"
+        );
+        eprintln!("skipped: STORMGUARD_POSTGRES_URL is not set");
+        return;
+    };
+    let harness = Harness::new(toolbox("postgres"), script()).postgres(&url);
+    let report = run_on(
+        harness,
+        "postgres",
+        "receipts_in_postgres_leave_no_duplicate_after_real_sigkills",
+    );
+    assert!(report.crashes >= 4, "{report:?}");
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+    assert!(report.effects > 0, "{report:?}");
+    // What a crash left unknown was escalated, not sent again.
+    assert!(report.escalations.contains_key("outcome_unknown"), "{report:?}");
+}
+
+#[test]
+fn a_postgres_store_without_its_database_is_refused() {
+    let dir = std::env::temp_dir().join(format!("stormguard-refused-{}", std::process::id()));
+    let err = Harness::new(toolbox("postgres"), script())
+        .run_in_processes(1, 7, "a_postgres_store_without_its_database_is_refused", &dir)
+        .unwrap_err();
+    assert_eq!(err.field(), "stores");
+    assert!(err.to_string().contains("Harness::postgres"), "{err}");
 }

@@ -1,41 +1,14 @@
 //! [`Harness`]: seeded episodes of a user's own toolbox, with faults after the work, crashes and
 //! resumes, and the count of duplicate effects.
 
-use super::provider::Provider;
+use super::agent::Ended;
+use super::provider::{unit, EpisodeClock, Provider};
+use super::script::{Applies, Resume, Step};
 use crate::backoff::rng::mix;
-use crate::classify::OkIsSuccess;
-use crate::error::ToolError;
-use crate::receipt::{InMemoryStore, ManualClock};
-use crate::tool::{Call, SpecError, Stores, Toolbox, Tools};
-use serde_json::Value;
+use crate::receipt::InMemoryStore;
+use crate::tool::{SpecError, Stores, Toolbox};
 use std::collections::BTreeMap;
 use std::time::Duration;
-use tower_layer::Layer;
-use tower_service::Service;
-
-/// One call of the agent's script: a tool of the toolbox and the model's arguments.
-///
-/// ```
-/// let step = stormguard::chaos::Step::new("send_invoice", serde_json::json!({ "invoice_id": 4471 }));
-/// assert_eq!(step.tool, "send_invoice");
-/// ```
-#[derive(Clone, Debug, PartialEq)]
-pub struct Step {
-    /// The tool called.
-    pub tool: String,
-    /// The model's arguments.
-    pub args: Value,
-}
-
-impl Step {
-    /// A call of `tool` with `args`.
-    pub fn new(tool: &str, args: Value) -> Self {
-        Step {
-            tool: tool.to_owned(),
-            args,
-        }
-    }
-}
 
 /// What seeded episodes of a toolbox came to: the figure a test asserts is
 /// [`duplicate_effects`](Self::duplicate_effects) `== 0`.
@@ -49,6 +22,8 @@ pub struct Report {
     /// Actions (one step of one episode) whose effect was applied more than once, counted once
     /// per extra effect.
     pub duplicate_effects: u64,
+    /// Episodes with at least one duplicate effect.
+    pub episodes_duplicated: u64,
     /// Duplicates in an action the agent saw succeed: nobody would have noticed.
     pub silent_duplicates: u64,
     /// Actions the agent saw succeed whose write was never applied.
@@ -59,6 +34,12 @@ pub struct Report {
     pub crashes: u64,
     /// The duplicate effects by tool.
     pub duplicates_by_tool: BTreeMap<String, u64>,
+    /// Calls that reached the provider.
+    pub calls: u64,
+    /// The faults met, by name: `refused`, `rate_limited`, `reset_after_work`, `late_commit`,
+    /// `crash`, `crash_in_flight`, `reworded`, `parallel`, and the resumes `resume_at_once`,
+    /// `resume_after_lease`, `resume_after_key_window`.
+    pub faults: BTreeMap<String, u64>,
 }
 
 /// How far an episode's agent has come: each step's outcome (`Err` holds the code it ended
@@ -74,15 +55,21 @@ pub(super) struct Progress {
 /// happened twice.
 ///
 /// Each episode runs the agent's script through the stacks the toolbox declares
-/// ([`Tools::layer`](crate::tool::Tools::layer)) over a simulated provider that applies each
-/// write as its class says a real one would (a keyed write once per idempotency key, an
-/// idempotent write once per arguments, an unkeyed write every time), and that fails some calls
-/// before the work (a refused connection) and some after it (a reset), both drawn from the seed.
-/// A crash drops the call in flight once the provider applied it, as a SIGKILL would; the
-/// episode then resumes in a new "process" (new stacks over the same receipt stores, kept in
-/// memory, after the receipts' lease) and repeats the step whose completion it never saw. A
-/// failure the agent may retry is reissued by the model at its next step. Every store the
-/// toolbox declares is replaced by one in memory whose clock follows the harness's.
+/// ([`Tools::layer`](crate::tool::Tools::layer), or
+/// [`layer_reading_back`](crate::tool::Tools::layer_reading_back) over the provider's sent log
+/// for a tool that reads back) over a simulated provider that applies each call as
+/// [`Applies`] says, and that, drawn from the seed per call: refuses it before the work (a
+/// refused connection), rate-limits it (429, `Retry-After: 1`), does the work and resets the
+/// connection, or times out at once and commits a second later. A crash falls on one call of
+/// the episode after the provider accepted it (the work done at once, or still in flight and
+/// landing later): every future of the run is dropped without running a destructor, as SIGKILL
+/// leaves them, and a new "process" (new stacks over the same receipt stores) resumes the step
+/// whose completion it never saw, at once, after the receipts' lease or after the provider's key
+/// window ([`Resume`]). The model reissues a failure it may retry at its next step; it asks
+/// again for a step that succeeded (a transcript that lost the answer), in other words if the
+/// step says how ([`Step::reworded`]); and two branches of the agent sometimes make the same call
+/// at once. Every store the toolbox declares is replaced by one in memory on the episode's
+/// clock (tokio's, paused), which the provider's key windows and its log's lag read too.
 ///
 /// `run` builds its own runtime on tokio's paused clock: call it from a plain `#[test]`.
 ///
@@ -108,23 +95,51 @@ pub struct Harness {
     pub(super) toolbox: Toolbox,
     pub(super) script: Vec<Step>,
     pub(super) before_work: f64,
+    pub(super) rate_limited: f64,
     pub(super) after_work: f64,
+    pub(super) late: f64,
     pub(super) crash: f64,
     pub(super) reissues: u32,
+    pub(super) rewords: f64,
+    pub(super) parallel: f64,
+    pub(super) resumes: Vec<Resume>,
+    pub(super) log_lag: Duration,
+    pub(super) applies: BTreeMap<String, Applies>,
+    pub(super) postgres: Option<Secret>,
+}
+
+/// A connection string, never printed.
+#[derive(Clone)]
+pub(super) struct Secret(pub(super) String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 impl Harness {
-    /// Episodes of `script` over `toolbox`'s tools; by default 10 % of calls refused before the
-    /// work, 10 % reset after it, a crash in 20 % of episodes, and up to 2 reissues of a call
-    /// the agent may retry.
+    /// Episodes of `script` over `toolbox`'s tools. By default, of the calls that reach the
+    /// provider: 10 % refused before the work, 3 % rate-limited, 10 % reset after it, 3 % late
+    /// commits; a crash in 20 % of episodes, resumed at once, after the lease or after the key
+    /// window (a third each); up to 2 reissues of a call the agent may retry; 5 % of the steps
+    /// that succeeded asked for again, 2 % made by two branches at once; a sent log 3 s behind.
     pub fn new(toolbox: Toolbox, script: Vec<Step>) -> Self {
         Harness {
             toolbox,
             script,
             before_work: 0.1,
+            rate_limited: 0.03,
             after_work: 0.1,
+            late: 0.03,
             crash: 0.2,
             reissues: 2,
+            rewords: 0.05,
+            parallel: 0.02,
+            resumes: vec![Resume::AtOnce, Resume::AfterLease, Resume::AfterKeyWindow],
+            log_lag: Duration::from_secs(3),
+            applies: BTreeMap::new(),
+            postgres: None,
         }
     }
 
@@ -134,9 +149,21 @@ impl Harness {
         self
     }
 
-    /// The share of provider calls that do the work and then lose the answer (0.0 to 1.0).
+    /// The share of provider calls answered 429 with `Retry-After: 1`, no work done.
+    pub fn rate_limited(mut self, p: f64) -> Self {
+        self.rate_limited = p;
+        self
+    }
+
+    /// The share of provider calls that do the work and then lose the answer (a reset).
     pub fn after_work(mut self, p: f64) -> Self {
         self.after_work = p;
+        self
+    }
+
+    /// The share of provider calls that time out at once and do the work a second later.
+    pub fn late_commits(mut self, p: f64) -> Self {
+        self.late = p;
         self
     }
 
@@ -146,15 +173,76 @@ impl Harness {
         self
     }
 
+    /// When a crashed run resumes: each crash draws one of `resumes` (an empty list is refused
+    /// by [`run`](Self::run)).
+    pub fn resumes(mut self, resumes: &[Resume]) -> Self {
+        self.resumes = resumes.to_vec();
+        self
+    }
+
     /// How many times the model reissues a call that failed in a way it may retry.
     pub fn reissues(mut self, n: u32) -> Self {
         self.reissues = n;
         self
     }
 
+    /// The share of steps that succeeded which the model asks for again at its next step, in
+    /// the step's [`reworded`](Step::reworded) arguments if it has them.
+    pub fn rewords(mut self, p: f64) -> Self {
+        self.rewords = p;
+        self
+    }
+
+    /// The share of steps two branches of the agent make at once.
+    pub fn parallel(mut self, p: f64) -> Self {
+        self.parallel = p;
+        self
+    }
+
+    /// How far the provider's sent log (what a read-back reads) lags behind its commits.
+    pub fn log_lag(mut self, lag: Duration) -> Self {
+        self.log_lag = lag;
+        self
+    }
+
+    /// What the provider behind `tool` really does (by default, what its class says).
+    pub fn applies(mut self, tool: &str, applies: Applies) -> Self {
+        self.applies.insert(tool.to_owned(), applies);
+        self
+    }
+
+    /// The PostgreSQL database (a `tokio-postgres` connection string) where the toolbox's
+    /// `postgres` stores live in the real-process mode
+    /// ([`run_in_processes`](Self::run_in_processes)); [`run`](Self::run) keeps every store in
+    /// memory and does not use it. Each run's agent-run ids are new, so a database kept between
+    /// runs never answers an episode from an earlier run's receipts.
+    ///
+    /// ```
+    /// # let toolbox = stormguard::tool::Toolbox::default();
+    /// let harness = stormguard::chaos::Harness::new(toolbox, vec![])
+    ///     .postgres("host=127.0.0.1 user=postgres password=hunter2 dbname=test");
+    /// assert!(!format!("{harness:?}").contains("hunter2"));
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, url: &str) -> Self {
+        self.postgres = Some(Secret(url.to_owned()));
+        self
+    }
+
+    /// What the provider behind `tool` does.
+    pub(super) fn applies_to(&self, tool: &str) -> Applies {
+        self.applies.get(tool).copied().unwrap_or_else(|| {
+            self.toolbox
+                .tools()
+                .iter()
+                .find(|t| t.name == tool)
+                .map_or(Applies::Nothing, |t| Applies::of(t.class))
+        })
+    }
+
     /// Runs `episodes` seeded episodes (the same seed, the same run). A script naming a tool the
-    /// toolbox does not hold, a rate outside 0.0 to 1.0, or a stack that cannot be built is a
-    /// [`SpecError`].
+    /// toolbox does not hold, a rate outside 0.0 to 1.0, fault rates adding up to more than 1,
+    /// no resume, or a stack that cannot be built is a [`SpecError`].
     pub fn run(&self, episodes: u32, seed: u64) -> Result<Report, SpecError> {
         self.check()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -170,28 +258,41 @@ impl Harness {
         Ok(report)
     }
 
-    /// The checks [`run`](Self::run) makes first: the rates, and every step's tool declared.
+    /// The checks [`run`](Self::run) makes first: the rates, the resumes, and every step's tool
+    /// declared.
     pub(super) fn check(&self) -> Result<(), SpecError> {
+        let refuse = |field: &str, reason: &str| Err(SpecError::new(None, field, reason));
         for (field, p) in [
             ("before_work", self.before_work),
+            ("rate_limited", self.rate_limited),
             ("after_work", self.after_work),
+            ("late_commits", self.late),
             ("crashes", self.crash),
+            ("rewords", self.rewords),
+            ("parallel", self.parallel),
         ] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(SpecError::new(None, field, "must be within 0.0..=1.0"));
+                return refuse(field, "must be within 0.0..=1.0");
             }
         }
-        if self.before_work + self.after_work > 1.0 {
-            return Err(SpecError::new(
-                None,
+        if self.before_work + self.rate_limited + self.after_work + self.late > 1.0 {
+            return refuse(
                 "after_work",
-                "the two fault rates add up to more than 1.0",
-            ));
+                "the fault rates of a call add up to more than 1.0",
+            );
         }
-        for step in &self.script {
-            if !self.toolbox.tools().iter().any(|t| t.name == step.tool) {
+        if self.resumes.is_empty() {
+            return refuse("resumes", "name at least one way to resume");
+        }
+        for tool in self
+            .script
+            .iter()
+            .map(|s| &s.tool)
+            .chain(self.applies.keys())
+        {
+            if !self.toolbox.tools().iter().any(|t| &t.name == tool) {
                 return Err(SpecError::new(
-                    Some(&step.tool),
+                    Some(tool),
                     "script",
                     "the toolbox holds no such tool",
                 ));
@@ -200,98 +301,85 @@ impl Harness {
         Ok(())
     }
 
+    /// How long after a crash the resumed process starts.
+    pub(super) fn resume_after(&self, resume: Resume) -> Duration {
+        let receipts = self
+            .toolbox
+            .tools()
+            .iter()
+            .filter_map(|t| t.receipt.as_ref());
+        let lease = receipts
+            .clone()
+            .map(|r| r.lease_secs.unwrap_or(DEFAULT_LEASE_SECS))
+            .max()
+            .unwrap_or(DEFAULT_LEASE_SECS);
+        let window = receipts
+            .filter_map(|r| r.provider_key_window_secs)
+            .chain(std::iter::once(86_400))
+            .max()
+            .unwrap_or(86_400);
+        Duration::from_secs(match resume {
+            Resume::AtOnce => 1,
+            Resume::AfterLease => lease + 1,
+            Resume::AfterKeyWindow => window + lease + 1,
+        })
+    }
+
     async fn episode(&self, seed: u64, n: u32, report: &mut Report) -> Result<(), SpecError> {
-        let clock = ManualClock::new(0);
+        let clock = EpisodeClock::Tokio(tokio::time::Instant::now());
         let toolbox = self.toolbox.with_stores_in_memory();
         let stores: Vec<(String, InMemoryStore)> = toolbox
             .stores()
             .keys()
-            .map(|name| (name.clone(), InMemoryStore::with_clock(clock.clone())))
+            .map(|name| (name.clone(), InMemoryStore::with_clock(clock)))
             .collect();
-        let provider = Provider::new(self, seed ^ mix(u64::from(n) + 1), None);
-        let build = || {
+        let eseed = episode_seed(seed, n);
+        let provider = Provider::new(self, eseed, clock, None);
+        let mut progress = Progress::default();
+        let run = format!("ep-{n}");
+        let mut crashes = 0;
+        loop {
             let given = stores.iter().fold(Stores::new(), |s, (name, store)| {
                 s.with(name, store.clone())
             });
-            toolbox.build(given)
-        };
-        let tools = build()?;
-        let mut progress = Progress::default();
-        let crashed = || {
-            // A crash: a new process resumes the step it never saw complete, once the
-            // receipts' leases have passed.
-            report.crashes += 1;
-            clock.advance_ms(3_600_000);
-            build()
-        };
-        let run = format!("ep-{n}");
-        self.steps(&run, &provider, tools, &mut progress, crashed, |_| ())
-            .await?;
+            let tools = toolbox.build(given)?;
+            match self
+                .steps(&run, eseed, &provider, tools, &mut progress, report, |_| ())
+                .await?
+            {
+                Ended::Done => break,
+                Ended::Crashed => {
+                    // A new process resumes the step it never saw complete.
+                    crashes += 1;
+                    report.crashes += 1;
+                    let i = (unit(eseed, 10 + crashes) * self.resumes.len() as f64) as usize;
+                    let resume = self.resumes[i.min(self.resumes.len() - 1)];
+                    *report
+                        .faults
+                        .entry(resume_name(resume).to_owned())
+                        .or_default() += 1;
+                    tokio::time::sleep(self.resume_after(resume)).await;
+                }
+            }
+        }
+        provider.settle().await;
         provider.tally(&self.script, &progress.outcomes, report);
         Ok(())
     }
+}
 
-    /// The agent's loop over the script from where `progress` stands: each step through its
-    /// tool's stack, reissued by the model at its next step when it failed in a way it may
-    /// retry. A call that never returns is a crash: `crashed` gives the tools of the process
-    /// that resumes the step. `checkpoint` is told after each step, as an agent framework
-    /// records its progress.
-    pub(super) async fn steps(
-        &self,
-        run: &str,
-        provider: &Provider,
-        mut tools: Tools,
-        progress: &mut Progress,
-        mut crashed: impl FnMut() -> Result<Tools, SpecError>,
-        mut checkpoint: impl FnMut(&Progress),
-    ) -> Result<(), SpecError> {
-        for (i, step) in self.script.iter().enumerate().skip(progress.outcomes.len()) {
-            let mut reissues = 0;
-            progress.turn += 1;
-            let outcome = loop {
-                let turn = progress.turn;
-                let call = Call::new(run, format!("step-{turn}"), step.args.clone());
-                provider.action(i, &step.tool);
-                let sent = tokio::time::timeout(
-                    Duration::from_secs(3_600),
-                    self.call(&tools, provider, &step.tool, call),
-                )
-                .await;
-                match sent {
-                    Err(_) => tools = crashed()?,
-                    Ok(Ok(_)) => break Ok(()),
-                    Ok(Err(e)) if e.retryable() && reissues < self.reissues => {
-                        // The model reissues it at its next step.
-                        reissues += 1;
-                        progress.turn += 1;
-                    }
-                    Ok(Err(e)) => break Err(e.code().as_str().to_owned()),
-                }
-            };
-            progress.outcomes.push(outcome);
-            checkpoint(progress);
-        }
-        Ok(())
-    }
+/// The receipt lease a tool gets when it names none (the receipt layer's default).
+const DEFAULT_LEASE_SECS: u64 = 30;
 
-    async fn call(
-        &self,
-        tools: &Tools,
-        provider: &Provider,
-        tool: &str,
-        call: Call,
-    ) -> Result<Value, ToolError> {
-        let body = provider.body();
-        let stack = match tools.layer(tool) {
-            Ok(layer) => layer.classifier(OkIsSuccess).layer(body),
-            Err(e) => {
-                return Err(
-                    ToolError::new(crate::error::ErrorCode::Internal).with_hint(e.to_string())
-                )
-            }
-        };
-        let mut stack = stack;
-        std::future::poll_fn(|cx| stack.poll_ready(cx)).await?;
-        stack.call(call).await
+fn resume_name(resume: Resume) -> &'static str {
+    match resume {
+        Resume::AtOnce => "resume_at_once",
+        Resume::AfterLease => "resume_after_lease",
+        Resume::AfterKeyWindow => "resume_after_key_window",
     }
+}
+
+/// The provider's seed for episode `n` of a run seeded `seed`.
+pub(super) fn episode_seed(seed: u64, n: u32) -> u64 {
+    seed ^ mix(u64::from(n) + 1)
 }

@@ -54,6 +54,7 @@
 //! # }
 //! ```
 
+mod agent;
 #[cfg(feature = "http")]
 mod cut;
 mod decide;
@@ -62,13 +63,15 @@ mod episodes;
 #[cfg(all(feature = "sqlite", unix))]
 mod processes;
 mod provider;
+mod script;
 mod service;
 mod svg;
 
 #[cfg(feature = "http")]
 pub use cut::{CutBody, CutFuture, StreamCut, StreamCutLayer};
 pub use effects::{Effect, Effects};
-pub use episodes::{Harness, Report, Step};
+pub use episodes::{Harness, Report};
+pub use script::{Applies, Resume, Step};
 pub use service::{Chaos, FaultAnswer, ResponseFuture};
 
 use crate::error::ConfigError;

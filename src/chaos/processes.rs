@@ -1,10 +1,11 @@
 //! [`Harness::run_in_processes`]: the same episodes, each crash a real SIGKILL of a child
-//! process, the resume a new process over the same SQLite files (feature `sqlite`).
+//! process, the resume a new process over the same SQLite files or PostgreSQL database
+//! (features `sqlite`, and `postgres` for PostgreSQL).
 
-use super::episodes::{Harness, Progress, Report};
-use super::provider::{write_synced, Provider, CRASH_POINT};
-use crate::backoff::rng::mix;
-use crate::receipt::{Clock, Durability, InMemoryStore, SqliteStore, SystemClock};
+use super::agent::Ended;
+use super::episodes::{episode_seed, Harness, Progress, Report};
+use super::provider::{write_synced, EpisodeClock, Provider, CRASH_POINT};
+use crate::receipt::{Durability, InMemoryStore, SqliteStore};
 use crate::tool::{SpecError, Stores, Tools};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -17,21 +18,14 @@ use std::time::{Duration, Instant};
 const DIR: &str = "STORMGUARD_CHAOS_DIR";
 const EPISODE: &str = "STORMGUARD_CHAOS_EPISODE";
 const SEED: &str = "STORMGUARD_CHAOS_SEED";
+/// The parent's run: the agent runs' ids begin with it, so a database kept between test runs
+/// never answers an episode from an earlier run's receipt.
+const RUN: &str = "STORMGUARD_CHAOS_RUN";
 /// How far ahead of the system clock the child's receipt stores read the time: one hour per
 /// crash before it, so that a resumed process finds the crashed call's lease over.
 const AHEAD_MS: &str = "STORMGUARD_CHAOS_AHEAD_MS";
 /// The longest a child may run before it is killed and the run refused.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
-
-/// The system clock, `ahead` milliseconds ahead.
-#[derive(Clone, Copy, Debug)]
-struct Ahead(u64);
-
-impl Clock for Ahead {
-    fn now_ms(&self) -> u64 {
-        SystemClock.now_ms() + self.0
-    }
-}
 
 fn refused(field: &str, reason: impl std::fmt::Display) -> SpecError {
     SpecError::new(None, field, &reason.to_string())
@@ -93,33 +87,57 @@ impl Harness {
         }
         self.check()?;
         for (name, spec) in self.toolbox.stores() {
-            if spec.kind != "sqlite" && spec.kind != "memory" {
-                return Err(refused(
-                    "stores",
-                    format!("`{name}` is a {} store: the real-process mode opens SQLite files and memory stores", spec.kind),
-                ));
+            match spec.kind.as_str() {
+                "sqlite" | "memory" => {}
+                "postgres" if self.postgres.is_some() => {}
+                "postgres" => {
+                    return Err(refused(
+                        "stores",
+                        format!("`{name}` is a postgres store: give the database with Harness::postgres(url)"),
+                    ))
+                }
+                other => {
+                    return Err(refused(
+                        "stores",
+                        format!("`{name}` is a {other} store: the real-process mode opens SQLite files, PostgreSQL and memory stores"),
+                    ))
+                }
             }
         }
         let exe = std::env::current_exe().map_err(|e| refused("test", e))?;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let parent = format!("{}-{}", std::process::id(), since_epoch.as_millis());
         let mut report = Report::default();
         for n in 0..episodes {
             let ep = dir.join(format!("ep-{n}"));
             let _ = std::fs::remove_dir_all(&ep);
             std::fs::create_dir_all(&ep).map_err(|e| refused("dir", e))?;
             let mut crashes = 0u64;
-            while spawn(&exe, test, &ep, n, seed, crashes)? {
+            while spawn(&exe, test, &ep, (n, seed, &parent), crashes)? {
                 crashes += 1;
                 if crashes > 1 {
                     return Err(refused("episodes", "a resumed child crashed again"));
                 }
             }
             report.crashes += crashes;
+            if crashes > 0 {
+                *report
+                    .faults
+                    .entry(String::from("resume_after_lease"))
+                    .or_default() += crashes;
+            }
             let progress: Progress = std::fs::read(ep.join("progress.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
                 .ok_or_else(|| refused("episodes", "a child ended without its progress"))?;
-            let provider =
-                Provider::new(self, episode_seed(seed, n), Some(ep.join("provider.json")));
+            let provider = Provider::new(
+                self,
+                episode_seed(seed, n),
+                EpisodeClock::Ahead(0),
+                Some(ep.join("provider.json")),
+            );
             provider.tally(&self.script, &progress.outcomes, &mut report);
         }
         report.episodes = episodes;
@@ -136,41 +154,83 @@ impl Harness {
         };
         let (n, seed, ahead) = (var(EPISODE)?, var(SEED)?, var(AHEAD_MS)?);
         let n = u32::try_from(n).map_err(|e| refused("env", e))?;
-        let clock = Ahead(ahead);
+        let parent = std::env::var(RUN).map_err(|_| refused("env", format!("{RUN} is not set")))?;
+        let clock = EpisodeClock::Ahead(ahead);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| refused("runtime", e))?;
         let mut stores = Stores::new();
         for (name, spec) in self.toolbox.stores() {
-            stores = if spec.kind == "sqlite" {
-                let file = dir.join(format!("{name}.db"));
-                let store = SqliteStore::open_with_clock(file, Durability::Process, clock)
-                    .map_err(|e| refused("stores", e))?;
-                stores.with(name, store)
-            } else {
-                stores.with(name, InMemoryStore::with_clock(clock))
+            stores = match spec.kind.as_str() {
+                "sqlite" => {
+                    let file = dir.join(format!("{name}.db"));
+                    let store = SqliteStore::open_with_clock(file, Durability::Process, clock)
+                        .map_err(|e| refused("stores", e))?;
+                    stores.with(name, store)
+                }
+                #[cfg(feature = "postgres")]
+                "postgres" => {
+                    let url = self
+                        .postgres
+                        .as_ref()
+                        .map(|p| p.0.as_str())
+                        .unwrap_or_default();
+                    let store = runtime
+                        .block_on(async {
+                            let store = crate::receipt::PostgresOptions::builder(url)
+                                .durability(Durability::Process)
+                                .connections(1)
+                                .clock(clock)
+                                .build()?
+                                .connect()
+                                .await?;
+                            store.migrate().await?;
+                            Ok::<_, Box<dyn std::error::Error>>(store)
+                        })
+                        .map_err(|e| refused("stores", e))?;
+                    stores.with(name, store)
+                }
+                _ => stores.with(name, InMemoryStore::with_clock(clock)),
             };
         }
         let tools: Tools = self.toolbox.build(stores)?;
-        let provider = Provider::new(self, episode_seed(seed, n), Some(dir.join("provider.json")));
+        let provider = Provider::new(
+            self,
+            episode_seed(seed, n),
+            clock,
+            Some(dir.join("provider.json")),
+        );
         let progress_file = dir.join("progress.json");
         let mut progress: Progress = std::fs::read(&progress_file)
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| refused("runtime", e))?;
-        let never = || Err(refused("episodes", "a call in a child never returned"));
-        let run = format!("ep-{n}");
+        let run = format!("{parent}-ep-{n}");
         let save = |p: &Progress| write_synced(&progress_file, p);
-        runtime.block_on(self.steps(&run, &provider, tools, &mut progress, never, save))?;
+        let mut report = Report::default();
+        let eseed = episode_seed(seed, n);
+        let ended = runtime.block_on(async {
+            let ended = self
+                .steps(
+                    &run,
+                    eseed,
+                    &provider,
+                    tools,
+                    &mut progress,
+                    &mut report,
+                    save,
+                )
+                .await;
+            provider.settle().await;
+            ended
+        })?;
+        if ended != Ended::Done {
+            return Err(refused("episodes", "a child crashed without being killed"));
+        }
         write_synced(&progress_file, &progress);
         Ok(())
     }
-}
-
-/// The provider's seed for episode `n`, as [`Harness::run`] draws it.
-fn episode_seed(seed: u64, n: u32) -> u64 {
-    seed ^ mix(u64::from(n) + 1)
 }
 
 /// Runs one child of episode `n`; `true` if it reached its crash point and was killed.
@@ -178,8 +238,7 @@ fn spawn(
     exe: &Path,
     test: &str,
     ep: &Path,
-    n: u32,
-    seed: u64,
+    (n, seed, parent): (u32, u64, &str),
     crashes: u64,
 ) -> Result<bool, SpecError> {
     let mut child = Command::new(exe)
@@ -187,6 +246,7 @@ fn spawn(
         .env(DIR, ep)
         .env(EPISODE, n.to_string())
         .env(SEED, seed.to_string())
+        .env(RUN, parent)
         .env(AHEAD_MS, (crashes * 3_600_000).to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
