@@ -3,7 +3,7 @@
 #![cfg(feature = "chaos")]
 
 use serde_json::json;
-use stormguard::chaos::{Harness, Step};
+use stormguard::chaos::{Harness, Resume, Step};
 use stormguard::tool::Toolbox;
 
 /// A billing agent's table: a read, a keyed write and an unkeyed write, with `overrides` merged
@@ -149,4 +149,77 @@ fn the_rates_of_two_tables_are_drawn_side_by_side() {
         (titles[3] - rate).abs() < 1e-4 && rate > 0.0,
         "{titles:?} {defect:?}"
     );
+}
+
+#[test]
+fn a_key_built_from_the_models_wording_duplicates_when_it_rewords() {
+    // The note is free text: the model words it differently when it asks again.
+    let worded = json!({ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "text:note"], "unknown_outcome": "escalate",
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 } });
+    let script = vec![
+        Step::new("send_invoice", json!({ "invoice_id": 4471, "note": "due" }))
+            .reworded(json!({ "invoice_id": 4471, "note": "payment due" })),
+    ];
+    let tb = toolbox(worded, sound_ticket());
+    let quiet = |h: Harness| {
+        h.crashes(0.0)
+            .before_work(0.0)
+            .after_work(0.0)
+            .late_commits(0.0)
+    };
+    let report = quiet(Harness::new(tb.clone(), script.clone()))
+        .rewords(0.5)
+        .run(400, 7)
+        .unwrap();
+    assert!(report.duplicate_effects > 100, "{report:?}");
+    assert_eq!(
+        report.faults.get("reworded"),
+        Some(&report.duplicate_effects)
+    );
+    // Never reworded, the same key deduplicates.
+    let report = quiet(Harness::new(tb, script))
+        .rewords(0.0)
+        .run(400, 7)
+        .unwrap();
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+}
+
+#[test]
+fn a_run_resumed_after_the_key_window_sends_again_without_receipts() {
+    // A key alone: the provider deduplicates for its window, then forgets.
+    let key_only = json!({ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate" });
+    let next_day = |invoice: serde_json::Value| {
+        Harness::new(toolbox(invoice, sound_ticket()), script())
+            .crashes(1.0)
+            .resumes(&[Resume::AfterKeyWindow])
+            .run(300, 7)
+            .unwrap()
+    };
+    let report = next_day(key_only);
+    assert!(
+        report.duplicates_by_tool.contains_key("send_invoice"),
+        "{report:?}"
+    );
+    // With receipts, the pending intent is older than the window: escalated, not sent.
+    let report = next_day(sound_invoice());
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+    assert!(
+        report.escalations.contains_key("outcome_unknown"),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.faults.get("resume_after_key_window"),
+        Some(&report.crashes)
+    );
+}
+
+#[test]
+fn no_resume_is_refused() {
+    let err = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+        .resumes(&[])
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!(err.field(), "resumes");
 }

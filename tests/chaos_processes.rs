@@ -96,14 +96,22 @@ fn receipts_in_postgres_leave_no_duplicate_after_real_sigkills() {
     assert_eq!(report.duplicate_effects, 0, "{report:?}");
     assert!(report.effects > 0, "{report:?}");
     // What a crash left unknown was escalated, not sent again.
-    assert!(report.escalations.contains_key("outcome_unknown"), "{report:?}");
+    assert!(
+        report.escalations.contains_key("outcome_unknown"),
+        "{report:?}"
+    );
 }
 
 #[test]
 fn a_postgres_store_without_its_database_is_refused() {
     let dir = std::env::temp_dir().join(format!("stormguard-refused-{}", std::process::id()));
     let err = Harness::new(toolbox("postgres"), script())
-        .run_in_processes(1, 7, "a_postgres_store_without_its_database_is_refused", &dir)
+        .run_in_processes(
+            1,
+            7,
+            "a_postgres_store_without_its_database_is_refused",
+            &dir,
+        )
         .unwrap_err();
     assert_eq!(err.field(), "stores");
     assert!(err.to_string().contains("Harness::postgres"), "{err}");
