@@ -69,7 +69,8 @@ fn charge(n: u64) -> http::Request<String> {
         .unwrap()
 }
 
-fn agent_stack() -> Client {
+/// The agent stack over `client`.
+fn agent_stack(client: Client) -> Client {
     let budget = RetryBudget::default();
     let retry = |class, name: &'static str| {
         RetryLayer::new(class, budget.clone())
@@ -98,7 +99,7 @@ fn agent_stack() -> Client {
         .map_err(BoxError::from)
         .layer(QuotaLayer::new(rate))
         .map_err(BoxError::from)
-        .service(client());
+        .service(client);
     Client::new(stack.map_err(BoxError::from))
 }
 
@@ -129,7 +130,13 @@ fn agent(c: &mut Criterion) {
         .build()
         .unwrap();
     let bare = client();
-    let stack = rt.block_on(async { agent_stack() });
+    let stack = rt.block_on(async { agent_stack(client()) });
+    // The fault layer switched off right above the client, where a test turns it on.
+    #[cfg(feature = "chaos")]
+    let chaos_off = rt.block_on(async {
+        use tower::Layer;
+        agent_stack(Client::new(stormguard::chaos::ChaosLayer::off().layer(client())))
+    });
     for (name, svc) in [("bare_client", &bare), ("agent_stack", &stack)] {
         println!(
             "allocations per operation, {name}: {:.1}",
@@ -141,6 +148,10 @@ fn agent(c: &mut Criterion) {
     group.bench_function("bare_client", |b| b.to_async(&rt).iter(|| one(&bare)));
     group.bench_function("agent_stack_keyed_write", |b| {
         b.to_async(&rt).iter(|| one(&stack))
+    });
+    #[cfg(feature = "chaos")]
+    group.bench_function("agent_stack_keyed_write_chaos_off", |b| {
+        b.to_async(&rt).iter(|| one(&chaos_off))
     });
     group.finish();
 }

@@ -28,7 +28,8 @@ pub struct Report {
     pub silent_duplicates: u64,
     /// Actions the agent saw succeed whose write was never applied.
     pub lost_work: u64,
-    /// Escalations (errors that are not retryable) by their code.
+    /// Steps that ended in an error, by its code: escalations (not retryable, such as
+    /// `outcome_unknown`) and failures the model's reissues did not get past.
     pub escalations: BTreeMap<String, u64>,
     /// Crashes injected.
     pub crashes: u64,
