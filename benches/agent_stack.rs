@@ -135,7 +135,9 @@ fn agent(c: &mut Criterion) {
     #[cfg(feature = "chaos")]
     let chaos_off = rt.block_on(async {
         use tower::Layer;
-        agent_stack(Client::new(stormguard::chaos::ChaosLayer::off().layer(client())))
+        agent_stack(Client::new(
+            stormguard::chaos::ChaosLayer::off().layer(client()),
+        ))
     });
     for (name, svc) in [("bare_client", &bare), ("agent_stack", &stack)] {
         println!(

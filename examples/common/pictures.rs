@@ -4,6 +4,12 @@ use plotters::prelude::*;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// One stack's dependency calls in each second of a scenario.
+pub struct Series {
+    pub stack: &'static str,
+    pub per_second: Vec<u64>,
+}
+
 /// Writes `name` into `dir`: dependency calls per second over time, one line per stack, on a
 /// log scale (an outage under tower's nested retries is thousands a second, under a breaker a
 /// handful).

@@ -56,10 +56,11 @@ impl Harness {
                     progress.turn += 1;
                     let second = call(progress.turn, &step.args);
                     let both = async {
-                        let (a, b) = tokio::join!(
+                        let (a, b) = join(
                             self.call(&tools, provider, &step.tool, first),
-                            self.call(&tools, provider, &step.tool, second)
-                        );
+                            self.call(&tools, provider, &step.tool, second),
+                        )
+                        .await;
                         a.or(b)
                     };
                     until_crash(provider, both).await
@@ -151,4 +152,30 @@ async fn until_crash<F: Future>(provider: &Provider, work: F) -> Option<F::Outpu
         std::mem::forget(work);
     }
     out
+}
+
+/// Both futures' outputs, polled together (two branches of the agent at once).
+async fn join<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut out_a, mut out_b) = (None, None);
+    std::future::poll_fn(|cx| {
+        if out_a.is_none() {
+            if let std::task::Poll::Ready(v) = a.as_mut().poll(cx) {
+                out_a = Some(v);
+            }
+        }
+        if out_b.is_none() {
+            if let std::task::Poll::Ready(v) = b.as_mut().poll(cx) {
+                out_b = Some(v);
+            }
+        }
+        match (out_a.take(), out_b.take()) {
+            (Some(a), Some(b)) => std::task::Poll::Ready((a, b)),
+            (a, b) => {
+                (out_a, out_b) = (a, b);
+                std::task::Poll::Pending
+            }
+        }
+    })
+    .await
 }

@@ -106,13 +106,16 @@ pub struct Harness {
     pub(super) resumes: Vec<Resume>,
     pub(super) log_lag: Duration,
     pub(super) applies: BTreeMap<String, Applies>,
-    pub(super) postgres: Option<Secret>,
+    #[cfg(all(feature = "postgres", feature = "sqlite", unix))]
+    postgres: Option<Secret>,
 }
 
 /// A connection string, never printed.
+#[cfg(all(feature = "postgres", feature = "sqlite", unix))]
 #[derive(Clone)]
-pub(super) struct Secret(pub(super) String);
+struct Secret(String);
 
+#[cfg(all(feature = "postgres", feature = "sqlite", unix))]
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Secret(..)")
@@ -140,6 +143,7 @@ impl Harness {
             resumes: vec![Resume::AtOnce, Resume::AfterLease, Resume::AfterKeyWindow],
             log_lag: Duration::from_secs(3),
             applies: BTreeMap::new(),
+            #[cfg(all(feature = "postgres", feature = "sqlite", unix))]
             postgres: None,
         }
     }
@@ -216,7 +220,8 @@ impl Harness {
     /// `postgres` stores live in the real-process mode
     /// ([`run_in_processes`](Self::run_in_processes)); [`run`](Self::run) keeps every store in
     /// memory and does not use it. Each run's agent-run ids are new, so a database kept between
-    /// runs never answers an episode from an earlier run's receipts.
+    /// runs never answers an episode from an earlier run's receipts. Features `postgres` and `sqlite`,
+    /// Unix.
     ///
     /// ```
     /// # let toolbox = stormguard::tool::Toolbox::default();
@@ -224,10 +229,19 @@ impl Harness {
     ///     .postgres("host=127.0.0.1 user=postgres password=hunter2 dbname=test");
     /// assert!(!format!("{harness:?}").contains("hunter2"));
     /// ```
-    #[cfg(feature = "postgres")]
+    #[cfg(all(feature = "postgres", feature = "sqlite", unix))]
     pub fn postgres(mut self, url: &str) -> Self {
         self.postgres = Some(Secret(url.to_owned()));
         self
+    }
+
+    /// The database [`postgres`](Self::postgres) named, if any.
+    #[cfg(all(feature = "sqlite", unix))]
+    pub(super) fn postgres_url(&self) -> Option<&str> {
+        #[cfg(feature = "postgres")]
+        return self.postgres.as_ref().map(|p| p.0.as_str());
+        #[cfg(not(feature = "postgres"))]
+        None
     }
 
     /// What the provider behind `tool` does.

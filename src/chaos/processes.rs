@@ -89,7 +89,7 @@ impl Harness {
         for (name, spec) in self.toolbox.stores() {
             match spec.kind.as_str() {
                 "sqlite" | "memory" => {}
-                "postgres" if self.postgres.is_some() => {}
+                "postgres" if cfg!(feature = "postgres") && self.postgres_url().is_some() => {}
                 "postgres" => {
                     return Err(refused(
                         "stores",
@@ -171,11 +171,7 @@ impl Harness {
                 }
                 #[cfg(feature = "postgres")]
                 "postgres" => {
-                    let url = self
-                        .postgres
-                        .as_ref()
-                        .map(|p| p.0.as_str())
-                        .unwrap_or_default();
+                    let url = self.postgres_url().unwrap_or_default();
                     let store = runtime
                         .block_on(async {
                             let store = crate::receipt::PostgresOptions::builder(url)

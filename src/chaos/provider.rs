@@ -9,7 +9,7 @@ use super::script::{Applies, Step};
 use crate::backoff::rng::mix;
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::key::canonical_json;
-use crate::receipt::{Clock, ReadBack, ReadBackResult, SystemClock};
+use crate::receipt::{Clock, ReadBack, ReadBackResult};
 use crate::tool::Call;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -39,6 +39,7 @@ const EPOCH_MS: u64 = 1_767_225_600_000;
 #[derive(Clone, Copy, Debug)]
 pub(super) enum EpisodeClock {
     Tokio(tokio::time::Instant),
+    #[cfg(all(feature = "sqlite", unix))]
     Ahead(u64),
 }
 
@@ -46,7 +47,8 @@ impl Clock for EpisodeClock {
     fn now_ms(&self) -> u64 {
         match self {
             EpisodeClock::Tokio(start) => EPOCH_MS + start.elapsed().as_millis() as u64,
-            EpisodeClock::Ahead(ms) => SystemClock.now_ms() + ms,
+            #[cfg(all(feature = "sqlite", unix))]
+            EpisodeClock::Ahead(ms) => crate::receipt::SystemClock.now_ms() + ms,
         }
     }
 }
