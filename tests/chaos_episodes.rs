@@ -223,3 +223,75 @@ fn no_resume_is_refused() {
         .unwrap_err();
     assert_eq!(err.field(), "resumes");
 }
+
+#[test]
+fn parallel_branches_under_faults_repeat_for_a_seed() {
+    // Two branches at every step, retried through faults: their calls interleave by the
+    // backoff's jitter, which the harness seeds from the run's seed.
+    let run = || {
+        Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+            .parallel(1.0)
+            .before_work(0.3)
+            .after_work(0.2)
+            .run(300, 11)
+            .unwrap()
+    };
+    let first = run();
+    assert!(
+        first.faults.get("parallel").copied().unwrap_or(0) >= 300,
+        "{first:?}"
+    );
+    for _ in 0..3 {
+        assert_eq!(run(), first);
+    }
+    assert_eq!(first.duplicate_effects, 0, "{first:?}");
+}
+
+#[test]
+fn a_stack_the_toolbox_cannot_build_is_refused_before_any_episode() {
+    // A receipt with no key to file it under.
+    let unkeyed_receipt = json!({ "name": "send_invoice", "class": "keyed_write",
+            "retry": ["layer"], "unknown_outcome": "escalate", "receipt": { "store": "receipts" } });
+    // A read-back with no receipts to find the unknown outcome in.
+    let read_back_alone = json!({ "name": "post_ticket", "class": "unkeyed_write",
+            "retry": ["none"], "key": ["run", "tool", "id:ticket"],
+            "unknown_outcome": { "read_back": { "attempts": 3, "within_secs": 10 } } });
+    for (invoice, ticket) in [
+        (unkeyed_receipt, sound_ticket()),
+        (sound_invoice(), read_back_alone),
+    ] {
+        let err = Harness::new(toolbox(invoice, ticket), script())
+            .run(10, 1)
+            .expect_err("an unbuildable stack is refused, not run into escalations");
+        assert!(
+            err.tool() == Some("send_invoice") || err.tool() == Some("post_ticket"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn fault_rates_over_one_and_an_unknown_tool_name_the_setting_at_fault() {
+    let tb = toolbox(sound_invoice(), sound_ticket());
+    let err = Harness::new(tb.clone(), script())
+        .before_work(0.6)
+        .after_work(0.5)
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!(err.field(), "fault_rates");
+    assert!(err.to_string().contains("before_work (0.6)"), "{err}");
+    let err = Harness::new(tb, script())
+        .applies("nope", stormguard::chaos::Applies::EveryCall)
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!((err.field(), err.tool()), ("applies", Some("nope")));
+}
+
+#[test]
+fn no_episode_or_an_empty_script_is_refused() {
+    let tb = toolbox(sound_invoice(), sound_ticket());
+    let err = Harness::new(tb.clone(), script()).run(0, 1).unwrap_err();
+    assert_eq!(err.field(), "episodes");
+    let err = Harness::new(tb, vec![]).run(10, 1).unwrap_err();
+    assert_eq!(err.field(), "script");
+}

@@ -105,6 +105,7 @@ fn http_client(
         .service(server::HttpClient::new())
 }
 
+#[cfg(feature = "sqlite")]
 /// `http_client` for the declared tool: the hyper client of [`http_client`] with each answer's
 /// body read into a `String` (a receipt stores the answer whole).
 fn collected_client(
@@ -131,6 +132,7 @@ fn collected_client(
     )
 }
 
+#[cfg(feature = "sqlite")]
 /// "Example": the declared tool, as written, over `http_client`; one call at `step`.
 #[rustfmt::skip]
 async fn declared_tool_example(
@@ -174,6 +176,7 @@ async fn declared_tool_example(
     Ok(response)
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn the_declared_tool_retries_a_502_with_its_key_and_answers_a_repeat_from_its_receipt() {
     let dir = std::env::temp_dir().join(format!("stormguard-readme-{}", std::process::id()));
@@ -201,6 +204,7 @@ async fn the_declared_tool_retries_a_502_with_its_key_and_answers_a_repeat_from_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[cfg(feature = "sqlite")]
 #[tokio::test]
 async fn the_declared_tool_keys_every_attempt_alike_and_leaves_the_step_out() {
     let dir = std::env::temp_dir().join(format!("stormguard-readme-keys-{}", std::process::id()));

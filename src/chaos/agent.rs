@@ -6,7 +6,7 @@ use super::episodes::{Harness, Progress, Report};
 use super::provider::{unit, Provider};
 use crate::classify::OkIsSuccess;
 use crate::error::{ErrorCode, ToolError};
-use crate::tool::{Call, SpecError, Tools, UnknownOutcome};
+use crate::tool::{Call, SpecError, Tools};
 use serde_json::Value;
 use std::future::Future;
 use tower_layer::Layer;
@@ -111,11 +111,8 @@ impl Harness {
         call: Call,
     ) -> Result<Value, ToolError> {
         let body = provider.clone();
-        let reads_back = self.toolbox.tools().iter().any(|t| {
-            t.name == tool && matches!(t.unknown_outcome, Some(UnknownOutcome::ReadBack { .. }))
-        });
         let refused = |e: SpecError| ToolError::new(ErrorCode::Internal).with_hint(e.to_string());
-        if reads_back {
+        if self.reads_back(tool) {
             let layer = tools
                 .layer_reading_back(tool, provider.clone())
                 .map_err(refused)?;

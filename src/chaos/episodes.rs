@@ -2,7 +2,7 @@
 //! resumes, and the count of duplicate effects.
 
 use super::agent::Ended;
-use super::provider::{unit, EpisodeClock, Provider};
+use super::provider::{EpisodeClock, Provider};
 use super::script::{Applies, Resume, Step};
 use crate::backoff::rng::mix;
 use crate::receipt::InMemoryStore;
@@ -26,7 +26,8 @@ pub struct Report {
     pub episodes_duplicated: u64,
     /// Duplicates in an action the agent saw succeed: nobody would have noticed.
     pub silent_duplicates: u64,
-    /// Actions the agent saw succeed whose write was never applied.
+    /// Actions the agent saw succeed whose write was never applied (a tool whose provider
+    /// [`Applies::Nothing`], a read, never loses work).
     pub lost_work: u64,
     /// Steps that ended in an error, by its code: escalations (not retryable, such as
     /// `outcome_unknown`) and failures the model's reissues did not get past.
@@ -38,8 +39,9 @@ pub struct Report {
     /// Calls that reached the provider.
     pub calls: u64,
     /// The faults met, by name: `refused`, `rate_limited`, `reset_after_work`, `late_commit`,
-    /// `crash`, `crash_in_flight`, `reworded`, `parallel`, and the resumes `resume_at_once`,
-    /// `resume_after_lease`, `resume_after_key_window`.
+    /// `crash`, `crash_in_flight` (the crashes among `crash` whose work was still in flight and
+    /// landed after the process died: counted in both), `reworded`, `parallel`, and the resumes
+    /// `resume_at_once`, `resume_after_lease`, `resume_after_key_window` (one per crash).
     pub faults: BTreeMap<String, u64>,
 }
 
@@ -172,7 +174,10 @@ impl Harness {
         self
     }
 
-    /// The share of episodes with a crash (0.0 to 1.0).
+    /// The share of episodes with a crash (0.0 to 1.0). The crash falls on the first call the
+    /// provider accepts from one of the episode's first calls on (as many as the script has
+    /// steps); an episode with no accepted call from there on has none, so `crashes(1.0)`
+    /// crashes nearly every episode, not every one.
     pub fn crashes(mut self, p: f64) -> Self {
         self.crash = p;
         self
@@ -257,9 +262,10 @@ impl Harness {
 
     /// Runs `episodes` seeded episodes (the same seed, the same run). A script naming a tool the
     /// toolbox does not hold, a rate outside 0.0 to 1.0, fault rates adding up to more than 1,
-    /// no resume, or a stack that cannot be built is a [`SpecError`].
+    /// no resume, a stack that cannot be built, no episode or an empty script (a report that
+    /// could not fail) is a [`SpecError`].
     pub fn run(&self, episodes: u32, seed: u64) -> Result<Report, SpecError> {
-        self.check()?;
+        self.check(episodes)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
@@ -271,73 +277,6 @@ impl Harness {
         }
         report.episodes = episodes;
         Ok(report)
-    }
-
-    /// The checks [`run`](Self::run) makes first: the rates, the resumes, and every step's tool
-    /// declared.
-    pub(super) fn check(&self) -> Result<(), SpecError> {
-        let refuse = |field: &str, reason: &str| Err(SpecError::new(None, field, reason));
-        for (field, p) in [
-            ("before_work", self.before_work),
-            ("rate_limited", self.rate_limited),
-            ("after_work", self.after_work),
-            ("late_commits", self.late),
-            ("crashes", self.crash),
-            ("rewords", self.rewords),
-            ("parallel", self.parallel),
-        ] {
-            if !(0.0..=1.0).contains(&p) {
-                return refuse(field, "must be within 0.0..=1.0");
-            }
-        }
-        if self.before_work + self.rate_limited + self.after_work + self.late > 1.0 {
-            return refuse(
-                "after_work",
-                "the fault rates of a call add up to more than 1.0",
-            );
-        }
-        if self.resumes.is_empty() {
-            return refuse("resumes", "name at least one way to resume");
-        }
-        for tool in self
-            .script
-            .iter()
-            .map(|s| &s.tool)
-            .chain(self.applies.keys())
-        {
-            if !self.toolbox.tools().iter().any(|t| &t.name == tool) {
-                return Err(SpecError::new(
-                    Some(tool),
-                    "script",
-                    "the toolbox holds no such tool",
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// How long after a crash the resumed process starts.
-    pub(super) fn resume_after(&self, resume: Resume) -> Duration {
-        let receipts = self
-            .toolbox
-            .tools()
-            .iter()
-            .filter_map(|t| t.receipt.as_ref());
-        let lease = receipts
-            .clone()
-            .map(|r| r.lease_secs.unwrap_or(DEFAULT_LEASE_SECS))
-            .max()
-            .unwrap_or(DEFAULT_LEASE_SECS);
-        let window = receipts
-            .filter_map(|r| r.provider_key_window_secs)
-            .chain(std::iter::once(86_400))
-            .max()
-            .unwrap_or(86_400);
-        Duration::from_secs(match resume {
-            Resume::AtOnce => 1,
-            Resume::AfterLease => lease + 1,
-            Resume::AfterKeyWindow => window + lease + 1,
-        })
     }
 
     async fn episode(&self, seed: u64, n: u32, report: &mut Report) -> Result<(), SpecError> {
@@ -357,7 +296,9 @@ impl Harness {
             let given = stores.iter().fold(Stores::new(), |s, (name, store)| {
                 s.with(name, store.clone())
             });
-            let tools = toolbox.build(given)?;
+            // Each process's budgets draw from the episode's seed: the backoff's jitter orders
+            // parallel branches' retries, and it must repeat with the seed.
+            let tools = toolbox.build_seeded(given, Some(mix(eseed ^ crashes)))?;
             match self
                 .steps(&run, eseed, &provider, tools, &mut progress, report, |_| ())
                 .await?
@@ -367,12 +308,7 @@ impl Harness {
                     // A new process resumes the step it never saw complete.
                     crashes += 1;
                     report.crashes += 1;
-                    let i = (unit(eseed, 10 + crashes) * self.resumes.len() as f64) as usize;
-                    let resume = self.resumes[i.min(self.resumes.len() - 1)];
-                    *report
-                        .faults
-                        .entry(resume_name(resume).to_owned())
-                        .or_default() += 1;
+                    let resume = self.resume(eseed, crashes, report);
                     tokio::time::sleep(self.resume_after(resume)).await;
                 }
             }
@@ -380,17 +316,6 @@ impl Harness {
         provider.settle().await;
         provider.tally(&self.script, &progress.outcomes, report);
         Ok(())
-    }
-}
-
-/// The receipt lease a tool gets when it names none (the receipt layer's default).
-const DEFAULT_LEASE_SECS: u64 = 30;
-
-fn resume_name(resume: Resume) -> &'static str {
-    match resume {
-        Resume::AtOnce => "resume_at_once",
-        Resume::AfterLease => "resume_after_lease",
-        Resume::AfterKeyWindow => "resume_after_key_window",
     }
 }
 

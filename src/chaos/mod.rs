@@ -65,6 +65,7 @@ mod processes;
 mod provider;
 mod script;
 mod service;
+mod settings;
 mod svg;
 
 #[cfg(feature = "http")]

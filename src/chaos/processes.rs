@@ -5,6 +5,8 @@
 use super::agent::Ended;
 use super::episodes::{episode_seed, Harness, Progress, Report};
 use super::provider::{write_synced, EpisodeClock, Provider, CRASH_POINT};
+#[cfg(doc)]
+use super::script::Resume;
 use crate::receipt::{Durability, InMemoryStore, SqliteStore};
 use crate::tool::{SpecError, Stores, Tools};
 use std::io::{BufRead, BufReader, Write};
@@ -21,9 +23,16 @@ const SEED: &str = "STORMGUARD_CHAOS_SEED";
 /// The parent's run: the agent runs' ids begin with it, so a database kept between test runs
 /// never answers an episode from an earlier run's receipt.
 const RUN: &str = "STORMGUARD_CHAOS_RUN";
-/// How far ahead of the system clock the child's receipt stores read the time: one hour per
-/// crash before it, so that a resumed process finds the crashed call's lease over.
+/// How far ahead of the system clock the child's receipt stores and provider read the time: as
+/// long as the resumes drawn for the crashes before it wait (see [`Resume`]).
 const AHEAD_MS: &str = "STORMGUARD_CHAOS_AHEAD_MS";
+/// The call of `run_in_processes` that started the child (a fingerprint of the harness and its
+/// arguments): a child that reaches another call first exits with [`OTHER_CALL`].
+const CALL: &str = "STORMGUARD_CHAOS_CALL";
+/// The exit code of a child that reached another `run_in_processes` call than its parent's.
+const OTHER_CALL: i32 = 3;
+/// What a child prints first: a child that exits without it ran no episode (no such test).
+const STARTED: &str = "stormguard-chaos: child started";
 /// The longest a child may run before it is killed and the run refused.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 
@@ -35,15 +44,19 @@ impl Harness {
     /// Runs `episodes` seeded episodes as [`run`](Self::run) does, but each one in child
     /// processes of this test binary: a crash is the child killed with SIGKILL right after the
     /// provider applied a call and before the receipt was written, and the resume is a new
-    /// child over the same files (its receipt stores read the time an hour ahead, so the
-    /// crashed call's lease is over). The toolbox's `sqlite` stores are SQLite files in each
+    /// child over the same files, started as each crash's drawn [`Resume`] says (its receipt
+    /// stores and provider read the time that far ahead: at once, the crashed call's lease is
+    /// still held; after the key window, the provider has forgotten the key). A resume at once
+    /// waits in real time for the killed process's lease (the receipt's `lease_secs`, 30 s by
+    /// default): a test gives its tools a lease of a second or two. The toolbox's `sqlite` stores are SQLite files in each
     /// episode's directory under `dir`; its `memory` stores live and die with each process (a
     /// resume finds them empty, as it would); any other kind is a [`SpecError`]. The provider
     /// keeps its books in a file, flushed to disk before it answers.
     ///
     /// `test` is the exact name of the `#[test]` that calls this (the child runs that test
     /// alone, `--exact`): in a child, this call runs the child's part and ends the process, so
-    /// the lines after it run in the parent only. A child that fails, or runs past two minutes,
+    /// the lines after it run in the parent only, and a test calls it once (a second call is
+    /// refused: its children would reach the first). A child that fails, or runs past two minutes,
     /// is a [`SpecError`] with what it printed. Unix only (SIGKILL).
     ///
     /// ```no_run
@@ -74,7 +87,14 @@ impl Harness {
         test: &str,
         dir: &Path,
     ) -> Result<Report, SpecError> {
+        let call = self.fingerprint(episodes, seed, test);
         if let Some(dir) = std::env::var_os(DIR) {
+            if std::env::var(CALL).ok() != Some(call) {
+                // The test calls run_in_processes more than once: this child was started by
+                // a later call and reached an earlier one (a test's code runs from its start).
+                std::process::exit(OTHER_CALL);
+            }
+            println!("{STARTED}");
             let code = match self.child(Path::new(&dir)) {
                 Ok(()) => 0,
                 Err(e) => {
@@ -85,7 +105,7 @@ impl Harness {
             let _ = std::io::stdout().flush();
             std::process::exit(code);
         }
-        self.check()?;
+        self.check(episodes)?;
         for (name, spec) in self.toolbox.stores() {
             match spec.kind.as_str() {
                 "sqlite" | "memory" => {}
@@ -115,19 +135,18 @@ impl Harness {
             let _ = std::fs::remove_dir_all(&ep);
             std::fs::create_dir_all(&ep).map_err(|e| refused("dir", e))?;
             let mut crashes = 0u64;
-            while spawn(&exe, test, &ep, (n, seed, &parent), crashes)? {
+            let mut ahead = Duration::ZERO;
+            while spawn(&exe, test, &ep, (n, seed, &parent, &call), ahead)? {
                 crashes += 1;
                 if crashes > 1 {
                     return Err(refused("episodes", "a resumed child crashed again"));
                 }
+                // The resumed child starts as long after the crash as the drawn resume says:
+                // its stores and provider read the time that far ahead.
+                let resume = self.resume(episode_seed(seed, n), crashes, &mut report);
+                ahead += self.resume_after(resume);
             }
             report.crashes += crashes;
-            if crashes > 0 {
-                *report
-                    .faults
-                    .entry(String::from("resume_after_lease"))
-                    .or_default() += crashes;
-            }
             let progress: Progress = std::fs::read(ep.join("progress.json"))
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok())
@@ -190,7 +209,9 @@ impl Harness {
                 _ => stores.with(name, InMemoryStore::with_clock(clock)),
             };
         }
-        let tools: Tools = self.toolbox.build(stores)?;
+        let tools: Tools = self
+            .toolbox
+            .build_seeded(stores, Some(episode_seed(seed, n)))?;
         let provider = Provider::new(
             self,
             episode_seed(seed, n),
@@ -229,13 +250,25 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// The call `run_in_processes(episodes, seed, test, _)` on this harness, as a child and its
+    /// parent both compute it (a fixed hash: the same in every process of the binary; not the
+    /// directory, which a test may name after its process).
+    fn fingerprint(&self, episodes: u32, seed: u64, test: &str) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        (format!("{self:?}"), episodes, seed, test).hash(&mut h);
+        format!("{:016x}", h.finish())
+    }
+}
+
 /// Runs one child of episode `n`; `true` if it reached its crash point and was killed.
 fn spawn(
     exe: &Path,
     test: &str,
     ep: &Path,
-    (n, seed, parent): (u32, u64, &str),
-    crashes: u64,
+    (n, seed, parent, call): (u32, u64, &str, &str),
+    ahead: Duration,
 ) -> Result<bool, SpecError> {
     let mut child = Command::new(exe)
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
@@ -243,7 +276,8 @@ fn spawn(
         .env(EPISODE, n.to_string())
         .env(SEED, seed.to_string())
         .env(RUN, parent)
-        .env(AHEAD_MS, (crashes * 3_600_000).to_string())
+        .env(CALL, call)
+        .env(AHEAD_MS, ahead.as_millis().to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -269,6 +303,7 @@ fn spawn(
     }
     let started = Instant::now();
     let mut printed = Vec::new();
+    let mut ran = false;
     let killed = loop {
         let left = CHILD_LIMIT.saturating_sub(started.elapsed());
         match seen.recv_timeout(left) {
@@ -278,6 +313,7 @@ fn spawn(
                 child.kill().map_err(|e| refused("episodes", e))?;
                 break true;
             }
+            Ok(line) if line.ends_with(STARTED) => ran = true,
             Ok(line) => printed.push(line),
             Err(mpsc::RecvTimeoutError::Disconnected) => break false,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -288,14 +324,21 @@ fn spawn(
         }
     };
     let status = child.wait().map_err(|e| refused("episodes", e))?;
-    if !killed && !status.success() {
+    if status.code() == Some(OTHER_CALL) {
+        return Err(refused(
+            "test",
+            format!("`{test}` calls run_in_processes more than once: its child reached another call first (a child runs the test from its start); give each call a #[test] of its own"),
+        ));
+    }
+    if !killed && (!status.success() || !ran) {
         let err = errors
             .and_then(|reader| reader.join().ok())
             .unwrap_or_default();
         return Err(refused(
             "test",
             format!(
-                "the child (`{test} --exact`) failed ({status}): is `{test}` the exact name of the test that calls run_in_processes? {}{}",
+                "the child (`{test} --exact`) {}: is `{test}` the exact name of the #[test] that calls run_in_processes? It printed: {}{}",
+                if status.success() { String::from("ran no episode") } else { format!("failed ({status})") },
                 printed.join("\n"),
                 err
             ),

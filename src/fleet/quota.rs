@@ -325,7 +325,7 @@ async fn reserve(limiter: Arc<RedisLimiter>, key: String, cost: u32) -> Option<P
         Ok(us) => Duration::from_micros(us),
         Err(_) => {
             metrics::counter!(FLEET_LOCAL, "part" => "quota").increment(1);
-            limiter.fallback.gcra(&key).reserve_n(cost)
+            limiter.fallback.reserve_n(&key, cost)
         }
     };
     sleep_for(wait, &limiter.name, cost)

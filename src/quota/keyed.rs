@@ -296,7 +296,7 @@ where
         let wait = if cost == 0 {
             std::time::Duration::ZERO
         } else {
-            self.layer.keys.gcra(&key).reserve_n(cost)
+            self.layer.keys.reserve_n(&key, cost)
         };
         let sleep = sleep_for(wait, &self.layer.name, cost);
         KeyedQuotaFuture::waiting(sleep, self.inner.clone(), req)

@@ -79,12 +79,29 @@ impl Toolbox {
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn build(&self, stores: Stores) -> Result<Tools, SpecError> {
+        self.build_seeded(stores, None)
+    }
+
+    /// [`Toolbox::build`] with every budget's backoff and acceptance draws seeded from `seed`
+    /// (each budget its own stream), so a simulation repeats; `None`: random seeds.
+    pub(crate) fn build_seeded(
+        &self,
+        stores: Stores,
+        seed: Option<u64>,
+    ) -> Result<Tools, SpecError> {
         self.validate()?;
+        let seeded = |builder: crate::budget::RetryBudgetBuilder, n: u64| match seed {
+            Some(seed) => {
+                builder.seed(crate::backoff::rng::mix(seed ^ crate::backoff::rng::mix(n)))
+            }
+            None => builder,
+        };
         let mut budgets = BTreeMap::new();
-        for (name, spec) in self.budgets() {
-            let budget = RetryBudget::builder()
+        for (n, (name, spec)) in self.budgets().iter().enumerate() {
+            let builder = RetryBudget::builder()
                 .retry_ratio(spec.ratio)
-                .floor(spec.min_per_sec, Duration::from_secs(1))
+                .floor(spec.min_per_sec, Duration::from_secs(1));
+            let budget = seeded(builder, n as u64 + 1)
                 .build()
                 .map_err(|e| config_error("budgets", name, &e))?;
             budgets.insert(name.clone(), budget);
@@ -161,7 +178,9 @@ impl Toolbox {
         Ok(Tools {
             toolbox: self.clone(),
             budgets,
-            default_budget: RetryBudget::default(),
+            default_budget: seeded(RetryBudget::builder(), 0)
+                .build()
+                .map_err(|e| config_error("budgets", "default", &e))?,
             breakers,
             quotas,
             stores: made,
