@@ -295,3 +295,48 @@ fn no_episode_or_an_empty_script_is_refused() {
     let err = Harness::new(tb, vec![]).run(10, 1).unwrap_err();
     assert_eq!(err.field(), "script");
 }
+
+#[test]
+fn a_step_that_never_reaches_the_provider_is_refused_not_passed() {
+    // A typo in the arguments: the key's field is missing, every call is refused locally.
+    let typo = vec![Step::new("send_invoice", json!({ "invoiceid": 4471 }))];
+    let err = Harness::new(toolbox(sound_invoice(), sound_ticket()), typo)
+        .run(50, 7)
+        .unwrap_err();
+    assert_eq!((err.field(), err.tool()), ("script", Some("send_invoice")));
+    assert!(err.reason().contains("reached the provider"), "{err}");
+    // Reached, its calls are counted by tool.
+    let report = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
+        .run(50, 7)
+        .unwrap();
+    assert_eq!(
+        report.calls_by_tool.values().sum::<u64>(),
+        report.calls,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn endless_reissues_are_refused_and_an_endless_log_lag_posts_a_read_back_ticket_again() {
+    let tb = toolbox(sound_invoice(), sound_ticket());
+    let err = Harness::new(tb, script())
+        .reissues(u32::MAX)
+        .run(1, 1)
+        .unwrap_err();
+    assert_eq!(err.field(), "reissues");
+    // A ticket read back from a log that never shows anything: the read-back's miss means
+    // "not done", and the ticket is posted again (the harness shows it; no overflow).
+    let read_back = json!({ "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
+            "key": ["run", "tool", "id:ticket"], "receipt": { "store": "receipts" },
+            "unknown_outcome": { "read_back": { "attempts": 3, "within_secs": 10 } } });
+    let report = Harness::new(toolbox(sound_invoice(), read_back), script())
+        .log_lag(std::time::Duration::MAX)
+        .crashes(0.5)
+        .run(200, 7)
+        .unwrap();
+    assert_eq!(
+        report.duplicates_by_tool.keys().collect::<Vec<_>>(),
+        ["post_ticket"],
+        "{report:?}"
+    );
+}

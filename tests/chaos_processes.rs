@@ -187,3 +187,44 @@ fn a_wrong_test_name_is_refused_with_the_name_to_check() {
     assert!(err.to_string().contains("ran no episode"), "{err}");
     assert!(err.to_string().contains("no_such_test"), "{err}");
 }
+
+#[test]
+fn a_late_commit_queued_by_a_killed_process_lands_and_the_resumed_run_ends() {
+    // Half the calls time out at once and land a second later; every episode crashes. The
+    // commits a killed child queued are the provider's: the resumed child lands them.
+    let harness = Harness::new(toolbox("sqlite"), script())
+        .before_work(0.0)
+        .after_work(0.0)
+        .rate_limited(0.0)
+        .late_commits(0.5)
+        .crashes(1.0);
+    let report = run_on(
+        harness,
+        "sqlite",
+        "a_late_commit_queued_by_a_killed_process_lands_and_the_resumed_run_ends",
+    );
+    assert!(
+        report.faults.get("late_commit").copied().unwrap_or(0) > 0,
+        "{report:?}"
+    );
+    assert!(report.crashes >= 4, "{report:?}");
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_database_the_child_cannot_reach_is_refused_as_its_store() {
+    let dir = std::env::temp_dir().join(format!("stormguard-unreachable-{}", std::process::id()));
+    let err = Harness::new(toolbox("postgres"), script())
+        .postgres("host=127.0.0.1 port=1 user=postgres dbname=test connect_timeout=2")
+        .run_in_processes(
+            1,
+            7,
+            "a_database_the_child_cannot_reach_is_refused_as_its_store",
+            &dir,
+        )
+        .unwrap_err();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(err.field(), "stores", "{err}");
+    assert!(err.reason().contains("episode 0"), "{err}");
+}

@@ -38,6 +38,8 @@ pub struct Report {
     pub duplicates_by_tool: BTreeMap<String, u64>,
     /// Calls that reached the provider.
     pub calls: u64,
+    /// The calls that reached the provider, by tool.
+    pub calls_by_tool: BTreeMap<String, u64>,
     /// The faults met, by name: `refused`, `rate_limited`, `reset_after_work`, `late_commit`,
     /// `crash`, `crash_in_flight` (the crashes among `crash` whose work was still in flight and
     /// landed after the process died: counted in both), `reworded`, `parallel`, and the resumes
@@ -175,9 +177,12 @@ impl Harness {
     }
 
     /// The share of episodes with a crash (0.0 to 1.0). The crash falls on the first call the
-    /// provider accepts from one of the episode's first calls on (as many as the script has
-    /// steps); an episode with no accepted call from there on has none, so `crashes(1.0)`
-    /// crashes nearly every episode, not every one.
+    /// provider accepts and answers at once (not one it refuses or queues as a late commit),
+    /// from one of the episode's first calls on (as many as the script has steps); an episode
+    /// with no such call from there on has none, so `crashes(1.0)` crashes nearly every
+    /// episode, not every one, and fewer the more calls are late. In [`run`](Self::run), half
+    /// the crashes come with that call's work still in flight (`crash_in_flight`); in
+    /// `run_in_processes` the work is applied before the kill.
     pub fn crashes(mut self, p: f64) -> Self {
         self.crash = p;
         self
@@ -190,7 +195,8 @@ impl Harness {
         self
     }
 
-    /// How many times the model reissues a call that failed in a way it may retry.
+    /// How many times the model reissues a call that failed in a way it may retry (at most 100;
+    /// more is refused by [`run`](Self::run)).
     pub fn reissues(mut self, n: u32) -> Self {
         self.reissues = n;
         self
@@ -276,6 +282,7 @@ impl Harness {
             runtime.block_on(self.episode(seed, n, &mut report))?;
         }
         report.episodes = episodes;
+        self.reached(&report)?;
         Ok(report)
     }
 

@@ -30,9 +30,12 @@ const AHEAD_MS: &str = "STORMGUARD_CHAOS_AHEAD_MS";
 /// arguments): a child that reaches another call first exits with [`OTHER_CALL`].
 const CALL: &str = "STORMGUARD_CHAOS_CALL";
 /// The exit code of a child that reached another `run_in_processes` call than its parent's.
-const OTHER_CALL: i32 = 3;
+const OTHER_CALL: i32 = 4;
 /// What a child prints first: a child that exits without it ran no episode (no such test).
 const STARTED: &str = "stormguard-chaos: child started";
+/// What a child prints before the refusal that ended it (a store it could not open...), as JSON
+/// `[tool, field, reason]`.
+const REFUSED: &str = "stormguard-chaos: child refused: ";
 /// The longest a child may run before it is killed and the run refused.
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 
@@ -98,7 +101,9 @@ impl Harness {
             let code = match self.child(Path::new(&dir)) {
                 Ok(()) => 0,
                 Err(e) => {
-                    eprintln!("stormguard-chaos child: {e}");
+                    // The parent reads this line and returns the child's own refusal.
+                    let refusal = serde_json::json!([e.tool(), e.field(), e.reason()]);
+                    println!("{REFUSED}{refusal}");
                     2
                 }
             };
@@ -160,6 +165,7 @@ impl Harness {
             provider.tally(&self.script, &progress.outcomes, &mut report);
         }
         report.episodes = episodes;
+        self.reached(&report)?;
         Ok(report)
     }
 
@@ -228,6 +234,8 @@ impl Harness {
         let mut report = Report::default();
         let eseed = episode_seed(seed, n);
         let ended = runtime.block_on(async {
+            // The late commits the killed process queued land now, as the provider's would.
+            provider.revive();
             let ended = self
                 .steps(
                     &run,
@@ -304,6 +312,7 @@ fn spawn(
     let started = Instant::now();
     let mut printed = Vec::new();
     let mut ran = false;
+    let mut refusal = None;
     let killed = loop {
         let left = CHILD_LIMIT.saturating_sub(started.elapsed());
         match seen.recv_timeout(left) {
@@ -314,6 +323,10 @@ fn spawn(
                 break true;
             }
             Ok(line) if line.ends_with(STARTED) => ran = true,
+            Ok(line) if line.contains(REFUSED) => {
+                let json = line.split(REFUSED).nth(1).unwrap_or_default();
+                refusal = serde_json::from_str::<(Option<String>, String, String)>(json).ok();
+            }
             Ok(line) => printed.push(line),
             Err(mpsc::RecvTimeoutError::Disconnected) => break false,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -328,6 +341,13 @@ fn spawn(
         return Err(refused(
             "test",
             format!("`{test}` calls run_in_processes more than once: its child reached another call first (a child runs the test from its start); give each call a #[test] of its own"),
+        ));
+    }
+    if let (false, Some((tool, field, reason))) = (killed, refusal) {
+        return Err(SpecError::new(
+            tool.as_deref(),
+            &field,
+            &format!("{reason} (in the child of episode {n})"),
         ));
     }
     if !killed && (!status.success() || !ran) {

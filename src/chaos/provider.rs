@@ -4,8 +4,8 @@
 //! lags behind its commits (what a read-back reads), forgets idempotency keys after its key
 //! window, and (in the real-process mode) keeps its books in a file that outlives a SIGKILL.
 
-use super::episodes::{Harness, Report};
-use super::script::{Applies, Step};
+use super::episodes::Harness;
+use super::script::Applies;
 use crate::backoff::rng::mix;
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::key::canonical_json;
@@ -21,6 +21,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_service::Service;
+
+mod late;
+mod tally;
+
+use late::Late;
 
 /// What a child process prints when the provider has applied a call and the process is to die
 /// before its receipt: the parent kills it (SIGKILL) when it reads this line.
@@ -90,8 +95,16 @@ pub(super) struct ProviderState {
     log: HashMap<String, u64>,
     /// Effects by script step.
     effects: BTreeMap<usize, u64>,
-    /// Late commits not landed yet.
-    in_flight: u32,
+    /// Late commits not landed yet, by number: kept with the books, so a process that resumes
+    /// after the one that queued them died lands them (the provider would).
+    late: BTreeMap<u64, Late>,
+    /// Calls that reached the provider, by tool.
+    calls_by_tool: BTreeMap<String, u64>,
+    /// The next late commit's number.
+    next_late: u64,
+    /// The late commits this process has scheduled (not the books: a new process has none).
+    #[serde(skip)]
+    landing: std::collections::BTreeSet<u64>,
     /// Faults met, by name.
     faults: BTreeMap<String, u64>,
 }
@@ -143,7 +156,7 @@ impl Provider {
                 crash: h.crash,
                 crash_window: h.script.len().max(1),
                 tools,
-                log_lag_ms: h.log_lag.as_millis() as u64,
+                log_lag_ms: u64::try_from(h.log_lag.as_millis()).unwrap_or(u64::MAX),
                 clock,
                 persist,
             }),
@@ -177,14 +190,7 @@ impl Provider {
         self.crashed.notified().await;
     }
 
-    /// Waits until every late commit has landed (they land [`LATE`] after their call).
-    pub(super) async fn settle(&self) {
-        while self.lock().in_flight > 0 {
-            tokio::time::sleep(LATE / 4).await;
-        }
-    }
-
-    /// Applies a call that reached the provider: once per key (within the key window), once per
+    /// Applies call number `call` that reached the provider at `now` (ms): once per key (within the key window), once per
     /// arguments, every time or never, as the tool's [`Applies`] says.
     fn apply(
         &self,
@@ -193,16 +199,16 @@ impl Provider {
         tool: &str,
         key: Option<&str>,
         args: &str,
+        (call, now): (u64, u64),
     ) {
         let (applies, window) = self.world.tools.get(tool).copied().unwrap_or_default();
-        let now = self.world.clock.now_ms();
         let identity = match applies {
             Applies::Nothing => None,
             Applies::OncePerKey => {
-                Some(key.map_or_else(|| format!("call-{}", st.calls), |k| format!("{tool}:{k}")))
+                Some(key.map_or_else(|| format!("call-{call}"), |k| format!("{tool}:{k}")))
             }
             Applies::OncePerArgs => Some(format!("{tool}:{args}")),
-            Applies::EveryCall => Some(format!("call-{}", st.calls)),
+            Applies::EveryCall => Some(format!("call-{call}")),
         };
         if let Some(identity) = identity {
             let fresh = match st.done.get(&identity) {
@@ -224,26 +230,6 @@ impl Provider {
         *st.faults.entry(fault.to_owned()).or_default() += 1;
     }
 
-    /// Lands a call's work [`LATE`] from now, whatever became of its caller.
-    fn land_later(
-        &self,
-        st: &mut ProviderState,
-        step: usize,
-        tool: String,
-        key: Option<String>,
-        args: String,
-    ) {
-        st.in_flight += 1;
-        let provider = self.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(LATE).await;
-            let mut st = provider.lock();
-            st.in_flight -= 1;
-            provider.apply(&mut st, step, &tool, key.as_deref(), &args);
-            provider.save(&st);
-        });
-    }
-
     fn serve(&self, call: Call) -> BodyFuture {
         let tool = call.tool().unwrap_or_default().to_owned();
         let key = call.key().map(|k| k.to_string());
@@ -251,6 +237,7 @@ impl Provider {
         let w = &self.world;
         let mut st = self.lock();
         st.calls += 1;
+        *st.calls_by_tool.entry(tool.clone()).or_default() += 1;
         let draw = unit(w.seed, st.calls);
         let fail = |e: BoxError| -> BodyFuture { Box::pin(async move { Err(e) }) };
         if draw < w.bounds[0] {
@@ -268,7 +255,8 @@ impl Provider {
         if draw >= w.bounds[2] && draw < w.bounds[3] {
             // Queued somewhere: the caller times out at once, the work lands later.
             Self::met(&mut st, "late_commit");
-            self.land_later(&mut st, step, tool, key, args);
+            let late = self.late(&st, &tool, &key, &args);
+            self.land_later(&mut st, late);
             self.save(&st);
             return fail(std::io::Error::from(std::io::ErrorKind::TimedOut).into());
         }
@@ -279,9 +267,11 @@ impl Provider {
         let crash = !st.crashed && unit(w.seed, 0) < w.crash && st.calls >= crash_call;
         if crash && w.persist.is_none() && unit(w.seed, 3) < 0.5 {
             Self::met(&mut st, "crash_in_flight");
-            self.land_later(&mut st, step, tool.clone(), key.clone(), args);
+            let late = self.late(&st, &tool, &key, &args);
+            self.land_later(&mut st, late);
         } else {
-            self.apply(&mut st, step, &tool, key.as_deref(), &args);
+            let at = (st.calls, w.clock.now_ms());
+            self.apply(&mut st, step, &tool, key.as_deref(), &args, at);
         }
         if crash {
             st.crashed = true;
@@ -303,48 +293,6 @@ impl Provider {
         }
         Box::pin(async move { Ok(json!({ "done": tool })) })
     }
-
-    /// Adds the episode's books to `report`: effects, duplicates (silent or not), lost work,
-    /// escalations by code, calls and faults.
-    pub(super) fn tally(
-        &self,
-        script: &[Step],
-        outcomes: &[Result<(), String>],
-        report: &mut Report,
-    ) {
-        let st = self.lock();
-        for (i, (step, outcome)) in script.iter().zip(outcomes).enumerate() {
-            let effects = st.effects.get(&i).copied().unwrap_or(0);
-            report.effects += effects;
-            let extra = effects.saturating_sub(1);
-            if extra > 0 {
-                report.duplicate_effects += extra;
-                *report
-                    .duplicates_by_tool
-                    .entry(step.tool.clone())
-                    .or_default() += extra;
-                if outcome.is_ok() {
-                    report.silent_duplicates += extra;
-                }
-            }
-            let write = !matches!(
-                self.world.tools.get(&step.tool),
-                Some((Applies::Nothing, _)) | None
-            );
-            match outcome {
-                Ok(()) if write && effects == 0 => report.lost_work += 1,
-                Ok(()) => {}
-                Err(code) => *report.escalations.entry(code.clone()).or_default() += 1,
-            }
-        }
-        if st.effects.values().any(|&n| n > 1) {
-            report.episodes_duplicated += 1;
-        }
-        report.calls += st.calls;
-        for (fault, n) in &st.faults {
-            *report.faults.entry(fault.clone()).or_default() += n;
-        }
-    }
 }
 
 /// The provider's sent log, read back: a call carrying this key is found once the log shows it
@@ -356,7 +304,7 @@ impl ReadBack<Call, Value> for Provider {
         };
         let now = self.world.clock.now_ms();
         match self.lock().log.get(&key) {
-            Some(&at) if now >= at + self.world.log_lag_ms => {
+            Some(&at) if now >= at.saturating_add(self.world.log_lag_ms) => {
                 ReadBackResult::Found(json!({ "done": call.tool().unwrap_or_default() }))
             }
             _ => ReadBackResult::Absent,

@@ -42,6 +42,12 @@ impl Harness {
                 ),
             );
         }
+        if self.reissues > MAX_REISSUES {
+            return refuse(
+                "reissues",
+                &format!("at most {MAX_REISSUES}: a model that reissues a failing call without end never ends its episode"),
+            );
+        }
         if self.resumes.is_empty() {
             return refuse("resumes", "name at least one way to resume");
         }
@@ -70,6 +76,32 @@ impl Harness {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a run in which some step's tool never reached the provider: its report could
+    /// not fail (a key field the arguments lack, a quota key the call does not carry).
+    pub(super) fn reached(&self, report: &Report) -> Result<(), SpecError> {
+        let Some(step) = self
+            .script
+            .iter()
+            .find(|s| !report.calls_by_tool.contains_key(&s.tool))
+        else {
+            return Ok(());
+        };
+        let ended: Vec<String> = report
+            .escalations
+            .iter()
+            .map(|(code, n)| format!("{n} x {code}"))
+            .collect();
+        Err(SpecError::new(
+            Some(&step.tool),
+            "script",
+            &format!(
+                "no call of this tool reached the provider in {} episodes (steps ended: {}): a step that never reaches it tests nothing. Do its arguments hold every field its key names, and does the call carry what its quota is keyed on?",
+                report.episodes,
+                if ended.is_empty() { String::from("none") } else { ended.join(", ") }
+            ),
+        ))
     }
 
     /// Whether `tool` declares a read-back for an unknown outcome.
@@ -126,3 +158,6 @@ fn resume_name(resume: Resume) -> &'static str {
         Resume::AfterKeyWindow => "resume_after_key_window",
     }
 }
+
+/// The most reissues a harness models (a model gives up long before).
+pub(super) const MAX_REISSUES: u32 = 100;
