@@ -340,3 +340,23 @@ fn endless_reissues_are_refused_and_an_endless_log_lag_posts_a_read_back_ticket_
         "{report:?}"
     );
 }
+
+#[test]
+fn a_step_carries_the_callers_tenant_to_a_quota_keyed_on_it() {
+    let tb = Toolbox::from_json_str(
+        r#"{ "quotas": { "q": { "per_sec": 100, "burst": 10 } },
+             "tools": [{ "name": "search", "class": "read", "retry": ["layer"],
+                         "quota": { "name": "q", "key": "tenant", "cost": 1 } }] }"#,
+    )
+    .unwrap();
+    let search = Step::new("search", json!({ "q": "unpaid" }));
+    // Without the tenant, no call can be counted against the quota: nothing is tested.
+    let err = Harness::new(tb.clone(), vec![search.clone()])
+        .run(20, 7)
+        .unwrap_err();
+    assert_eq!((err.field(), err.tool()), ("script", Some("search")));
+    let report = Harness::new(tb, vec![search.with("tenant", "acme")])
+        .run(20, 7)
+        .unwrap();
+    assert!(report.calls_by_tool["search"] >= 20, "{report:?}");
+}

@@ -47,8 +47,7 @@ impl Harness {
             progress.turn += 1;
             provider.step(i);
             let outcome = loop {
-                let call =
-                    |turn: u32, args: &Value| Call::new(run, format!("step-{turn}"), args.clone());
+                let call = |turn: u32, args: &Value| step.call(run, turn, args);
                 let first = call(progress.turn, &step.args);
                 let sent = if draw(0) < self.parallel && reissues == 0 {
                     // Two branches of the agent make the same call at once.
@@ -89,7 +88,7 @@ impl Harness {
                 seen("reworded");
                 progress.turn += 1;
                 let args = step.reworded.as_ref().unwrap_or(&step.args);
-                let again = Call::new(run, format!("step-{}", progress.turn), args.clone());
+                let again = step.call(run, progress.turn, args);
                 if until_crash(provider, self.call(&tools, provider, &step.tool, again))
                     .await
                     .is_none()

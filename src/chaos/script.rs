@@ -2,6 +2,7 @@
 //! with a call ([`Applies`]), and when a crashed run resumes ([`Resume`]).
 
 use crate::class::ToolClass;
+use crate::tool::Call;
 use serde_json::Value;
 
 /// One call of the agent's script: a tool of the toolbox and the model's arguments, and how
@@ -24,6 +25,9 @@ pub struct Step {
     /// The arguments of the model's reworded reissue (the same request in other words); `None`:
     /// it reissues the same arguments.
     pub reworded: Option<Value>,
+    /// What the caller knows beyond the arguments, by name (see
+    /// [`Call::with`](crate::tool::Call::with)): a quota counted per tenant reads `tenant`.
+    pub context: Vec<(String, String)>,
 }
 
 impl Step {
@@ -33,7 +37,29 @@ impl Step {
             tool: tool.to_owned(),
             args,
             reworded: None,
+            context: Vec::new(),
         }
+    }
+
+    /// Every call of this step carries `name` = `value` beside its arguments, as the caller's
+    /// [`Call::with`](crate::tool::Call::with) would (a tool whose quota is keyed on `tenant`
+    /// needs it, or no call reaches the provider).
+    ///
+    /// ```
+    /// let step = stormguard::chaos::Step::new("search", serde_json::json!({ "q": "x" })).with("tenant", "acme");
+    /// assert_eq!(step.context, [("tenant".to_owned(), "acme".to_owned())]);
+    /// ```
+    pub fn with(mut self, name: &str, value: &str) -> Self {
+        self.context.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The call of this step the agent makes at `turn` of `run`, with `args`.
+    pub(super) fn call(&self, run: &str, turn: u32, args: &Value) -> Call {
+        let call = Call::new(run, format!("step-{turn}"), args.clone());
+        self.context
+            .iter()
+            .fold(call, |call, (name, value)| call.with(name, value))
     }
 
     /// The arguments the model sends when it asks for the same thing again in other words
