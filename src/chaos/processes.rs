@@ -51,10 +51,12 @@ impl Harness {
     /// stores and provider read the time that far ahead: at once, the crashed call's lease is
     /// still held; after the key window, the provider has forgotten the key). A resume at once
     /// waits in real time for the killed process's lease (the receipt's `lease_secs`, 30 s by
-    /// default): a test gives its tools a lease of a second or two. The toolbox's `sqlite` stores are SQLite files in each
-    /// episode's directory under `dir`; its `memory` stores live and die with each process (a
-    /// resume finds them empty, as it would); any other kind is a [`SpecError`]. The provider
-    /// keeps its books in a file, flushed to disk before it answers.
+    /// default): a test gives its tools a lease of a second or two. The toolbox's `sqlite`
+    /// stores are SQLite files in each episode's directory under `dir`; its `memory` stores live
+    /// and die with each process (a resume finds them empty, as it would); any other kind is a
+    /// [`SpecError`]. The provider keeps its books in a file, flushed to disk before it
+    /// answers, and its late commits with them (a resumed process lands those a killed one
+    /// queued).
     ///
     /// `test` is the exact name of the `#[test]` that calls this (the child runs that test
     /// alone, `--exact`): in a child, this call runs the child's part and ends the process, so
