@@ -294,6 +294,76 @@ async fn sqlite_prunes_more_than_one_batch() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 13. Group commit: calls batched in one transaction keep their own answers.
+
+#[tokio::test]
+async fn postgres_batched_calls_keep_their_answers_and_a_rolled_back_batch_runs_again() {
+    let Some(url) = fresh_schema().await else {
+        return;
+    };
+    // One connection, so calls made at once share a transaction.
+    let store = PostgresOptions::builder(&url)
+        .durability(Durability::PowerLoss)
+        .connections(1)
+        .lock_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let lease = Duration::from_secs(30);
+    // 40 keys, each begun by two owners at once (often in one batch): one of each is fresh.
+    let begins = (0..80).map(|i| {
+        let store = store.clone();
+        async move {
+            let owner = format!("owner-{i}");
+            let begin = store
+                .begin(&format!("k{}", i % 40), "fp", &owner, lease)
+                .await;
+            (i % 40, owner, begin.unwrap())
+        }
+    });
+    let answers = futures_join_all(begins).await;
+    let fresh: Vec<_> = answers.iter().filter(|a| a.2 == Begin::Fresh).collect();
+    assert_eq!(fresh.len(), 40, "{answers:?}");
+    let owner_of_k0 = fresh.iter().find(|a| a.0 == 0).unwrap().1.clone();
+
+    // k0's row locked elsewhere: a batch holding k0's receipt fails on the lock timeout and
+    // rolls back; every other call of it runs again on its own and commits.
+    let locker = raw_pg(&url).await;
+    locker
+        .batch_execute("BEGIN; SELECT 1 FROM stormguard_receipts WHERE key = 'k0' FOR UPDATE;")
+        .await
+        .unwrap();
+    let blocked = {
+        let store = store.clone();
+        let owner = owner_of_k0.clone();
+        tokio::spawn(async move { store.complete("k0", &owner, b"r0").await })
+    };
+    let news = (0..20).map(|i| {
+        let store = store.clone();
+        async move { store.begin(&format!("n{i}"), "fp", "first", lease).await }
+    });
+    for begin in futures_join_all(news).await {
+        assert_eq!(begin.unwrap(), Begin::Fresh);
+    }
+    assert!(
+        blocked.await.unwrap().is_err(),
+        "the locked row's call fails"
+    );
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    // What the calls answered is what the store holds.
+    for i in 0..20 {
+        let again = store.begin(&format!("n{i}"), "fp", "second", lease).await;
+        assert_ne!(again.unwrap(), Begin::Fresh, "n{i} was committed");
+    }
+    store.complete("k0", &owner_of_k0, b"r0").await.unwrap();
+    let settled = store.begin("k0", "fp", "third", lease).await.unwrap();
+    assert!(matches!(settled, Begin::Done { .. }), "{settled:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
 // 14. Smaller promises.
 
 #[tokio::test]
