@@ -4,8 +4,9 @@
 //! Each pool slot has a committer task that owns its connection. A call is queued to it when
 //! it is made (so one key's calls, always on one slot, run in the order they were made); the
 //! task takes what is queued, runs a lone call in autocommit (no transaction to pay for) and
-//! several in one transaction, their statements pipelined (with `Durability::Process`, whose
-//! commits wait for no flush, each call commits on its own, still pipelined). If the transaction fails (a lock
+//! several in one transaction, `BEGIN` and their statements pipelined in one write, then
+//! `COMMIT` (with `Durability::Process`, whose commits wait for no flush, each call commits on
+//! its own, still pipelined). If the transaction fails (a lock
 //! timeout, a deadlock) nothing of it took effect, and each call runs again alone; if the
 //! connection dies before the commit is confirmed, the calls are answered with an error (their
 //! outcome is unknown to the caller, as any lost reply is) and the next batch reconnects.
