@@ -51,7 +51,7 @@
 //! three times in 2.7 % of operations); the peers reach more by sending up to 27 calls per
 //! operation. The price is at the start of an outage after a healthy spell: the acceptance
 //! falls below one half after about 22 failed attempts, so each layer lets about 50 retries
-//! through before it sheds (`outage-after-healthy`: 1.013x over two minutes, half of them down).
+//! through before it sheds (`outage-after-healthy`: 1.006x over two minutes, half of them down).
 //! Finagle's `RetryBudget` and gRPC A6's retry throttling (a token bucket drained by failures)
 //! shed both cases alike; A6's would stop retrying at a 50 % failure rate.
 //!
