@@ -48,6 +48,9 @@ pub(crate) struct OpState {
     /// credits its own budget on success only if it differs from this one, so a run of nested
     /// layers on one budget credits it once (0: none).
     caller: u32,
+    /// The budget id (24 bits) of the layer that opened the operation, its owner: a refusal by
+    /// another budget is handed up to it (0: none).
+    owner: u32,
 }
 
 /// What joining an operation did to it.
@@ -73,6 +76,7 @@ impl OpState {
         deadline: None,
         key: 0,
         caller: 0,
+        owner: 0,
     };
 
     pub(crate) fn new(
@@ -91,13 +95,20 @@ impl OpState {
             deadline,
             key: 0,
             caller: 0,
+            owner: 0,
         }
     }
 
-    /// The layer that opened the operation draws on budget `id`.
+    /// The layer that opened the operation (its owner) draws on budget `id`.
     pub(crate) fn with_caller(mut self, id: u32) -> Self {
         self.caller = id & BUDGET_ID_MASK;
+        self.owner = self.caller;
         self
+    }
+
+    /// Whether budget `id` is the account of the operation's owner (the layer that opened it).
+    pub(crate) fn owned_by(&self, id: u32) -> bool {
+        self.owner == id & BUDGET_ID_MASK
     }
 
     /// Attempts made so far, by every layer.

@@ -16,7 +16,8 @@
 //! 7. this layer's own attempts are spent: a nested layer hands the failure up, still
 //!    retryable, to the layer above, which decides with the operation's cap;
 //! 8. the delay (the server's, clamped, or the backoff) would end past the deadline;
-//! 9. the budget refuses ([`settle`]).
+//! 9. the budget refuses ([`settle`]); a joined layer on a budget other than the owner's then
+//!    hands the failure up (`outcome.rs`), for the owner's budget to decide.
 
 use super::policy::ClassPolicy;
 use crate::budget::Refusal;

@@ -112,7 +112,9 @@ impl<C, R> RetryLayer<C, R> {
 
     /// Declares that this layer runs inside another stormguard [`Retry`] (the tool's layer,
     /// which owns the retries): it joins that layer's operation and never becomes a second
-    /// owner. A layer nested by accident (a client's own retry layer under a tool's) retries
+    /// owner. While it has the operation, it retries on the operation's attempts and draws on
+    /// its own budget; when that budget refuses (and is not the owner's), it hands the failure
+    /// up and the owner's budget decides. A layer nested by accident (a client's own retry layer under a tool's) retries
     /// with the operation's attempts as long as the operation reaches it; where it does not (a
     /// request type that cannot carry it, such as a `reqwest::Request` or a plain value, behind a
     /// `tower::buffer::Buffer` or in a spawned task), it would open an operation of its own and

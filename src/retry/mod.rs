@@ -25,9 +25,12 @@
 //!    decides with the operation's cap;
 //! 8. the delay (the class's backoff, or the server's `Retry-After` / pushback clamped to the
 //!    policy's maximum) would end at or after the deadline;
-//! 9. the budget refuses.
+//! 9. the budget refuses. A layer that joined the operation on a budget other than its owner's
+//!    (the layer that opened it) hands the failure up, still retryable, as in step 7: the owner
+//!    decides with its own budget, and its refusal ends the operation. Layers on one budget ask
+//!    it once: the first refusal ends the operation.
 //!
-//! Every ending of steps 3-9 (but 7, and an open circuit's `circuit_open`, which passes through
+//! Every ending of steps 3-9 (but 7, a hand-up of 9, and an open circuit's `circuit_open`, which passes through
 //! as it is, `retryable: true` with the time left as `retry_after`) closes the operation, so no
 //! layer above retries it, and is a [`ToolError`](crate::error::ToolError) with `retryable: false`, the operation's attempt count, the code of the last
 //! failure (`unavailable`, `rate_limited`, ...) or of the ending (`outcome_unknown`,

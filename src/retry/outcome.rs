@@ -6,6 +6,7 @@ use super::ending::{give_up, hand_back, leave_to_outer_layer, LastFailure};
 use super::part::LayerPart;
 use super::Retrier;
 use crate::budget::acceptance::{admits, DOWN};
+use crate::budget::Refusal;
 use crate::classify::{Classification, ClassifiedResponse, Classify, ServerHint, Verdict};
 use crate::error::{BoxError, ErrorCode, FailureClass, ToolError};
 use crate::telemetry;
@@ -165,6 +166,20 @@ where
                 retrier.budget.try_withdraw(delay)
             },
         ),
+        next => next,
+    };
+    let next = match next {
+        // A joined layer's account is spent, the owner's may not be: the layer that owns the
+        // retries decides with its own budget (a refusal by the owner's account stands).
+        Next::GiveUp(GiveUp::Budget(Refusal::RetryBudget))
+            if !part.op(retrier, |op| op.owned_by(retrier.budget.id())) =>
+        {
+            tracing::debug!(
+                layer = %retrier.name,
+                "retry budget of a joined layer spent: the owner's budget decides"
+            );
+            Next::LeaveToOuterLayer
+        }
         next => next,
     };
     let code = classification.code().unwrap_or(ErrorCode::Internal);

@@ -53,6 +53,7 @@ impl LayerPart {
             || {
                 let policy = &retrier.policy;
                 OpState::new(policy.max_attempts(), policy.class(), false, None)
+                    .with_caller(retrier.budget.id())
                     .with_retries(attempts.saturating_sub(1))
             },
             f,
