@@ -17,7 +17,7 @@ use stormguard::receipt::{
     ReadBack, ReadBackResult, ReceiptConfig, ReceiptGuardLayer, ReceiptStore, Resolution, Resolved,
     SqliteStore, StoreError,
 };
-use support::stores::{fresh_schema, temp_db};
+use support::stores::{fresh_schema, pg_with, temp_db};
 use tower::{Layer, Service, ServiceExt};
 
 #[derive(Clone, Debug)]
@@ -652,14 +652,7 @@ macro_rules! suite {
 /// `None` with a note.
 async fn postgres_on(clock: ManualClock) -> Option<PostgresStore> {
     let url = fresh_schema().await?;
-    let store = PostgresOptions::builder(&url)
-        .clock(clock)
-        .build()
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let store = pg_with(PostgresOptions::builder(&url).clock(clock)).await;
     Some(store)
 }
 
@@ -1046,17 +1039,7 @@ async fn a_clock_stepped_back_never_lengthens_a_lease_in_postgres() {
     };
     let on = |clock: Stepped| {
         let url = url.clone();
-        async move {
-            let store = PostgresOptions::builder(&url)
-                .clock(clock)
-                .build()
-                .unwrap()
-                .connect()
-                .await
-                .unwrap();
-            store.migrate().await.unwrap();
-            store
-        }
+        async move { pg_with(PostgresOptions::builder(&url).clock(clock)).await }
     };
     let clock = Stepped::at(T0);
     let (first, second) = (on(Stepped::at(T0)).await, on(clock.clone()).await);
@@ -1146,14 +1129,7 @@ async fn a_postgres_schema_of_the_first_release_migrates_and_keeps_working() {
     .await
     .unwrap();
     let clock = ManualClock::new(T0 + 10_000);
-    let store = PostgresOptions::builder(&url)
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let store = pg_with(PostgresOptions::builder(&url).clock(clock.clone())).await;
     an_old_store_keeps_working(store, clock).await;
 }
 

@@ -15,7 +15,7 @@ use stormguard::receipt::{
     ReceiptGuardLayer, ReceiptStore, SqliteStore,
 };
 use support::receipts::{action, code, futures_join_all, layer, send, ActionFn, Provider, T0};
-use support::stores::{fresh_schema, pg_store, raw_pg, temp_db};
+use support::stores::{fresh_schema, pg_store, pg_with, raw_pg, temp_db};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
 // ---------------------------------------------------------------------------------------------
@@ -135,14 +135,8 @@ async fn a_locked_table_fails_a_store_call_in_bounded_time() {
     let Some(url) = fresh_schema().await else {
         return;
     };
-    let store = PostgresOptions::builder(&url)
-        .lock_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let store =
+        pg_with(PostgresOptions::builder(&url).lock_timeout(Duration::from_millis(300))).await;
     let locker = raw_pg(&url).await;
     locker
         .batch_execute("BEGIN; LOCK TABLE stormguard_receipts IN ACCESS EXCLUSIVE MODE;")
@@ -302,16 +296,13 @@ async fn postgres_batched_calls_keep_their_answers_and_a_rolled_back_batch_runs_
         return;
     };
     // One connection, so calls made at once share a transaction.
-    let store = PostgresOptions::builder(&url)
-        .durability(Durability::PowerLoss)
-        .connections(1)
-        .lock_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let store = pg_with(
+        PostgresOptions::builder(&url)
+            .durability(Durability::PowerLoss)
+            .connections(1)
+            .lock_timeout(Duration::from_millis(300)),
+    )
+    .await;
     let lease = Duration::from_secs(30);
     // 40 keys, each begun by two owners at once (often in one batch): one of each is fresh.
     let begins = (0..80).map(|i| {
@@ -373,14 +364,7 @@ async fn postgres_reconnects_after_its_backends_die() {
     };
     let name = format!("sg_reconnect_{}", std::process::id());
     let url = format!("{url} application_name={name}");
-    let store = PostgresOptions::builder(&url)
-        .connections(2)
-        .build()
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
+    let store = pg_with(PostgresOptions::builder(&url).connections(2)).await;
     let lease = Duration::from_secs(30);
     store.begin("before", "fp", "me", lease).await.unwrap();
     let admin = raw_pg(&std::env::var("STORMGUARD_POSTGRES_URL").unwrap()).await;

@@ -18,7 +18,8 @@ use std::time::Duration;
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Window {
-    /// The last `n` counted outcomes (a ring: the oldest drops out as a new one arrives).
+    /// The last `n` counted outcomes, 1 to 10,000 (a ring: the oldest drops out as a new one
+    /// arrives).
     Count(u32),
     /// The outcomes of the last `d`, in one-second buckets (1 s to 10 min).
     Time(Duration),
@@ -262,9 +263,11 @@ impl BreakerConfigBuilder {
     /// outage so far (from the trip that ended the last closed spell), within the shortest and
     /// the longest open time. 0.2 by default: a dependency down for 10 s is probed at least
     /// every 2 s, one down for a minute every 12 s, so a healed dependency waits at most a fifth
-    /// of its outage for the first call to reach it, and an outage of length `T` costs about
-    /// `ln(T) / ln(1.2)` probes, whatever the traffic. From 0 to 1; 0 turns it off (the longest
-    /// open time only, as a classic breaker). Under traffic the
+    /// of its outage (and at most the longest open time, 30 s by default) for the first call to
+    /// reach it. Whatever the traffic, an outage of length `T` costs about `ln(T) / ln(1.2)`
+    /// probes while a fifth of it is under the longest open time, then one per longest open
+    /// time: about 25 for three minutes, about 150 for an hour. From 0 to 1; 0 turns it off (the
+    /// longest open time only, as a classic breaker). Under traffic the
     /// [`probe_after`](Self::probe_after) rule probes sooner.
     ///
     /// ```

@@ -142,8 +142,8 @@ impl RetryBudget {
     }
 
     /// Asks for a retry after the server said it is overloaded (a `503` or `529` with
-    /// `Retry-After`, a gRPC pushback, a rate limit whose delay the retry does not wait in
-    /// full): it costs the ratio balance two retries, since in a sustained overload a retry that
+    /// `Retry-After`, a gRPC pushback: a server-named delay on a failure that is not a rate
+    /// limit): it costs the ratio balance two retries, since in a sustained overload a retry that
     /// succeeds takes the place of another caller's first attempt; the dependency's
     /// [acceptance](super::acceptance) never pays for it. The run budget counts one retry.
     pub(crate) fn try_withdraw_overloaded(&self, delay: Duration) -> Result<(), Refusal> {

@@ -35,10 +35,12 @@
 //! **dependency's acceptance** ([`acceptance`]): the share of its last ~32 attempts the layer saw
 //! answered. It goes free of the balance with probability `min(1, 2·a)`, Google SRE's client-side
 //! throttling (`K` = 2) applied to retries only: all of them while the dependency answers half its
-//! calls or more, none in an outage. A failure that says the dependency is **overloaded** (a
-//! server-named delay, a pushback, a rate limit) is never paid this way, and costs the balance
-//! two retries: in a sustained overload each retry that succeeds displaces another caller's first
-//! attempt. The storm demo, same seeds, 100 requests/s (`cargo run --release --example storm`):
+//! calls or more, none in an outage. A failure that says the dependency is **overloaded** or
+//! limiting (a server-named delay, a pushback, a rate limit) is never paid this way. A `503` or
+//! `529` with `Retry-After` and a gRPC pushback cost the balance two retries: in a sustained
+//! overload each retry that succeeds displaces another caller's first attempt. A rate limit
+//! (`429`, `RESOURCE_EXHAUSTED`) whose delay the retry waits in full costs 5/14 of one (the server
+//! scheduled it, as AWS's retry quota prices throttling); any other rate limit costs one. The storm demo, same seeds, 100 requests/s (`cargo run --release --example storm`):
 //!
 //! | | ratio only (before) | with acceptance | tower, shared `TpsBudget` | tower-resilience |
 //! |---|---|---|---|---|

@@ -14,8 +14,8 @@ pub(crate) const RETRY: i64 = 1000;
 /// (throttling errors cost 5 tokens, other failures 14).
 pub(super) const THROTTLED: i64 = 357;
 
-/// A retry after the server said it is overloaded (and did not ask for a wait the retry honours
-/// in full as a rate limit): two retries. In a sustained overload every retry that succeeds
+/// A retry after the server said it is overloaded (a server-named delay on a failure that is not
+/// a rate limit): two retries. In a sustained overload every retry that succeeds
 /// takes the place of another caller's first attempt, so it is paid for twice.
 pub(super) const OVERLOADED: i64 = 2 * RETRY;
 

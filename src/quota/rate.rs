@@ -3,7 +3,10 @@
 use crate::error::ConfigError;
 use std::time::Duration;
 
-/// A rate: `rate` calls per `per`, with bursts of up to `burst` calls. The config of a
+/// A rate: `rate` calls per `per`, with bursts of up to `burst` calls. [`build`](RateBuilder::build)
+/// accepts `rate` of at least one call, `per` longer than zero and at most a day, at least a
+/// nanosecond between calls (`per / rate`: up to 10⁹ calls a second), and a `burst` of 1 to
+/// 100,000. The config of a
 /// [`QuotaLayer`](super::QuotaLayer) or a [`KeyedQuotaLayer`](super::KeyedQuotaLayer) (as
 /// tower's `limit::rate::Rate` is the config of its `RateLimitLayer`).
 ///
@@ -90,6 +93,8 @@ impl Rate {
 /// assert_eq!(Rate::per_second(0).burst(2).build().unwrap_err().field(), "rate");
 /// assert_eq!(Rate::per_second(10).burst(0).build().unwrap_err().field(), "burst");
 /// assert_eq!(Rate::per(1, Duration::ZERO).build().unwrap_err().field(), "per");
+/// assert_eq!(Rate::per_second(u32::MAX).build().unwrap_err().field(), "rate"); // under 1 ns apart
+/// assert_eq!(Rate::per_second(10).burst(100_001).build().unwrap_err().field(), "burst");
 /// ```
 #[derive(Clone, Copy, Debug)]
 #[must_use]
@@ -101,7 +106,8 @@ pub struct RateBuilder {
 }
 
 impl RateBuilder {
-    /// Up to `calls` may go at once after a quiet spell (1 by default: perfectly even spacing).
+    /// Up to `calls` (1 to 100,000) may go at once after a quiet spell (1 by default: perfectly
+    /// even spacing).
     pub fn burst(mut self, calls: u32) -> Self {
         self.burst = calls;
         self

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use stormguard::receipt::{
-    Begin, Durability, InMemoryStore, PostgresStore, ReceiptStore, Resolution, Resolved,
-    SqliteStore, StoreError,
+    Begin, Durability, InMemoryStore, PostgresOptionsBuilder, PostgresStore, ReceiptStore,
+    Resolution, Resolved, SqliteStore, StoreError,
 };
 
 /// A path for a new SQLite file in a directory of its own.
@@ -61,6 +61,13 @@ pub async fn pg_store() -> Option<(PostgresStore, String)> {
     let store = PostgresStore::connect(&url).await.unwrap();
     store.migrate().await.unwrap();
     Some((store, url))
+}
+
+/// The store `options` describe, connected and migrated.
+pub async fn pg_with(options: PostgresOptionsBuilder) -> PostgresStore {
+    let store = options.build().unwrap().connect().await.unwrap();
+    store.migrate().await.unwrap();
+    store
 }
 
 pub enum StoreKind {
