@@ -8,7 +8,9 @@
 
 use super::policy::{Count, CountPolicy};
 use super::state::{Admission, Admit, Breaker};
-use crate::classify::{Classification, ClassifiedResponse, Classify, StreamEnd, WatchStream};
+use crate::classify::{
+    Classification, ClassifiedResponse, Classify, ServerHint, StreamEnd, WatchStream,
+};
 use crate::error::{BoxError, ToolError};
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -51,18 +53,32 @@ impl Ticket {
         })
     }
 
-    fn settle(&mut self, count: Count) {
+    /// Counts the call's outcome (a slow success as a failure); a failure's server-named delay
+    /// times the probe if it opens the breaker.
+    fn settle(&mut self, count: Count, hint: ServerHint) {
         let count = match count {
             Count::Success if self.slow() => Count::Failure,
             count => count,
         };
-        self.record(count);
+        self.record_named(count, named(count, hint));
     }
 
     fn record(&mut self, count: Count) {
+        self.record_named(count, None);
+    }
+
+    fn record_named(&mut self, count: Count, named: Option<Duration>) {
         // Settled: what is left to drop holds no permit (a rejection gives nothing back).
         let admission = std::mem::replace(&mut self.admission, Admission::rejected(0));
-        self.breaker.record(admission, count);
+        self.breaker.record(admission, count, named);
+    }
+}
+
+/// The delay a counted failure named (`Retry-After`, a gRPC pushback), if any.
+fn named(count: Count, hint: ServerHint) -> Option<Duration> {
+    match (count, hint) {
+        (Count::Failure, ServerHint::RetryAfter(after)) => Some(after),
+        _ => None,
     }
 }
 
@@ -115,7 +131,8 @@ impl<P: CountPolicy> StreamEnd for StreamTicket<P> {
             Count::Success if self.slow => Count::Failure,
             count => count,
         };
-        self.ticket.record(count);
+        self.ticket
+            .record_named(count, named(count, outcome.hint()));
     }
 }
 
@@ -256,7 +273,7 @@ where
                 let result = ready!(future.poll(cx));
                 let eos = match this.classifier.classify(&result) {
                     ClassifiedResponse::Ready(c) => {
-                        ticket.settle(this.policy.count(&c));
+                        ticket.settle(this.policy.count(&c), c.hint());
                         None
                     }
                     ClassifiedResponse::RequiresEos(eos) => Some(eos),

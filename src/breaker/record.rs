@@ -1,7 +1,7 @@
 //! What a breaker does with an outcome: count it (closed), settle a trial (half-open), open or
 //! close, and tell the world (traces, metrics, the `on_transition` callback).
 
-use super::decide::{longest_open_ms, trip_reason};
+use super::decide::{open_times, trip_reason};
 use super::policy::Count;
 use super::state::{
     Admission, Admit, Breaker, Word, CLOSED, GEN_SHIFT, HALF_OPEN, OPEN, SUCCESS_SHIFT,
@@ -9,10 +9,13 @@ use super::state::{
 use super::transition::{State, Transition};
 use super::window::Tally;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 impl Breaker {
-    /// Records the outcome of an admitted call.
-    pub(super) fn record(&self, admission: Admission, count: Count) {
+    /// Records the outcome of an admitted call; `named` is the delay the dependency named with a
+    /// failure (`Retry-After`, a gRPC pushback), which times the probe if this failure opens
+    /// the breaker.
+    pub(super) fn record(&self, admission: Admission, count: Count, named: Option<Duration>) {
         let s = &*self.machine;
         match count {
             Count::Success => s.counters.success.increment(1),
@@ -21,8 +24,8 @@ impl Breaker {
         }
         s.sharing().record(count);
         match admission.view() {
-            Admit::Closed(generation) => self.record_closed(generation, count),
-            Admit::Trial(generation) => self.record_trial(generation, count),
+            Admit::Closed(generation) => self.record_closed(generation, count, named),
+            Admit::Trial(generation) => self.record_trial(generation, count, named),
             Admit::Rejected(_) => {}
         }
     }
@@ -46,7 +49,7 @@ impl Breaker {
         self.machine.counters.rejected.increment(1);
     }
 
-    fn record_closed(&self, generation: u32, count: Count) {
+    fn record_closed(&self, generation: u32, count: Count, named: Option<Duration>) {
         let s = &*self.machine;
         let word = self.word();
         if word.state() != CLOSED || word.generation() != generation {
@@ -81,11 +84,11 @@ impl Breaker {
         };
         let word = self.word();
         if word.state() == CLOSED && word.generation() == generation {
-            self.trip(word, State::Closed, reason);
+            self.trip(word, State::Closed, reason, named);
         }
     }
 
-    fn record_trial(&self, generation: u32, count: Count) {
+    fn record_trial(&self, generation: u32, count: Count, named: Option<Duration>) {
         let s = &*self.machine;
         match count {
             Count::Ignore => self.release(Admission::trial(generation)),
@@ -93,7 +96,7 @@ impl Breaker {
                 let word = self.word();
                 if word.state() == HALF_OPEN && word.generation() == generation {
                     let reason = format!("a trial call to {} failed", s.name);
-                    self.trip(word, State::HalfOpen, reason);
+                    self.trip(word, State::HalfOpen, reason, named);
                 }
             }
             Count::Success => {
@@ -133,7 +136,9 @@ impl Breaker {
         }
     }
 
-    pub(super) fn trip(&self, word: Word, from: State, reason: String) {
+    /// Opens the breaker from `word` (if no one changed it meanwhile). `named`: the delay the
+    /// failure that opens it named, if any (see `open_times`).
+    pub(super) fn trip(&self, word: Word, from: State, reason: String, named: Option<Duration>) {
         let s = &*self.machine;
         let open = word.next(OPEN);
         if s.word
@@ -147,27 +152,32 @@ impl Breaker {
             s.outage_since.store(now, Ordering::Release);
         }
         let age = now.saturating_sub(s.outage_since.load(Ordering::Acquire));
-        let shortest = s.config.open_duration;
-        let longest = longest_open_ms(
+        let named_ms = named.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let (shortest, longest) = open_times(
             age,
-            shortest.as_millis() as u64,
+            s.config.open_duration.as_millis() as u64,
             s.config.max_open_duration.as_millis() as u64,
             s.config.open_share,
+            named_ms,
         );
         s.rejected_since_open.store(0, Ordering::Release);
         s.open_max_until.store(now + longest, Ordering::Release);
         s.open_until.store(
-            u64::from(open.generation()) << GEN_SHIFT | (now + shortest.as_millis() as u64),
+            u64::from(open.generation()) << GEN_SHIFT | (now + shortest),
             Ordering::Release,
         );
-        let duration = shortest;
         s.opens.fetch_add(1, Ordering::AcqRel);
-        let reason = format!(
-            "{reason}; open for at least {} ms, then probing after {} turned-away calls (at most {} ms)",
-            duration.as_millis(),
-            s.config.probe_after,
-            longest
-        );
+        let reason = if named_ms.is_some_and(|n| n > 0) {
+            format!(
+                "{reason}; open for at least {shortest} ms, as the dependency asked, then probing after {} turned-away calls (at most {longest} ms)",
+                s.config.probe_after,
+            )
+        } else {
+            format!(
+                "{reason}; open for at least {shortest} ms, then probing after {} turned-away calls (at most {longest} ms)",
+                s.config.probe_after,
+            )
+        };
         *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
         self.transition(from, State::Open, reason);
     }
