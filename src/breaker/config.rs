@@ -267,9 +267,7 @@ impl BreakerConfigBuilder {
     /// reach it. Whatever the traffic, an outage of length `T` costs about `ln(T) / ln(1.2)`
     /// probes while a fifth of it is under the longest open time, then one per longest open
     /// time: about 25 for three minutes, about 150 for an hour. From 0 to 1; 0 turns it off (the
-    /// longest open time only, as a classic breaker). A failure that names when to come back
-    /// (`Retry-After`, a gRPC pushback) holds the probe back until then (see the
-    /// [`breaker`](super) module docs); otherwise, under traffic the
+    /// longest open time only, as a classic breaker). Under traffic the
     /// [`probe_after`](Self::probe_after) rule probes sooner.
     ///
     /// ```

@@ -59,7 +59,7 @@ impl Breaker {
         if word.state() != CLOSED {
             return false;
         }
-        self.trip(word, State::Closed, reason, None);
+        self.trip(word, State::Closed, reason);
         self.word().state() == OPEN
     }
 

@@ -102,31 +102,6 @@ pub(super) fn longest_open_ms(age_ms: u64, shortest_ms: u64, longest_ms: u64, sh
     ((age_ms as f64 * share) as u64).clamp(shortest_ms, longest_ms.max(shortest_ms))
 }
 
-/// How long a breaker that opens now stays open, in milliseconds: `(shortest, longest)`, the
-/// time before traffic may probe and the time after which a call probes whatever the traffic.
-/// Without a server-named delay: the configured shortest open time, and [`longest_open_ms`].
-/// When the failure that opened it named when to come back (`Retry-After`, a gRPC pushback),
-/// that delay (within the shortest and the longest open time) is the shortest: no probe goes
-/// before the dependency said it would be back. The longest is then the later of the two: a
-/// short overload is probed as soon as the server said (the share of a young outage is small),
-/// and a long outage whose server keeps saying "in a second" still costs few probes.
-pub(super) fn open_times(
-    age_ms: u64,
-    shortest_ms: u64,
-    longest_ms: u64,
-    share: f64,
-    named_ms: Option<u64>,
-) -> (u64, u64) {
-    let by_share = longest_open_ms(age_ms, shortest_ms, longest_ms, share);
-    match named_ms {
-        Some(named) if named > 0 => {
-            let at = named.clamp(shortest_ms, longest_ms.max(shortest_ms));
-            (at, at.max(by_share))
-        }
-        _ => (shortest_ms, by_share),
-    }
-}
-
 /// Whether a failure recorded while closed trips the breaker, and why: a pure function of the
 /// rules, the failures in a row and the window's (calls, failures) after the record.
 pub(super) fn trip_reason(
@@ -203,29 +178,6 @@ mod tests {
         assert_eq!(longest_open_ms(3_600_000, 250, 30_000, 0.2), 30_000);
         // Off: the longest open time, as before.
         assert_eq!(longest_open_ms(10_000, 250, 30_000, 0.0), 30_000);
-    }
-
-    #[test]
-    fn a_server_named_delay_holds_the_probe_back_within_the_bounds() {
-        // No delay named: the configured shortest, and a share of the outage.
-        assert_eq!(open_times(10_000, 250, 30_000, 0.2, None), (250, 2_000));
-        assert_eq!(open_times(10_000, 250, 30_000, 0.2, Some(0)), (250, 2_000));
-        // `Retry-After: 5` 10 s into an outage: open 5 s, then a probe, at any traffic.
-        assert_eq!(
-            open_times(10_000, 250, 30_000, 0.2, Some(5_000)),
-            (5_000, 5_000)
-        );
-        // An hour into it, the server still says 5 s: no probe before 5 s, one by 30 s.
-        assert_eq!(
-            open_times(3_600_000, 250, 30_000, 0.2, Some(5_000)),
-            (5_000, 30_000)
-        );
-        // Longer than the longest open time: the longest; shorter than the shortest: the shortest.
-        assert_eq!(
-            open_times(0, 250, 30_000, 0.2, Some(3_600_000)),
-            (30_000, 30_000)
-        );
-        assert_eq!(open_times(0, 250, 30_000, 0.2, Some(10)), (250, 250));
     }
 
     #[test]

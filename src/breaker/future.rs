@@ -8,9 +8,7 @@
 
 use super::policy::{Count, CountPolicy};
 use super::state::{Admission, Admit, Breaker};
-use crate::classify::{
-    Classification, ClassifiedResponse, Classify, ServerHint, StreamEnd, WatchStream,
-};
+use crate::classify::{Classification, ClassifiedResponse, Classify, StreamEnd, WatchStream};
 use crate::error::{BoxError, ToolError};
 use pin_project_lite::pin_project;
 use std::fmt;
@@ -53,32 +51,18 @@ impl Ticket {
         })
     }
 
-    /// Counts the call's outcome (a slow success as a failure); a failure's server-named delay
-    /// times the probe if it opens the breaker.
-    fn settle(&mut self, count: Count, hint: ServerHint) {
+    fn settle(&mut self, count: Count) {
         let count = match count {
             Count::Success if self.slow() => Count::Failure,
             count => count,
         };
-        self.record_named(count, named(count, hint));
+        self.record(count);
     }
 
     fn record(&mut self, count: Count) {
-        self.record_named(count, None);
-    }
-
-    fn record_named(&mut self, count: Count, named: Option<Duration>) {
         // Settled: what is left to drop holds no permit (a rejection gives nothing back).
         let admission = std::mem::replace(&mut self.admission, Admission::rejected(0));
-        self.breaker.record(admission, count, named);
-    }
-}
-
-/// The delay a counted failure named (`Retry-After`, a gRPC pushback), if any.
-fn named(count: Count, hint: ServerHint) -> Option<Duration> {
-    match (count, hint) {
-        (Count::Failure, ServerHint::RetryAfter(after)) => Some(after),
-        _ => None,
+        self.breaker.record(admission, count);
     }
 }
 
@@ -131,8 +115,7 @@ impl<P: CountPolicy> StreamEnd for StreamTicket<P> {
             Count::Success if self.slow => Count::Failure,
             count => count,
         };
-        self.ticket
-            .record_named(count, named(count, outcome.hint()));
+        self.ticket.record(count);
     }
 }
 
@@ -273,7 +256,7 @@ where
                 let result = ready!(future.poll(cx));
                 let eos = match this.classifier.classify(&result) {
                     ClassifiedResponse::Ready(c) => {
-                        ticket.settle(this.policy.count(&c), c.hint());
+                        ticket.settle(this.policy.count(&c));
                         None
                     }
                     ClassifiedResponse::RequiresEos(eos) => Some(eos),

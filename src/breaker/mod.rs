@@ -7,14 +7,6 @@
 //! [`trials`](BreakerConfigBuilder::trials) trial calls: enough successes close it, a failure
 //! opens it again, for no longer than before (the open time never doubles).
 //!
-//! **A probe timed by the dependency.** When the failure that opens the breaker named when to
-//! come back (`Retry-After` on a `503`, `529` or `429`, a gRPC pushback), that delay (within the
-//! shortest and the longest open time) replaces the shortest open time: no probe goes before the
-//! dependency said it would be back. In a young outage it is also when a probe goes at any
-//! traffic rate, so a short overload is probed when the server said, at one request a second as
-//! at a thousand; a long outage whose server keeps saying "in a second" is probed by the rule
-//! above (the traffic, and a share of the outage so far), so it still costs few calls.
-//!
 //! **What it does to a partial failure.** The default rates trip only a dependency that accepts
 //! almost nothing (90 % of the last 50 counted calls failed, or 20 in a row). A dependency failing
 //! up to about 70 % of its calls practically never trips it, so it loses nothing by the breaker

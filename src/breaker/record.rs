@@ -1,7 +1,7 @@
 //! What a breaker does with an outcome: count it (closed), settle a trial (half-open), open or
 //! close, and tell the world (traces, metrics, the `on_transition` callback).
 
-use super::decide::{open_times, trip_reason};
+use super::decide::{longest_open_ms, trip_reason};
 use super::policy::Count;
 use super::state::{
     Admission, Admit, Breaker, Word, CLOSED, GEN_SHIFT, HALF_OPEN, OPEN, SUCCESS_SHIFT,
@@ -9,13 +9,10 @@ use super::state::{
 use super::transition::{State, Transition};
 use super::window::Tally;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 impl Breaker {
-    /// Records the outcome of an admitted call; `named` is the delay the dependency named with a
-    /// failure (`Retry-After`, a gRPC pushback), which times the probe if this failure opens
-    /// the breaker.
-    pub(super) fn record(&self, admission: Admission, count: Count, named: Option<Duration>) {
+    /// Records the outcome of an admitted call.
+    pub(super) fn record(&self, admission: Admission, count: Count) {
         let s = &*self.machine;
         match count {
             Count::Success => s.counters.success.increment(1),
@@ -24,8 +21,8 @@ impl Breaker {
         }
         s.sharing().record(count);
         match admission.view() {
-            Admit::Closed(generation) => self.record_closed(generation, count, named),
-            Admit::Trial(generation) => self.record_trial(generation, count, named),
+            Admit::Closed(generation) => self.record_closed(generation, count),
+            Admit::Trial(generation) => self.record_trial(generation, count),
             Admit::Rejected(_) => {}
         }
     }
@@ -49,7 +46,7 @@ impl Breaker {
         self.machine.counters.rejected.increment(1);
     }
 
-    fn record_closed(&self, generation: u32, count: Count, named: Option<Duration>) {
+    fn record_closed(&self, generation: u32, count: Count) {
         let s = &*self.machine;
         let word = self.word();
         if word.state() != CLOSED || word.generation() != generation {
@@ -84,11 +81,11 @@ impl Breaker {
         };
         let word = self.word();
         if word.state() == CLOSED && word.generation() == generation {
-            self.trip(word, State::Closed, reason, named);
+            self.trip(word, State::Closed, reason);
         }
     }
 
-    fn record_trial(&self, generation: u32, count: Count, named: Option<Duration>) {
+    fn record_trial(&self, generation: u32, count: Count) {
         let s = &*self.machine;
         match count {
             Count::Ignore => self.release(Admission::trial(generation)),
@@ -96,7 +93,7 @@ impl Breaker {
                 let word = self.word();
                 if word.state() == HALF_OPEN && word.generation() == generation {
                     let reason = format!("a trial call to {} failed", s.name);
-                    self.trip(word, State::HalfOpen, reason, named);
+                    self.trip(word, State::HalfOpen, reason);
                 }
             }
             Count::Success => {
@@ -136,9 +133,7 @@ impl Breaker {
         }
     }
 
-    /// Opens the breaker from `word` (if no one changed it meanwhile). `named`: the delay the
-    /// failure that opens it named, if any (see `open_times`).
-    pub(super) fn trip(&self, word: Word, from: State, reason: String, named: Option<Duration>) {
+    pub(super) fn trip(&self, word: Word, from: State, reason: String) {
         let s = &*self.machine;
         let open = word.next(OPEN);
         if s.word
@@ -152,32 +147,27 @@ impl Breaker {
             s.outage_since.store(now, Ordering::Release);
         }
         let age = now.saturating_sub(s.outage_since.load(Ordering::Acquire));
-        let named_ms = named.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        let (shortest, longest) = open_times(
+        let shortest = s.config.open_duration;
+        let longest = longest_open_ms(
             age,
-            s.config.open_duration.as_millis() as u64,
+            shortest.as_millis() as u64,
             s.config.max_open_duration.as_millis() as u64,
             s.config.open_share,
-            named_ms,
         );
         s.rejected_since_open.store(0, Ordering::Release);
         s.open_max_until.store(now + longest, Ordering::Release);
         s.open_until.store(
-            u64::from(open.generation()) << GEN_SHIFT | (now + shortest),
+            u64::from(open.generation()) << GEN_SHIFT | (now + shortest.as_millis() as u64),
             Ordering::Release,
         );
+        let duration = shortest;
         s.opens.fetch_add(1, Ordering::AcqRel);
-        let reason = if named_ms.is_some_and(|n| n > 0) {
-            format!(
-                "{reason}; open for at least {shortest} ms, as the dependency asked, then probing after {} turned-away calls (at most {longest} ms)",
-                s.config.probe_after,
-            )
-        } else {
-            format!(
-                "{reason}; open for at least {shortest} ms, then probing after {} turned-away calls (at most {longest} ms)",
-                s.config.probe_after,
-            )
-        };
+        let reason = format!(
+            "{reason}; open for at least {} ms, then probing after {} turned-away calls (at most {} ms)",
+            duration.as_millis(),
+            s.config.probe_after,
+            longest
+        );
         *s.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
         self.transition(from, State::Open, reason);
     }

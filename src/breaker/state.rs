@@ -276,7 +276,7 @@ impl Breaker {
                                 "a trial call to {} did not answer within {} ms",
                                 s.name, timeout
                             );
-                            self.trip(word, State::HalfOpen, reason, None);
+                            self.trip(word, State::HalfOpen, reason);
                             word = self.word();
                             continue;
                         }
