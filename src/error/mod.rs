@@ -124,6 +124,9 @@ struct Inner {
     attempts: u32,
     retry_after: Option<Duration>,
     source: Option<BoxError>,
+    /// Made by a nested retry layer handing a failure up to the operation's owner: a wrapper of
+    /// the dependency's error, not the dependency's own (the owner unwraps it, see `cause`).
+    handed_up: bool,
 }
 
 impl ToolError {
@@ -138,6 +141,7 @@ impl ToolError {
                 attempts: 0,
                 retry_after: None,
                 source: None,
+                handed_up: false,
             }),
         }
     }
@@ -176,6 +180,22 @@ impl ToolError {
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
         self.inner.source = Some(source.into());
         self
+    }
+
+    /// Marks a nested retry layer's hand-up of a failure (see `Inner::handed_up`).
+    pub(crate) fn handed_up(mut self) -> Self {
+        self.inner.handed_up = true;
+        self
+    }
+
+    /// Whether a nested retry layer made this error to hand a failure up.
+    pub(crate) fn is_handed_up(&self) -> bool {
+        self.inner.handed_up
+    }
+
+    /// Takes the underlying error out.
+    pub(crate) fn into_source(self) -> Option<BoxError> {
+        self.inner.source
     }
 
     /// The stable machine code.

@@ -72,7 +72,12 @@ where
             Ok(tool) => {
                 // Attempts made below (across a boundary the operation did not cross) count.
                 attempts = attempts.max(tool.attempts());
-                Some(tool as BoxError)
+                if tool.is_handed_up() {
+                    // A nested layer's wrapper: the dependency's own error is what it wraps.
+                    tool.into_source()
+                } else {
+                    Some(tool as BoxError)
+                }
             }
             Err(other) if why == GiveUp::ServerPushback => {
                 // The same, wrapped by a client on the way up (a tonic `Status` whose source is
@@ -202,7 +207,8 @@ where
     let mut err = ToolError::new(code)
         .with_class(failure)
         .with_attempts(attempts)
-        .with_retryable(true);
+        .with_retryable(true)
+        .handed_up();
     if let ServerHint::RetryAfter(after) = classification.hint() {
         err = err.with_retry_after(after);
     }

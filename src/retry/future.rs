@@ -122,6 +122,7 @@ where
     ) -> Self {
         let mut future = Self::new(future, retrier, request, ledger, credits, None);
         future.run = run;
+        future.part.joined = true;
         future
     }
 
@@ -131,7 +132,9 @@ where
         request: Option<Req>,
         credits: bool,
     ) -> Self {
-        Self::new(future, retrier, request, None, credits, None)
+        let mut future = Self::new(future, retrier, request, None, credits, None);
+        future.part.joined = true;
+        future
     }
 
     /// Marks the future of a layer that owns no retries (see `LayerPart::hands_up`).
@@ -154,6 +157,7 @@ where
                 credits: false,
                 retry: None,
                 hands_up: false,
+                joined: false,
             },
             span: None,
             run: None,
@@ -179,6 +183,7 @@ where
                 credits,
                 retry: None,
                 hands_up: false,
+                joined: false,
             },
             span,
             run: None,

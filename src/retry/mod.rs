@@ -28,7 +28,10 @@
 //! 9. the budget refuses. A layer that joined the operation on a budget other than its owner's
 //!    (the layer that opened it) hands the failure up, still retryable, as in step 7: the owner
 //!    decides with its own budget, and its refusal ends the operation. Layers on one budget ask
-//!    it once: the first refusal ends the operation.
+//!    it once: the first refusal ends the operation. A run's limit (`run_budget_exhausted`)
+//!    ends it wherever it is reached, as a run's cap is on the whole run, and so does a delay
+//!    past the deadline (step 8 comes first): a layer's backoff is the spacing its dependency
+//!    needs, so a joined layer whose next attempt cannot fit ends the operation.
 //!
 //! Every ending of steps 3-9 (but 7, a hand-up of 9, and an open circuit's `circuit_open`, which passes through
 //! as it is, `retryable: true` with the time left as `retry_after`) closes the operation, so no

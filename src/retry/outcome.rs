@@ -170,9 +170,10 @@ where
     };
     let next = match next {
         // A joined layer's account is spent, the owner's may not be: the layer that owns the
-        // retries decides with its own budget (a refusal by the owner's account stands).
+        // retries decides with its own budget (a refusal by the owner's account stands, and so
+        // does a run's limit: it caps the whole run).
         Next::GiveUp(GiveUp::Budget(Refusal::RetryBudget))
-            if !part.op(retrier, |op| op.owned_by(retrier.budget.id())) =>
+            if part.joined && !part.op(retrier, |op| op.owned_by(retrier.budget.id())) =>
         {
             tracing::debug!(
                 layer = %retrier.name,

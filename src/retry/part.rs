@@ -27,6 +27,9 @@ pub(super) struct LayerPart {
     /// [nested](super::RetryLayer::nested) layer that found no operation to join, or a tool
     /// whose retries the model or the client own).
     pub(super) hands_up: bool,
+    /// This layer joined an operation another layer opened (its owner): a retry its budget
+    /// refuses, when that budget is not the owner's, is handed up for the owner to decide.
+    pub(super) joined: bool,
 }
 
 /// The state of a layer that is retrying.
