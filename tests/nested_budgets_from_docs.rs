@@ -1517,4 +1517,7 @@ async fn cause_after_step7_hand_up_and_owner_refusal() {
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(summary(&err), (ErrorCode::RetryBudgetExhausted, false, 1));
+    // The cause is what the dependency answered, not the nested layer's hand-up.
+    let cause = err.cause().expect("the dependency's error");
+    assert!(cause.hint().contains("HTTP 503"), "{}", cause.hint());
 }
