@@ -40,7 +40,8 @@
 //! `529` with `Retry-After` and a gRPC pushback cost the balance two retries: in a sustained
 //! overload each retry that succeeds displaces another caller's first attempt. A rate limit
 //! (`429`, `RESOURCE_EXHAUSTED`) whose delay the retry waits in full costs 5/14 of one (the server
-//! scheduled it, as AWS's retry quota prices throttling); any other rate limit costs one. The storm demo, same seeds, 100 requests/s (`cargo run --release --example storm`):
+//! scheduled it, as AWS's retry quota prices throttling); any other rate limit costs one. The
+//! storm demo, same seeds, 100 requests/s (`cargo run --release --example storm`):
 //!
 //! | | ratio only (before) | with acceptance | tower, shared `TpsBudget` | tower-resilience |
 //! |---|---|---|---|---|

@@ -114,11 +114,12 @@ impl<C, R> RetryLayer<C, R> {
     /// which owns the retries): it joins that layer's operation and never becomes a second
     /// owner. While it has the operation, it retries on the operation's attempts and draws on
     /// its own budget; when that budget refuses (and is not the owner's), it hands the failure
-    /// up and the owner's budget decides. A layer nested by accident (a client's own retry layer under a tool's) retries
-    /// with the operation's attempts as long as the operation reaches it; where it does not (a
-    /// request type that cannot carry it, such as a `reqwest::Request` or a plain value, behind a
-    /// `tower::buffer::Buffer` or in a spawned task), it would open an operation of its own and
-    /// retry on its own account: for a write, up to its attempts of duplicates. A nested layer
+    /// up and the owner's budget decides. A layer nested by accident (a client's own retry
+    /// layer under a tool's) retries with the operation's attempts as long as the operation
+    /// reaches it; where it does not (a request type that cannot carry it, such as a
+    /// `reqwest::Request` or a plain value, behind a `tower::buffer::Buffer` or in a spawned
+    /// task), it would open an operation of its own and retry on its own account: for a write,
+    /// up to its attempts of duplicates. A nested layer
     /// then makes one attempt and hands a failure up unchanged, still retryable, for the owner
     /// to decide; it counts `stormguard_operations_uncarried_total{layer}` and logs a WARN, so
     /// the lost operation is seen.
