@@ -7,7 +7,7 @@ use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::FailureClass;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
-use support::{call, no_floor, Dependency, Outcome, ToolCall};
+use support::{call, spent, Dependency, Outcome, ToolCall};
 use tower::ServiceBuilder;
 
 const FAIL: Outcome = Outcome::Fail(FailureClass::Transient);
@@ -24,13 +24,6 @@ fn attempts(n: u32) -> ClassPolicy {
         .max_attempts(n)
         .build()
         .unwrap()
-}
-
-/// `no_floor()` starts empty and nothing deposits into it: it refuses every retry.
-fn spent() -> RetryBudget {
-    let budget = no_floor();
-    assert!(budget.try_withdraw(std::time::Duration::ZERO).is_err());
-    budget
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! Nested retry layers on different budgets, tested from the README and rustdoc alone (an
 //! outside review): `retry` module docs step 9, `RetryLayer::nested`, and the costs the
 //! `budget` module docs give to overloads and rate limits when a failure is handed up.
+mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,34 +13,10 @@ use stormguard::budget::{RetryBudget, RunLimits};
 use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::error::{ErrorCode, ToolError};
 use stormguard::retry::RetryLayer;
+use support::{funded, spent};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 // ---------------------------------------------------------------- helpers
-
-/// A budget that refuses every retry (the brief's recipe): no floor, no acceptance, empty.
-fn spent() -> RetryBudget {
-    RetryBudget::builder()
-        .floor(0, Duration::from_secs(60))
-        .acceptance(0.0, 32)
-        .build()
-        .unwrap()
-}
-
-/// A budget holding exactly `n` retries (no floor, no acceptance: only the balance pays), so
-/// what a layer drew from it can be read back with `balance()`.
-fn funded(n: u32) -> RetryBudget {
-    let b = RetryBudget::builder()
-        .floor(0, Duration::from_secs(60))
-        .acceptance(0.0, 32)
-        .retry_ratio(1.0)
-        .build()
-        .unwrap();
-    for _ in 0..n {
-        b.deposit();
-    }
-    assert_eq!(b.balance(), n as f64);
-    b
-}
 
 fn pol(class: ToolClass, max: u32) -> ClassPolicy {
     pol_b(class, max, Duration::from_millis(10))
@@ -477,8 +454,8 @@ async fn for_run_handle_of_owners_spent_budget() {
     assert_eq!(summary(&err), (ErrorCode::RetryBudgetExhausted, false, 1));
 }
 
-/// Nested on a run handle (max_retries 0) of the owner's funded budget. Is the run handle "a
-/// budget other than its owner's"? Recorded, see report.
+/// Nested on a run handle (max_retries 0) of the owner's funded budget: a run's limit ends the
+/// operation where it is reached (the `retry` docs, step 9).
 #[tokio::test(start_paused = true)]
 async fn for_run_nested_run_limit_zero_under_owner_plain_handle() {
     let shared = funded(10);
@@ -493,14 +470,13 @@ async fn for_run_nested_run_limit_zero_under_owner_plain_handle() {
         )
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
-    // Measured: the run handle counts as the owner's budget ("ask it once"): its run limit
-    // ends the operation, nothing is handed up.
+    // The run's limit ends the operation; nothing is handed up.
     assert_eq!(dep.calls(), 1);
     assert_eq!(summary(&err), (ErrorCode::RunBudgetExhausted, false, 1));
 }
 
 /// Owner on run A (max_retries 1), nested on run B (funded shared, no limit) of the same
-/// budget: B retries on its own account; recorded.
+/// budget: B retries on its own account.
 #[tokio::test(start_paused = true)]
 async fn for_run_two_runs_of_one_budget() {
     let shared = funded(10);
@@ -972,7 +948,7 @@ async fn for_run_owner_run_a_nested_run_b_limited() {
         )
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
-    // Measured: runs of one budget are "one budget": B's run limit ends the operation.
+    // A run's limit ends the operation where it is reached: B's, here.
     assert_eq!(dep.calls(), 1);
     assert_eq!(summary(&err), (ErrorCode::RunBudgetExhausted, false, 1));
 }

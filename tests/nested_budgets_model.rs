@@ -14,7 +14,7 @@ use stormguard::class::{ClassPolicy, ToolClass};
 use stormguard::classify::FailureClass;
 use stormguard::error::ErrorCode;
 use stormguard::retry::RetryLayer;
-use support::{call, Dependency, Outcome};
+use support::{call, funded, Dependency, Outcome};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
@@ -131,20 +131,6 @@ impl Model<'_> {
             return Step::Ended(ErrorCode::RetryBudgetExhausted);
         }
     }
-}
-
-/// A budget holding exactly `n` retries: no floor, no acceptance, one retry per success.
-fn funded(n: u32) -> RetryBudget {
-    let budget = RetryBudget::builder()
-        .floor(0, Duration::from_secs(60))
-        .acceptance(0.0, 32)
-        .retry_ratio(1.0)
-        .build()
-        .unwrap();
-    for _ in 0..n {
-        budget.deposit();
-    }
-    budget
 }
 
 fn policy(max_attempts: u32) -> ClassPolicy {

@@ -152,6 +152,27 @@ pub fn no_floor() -> stormguard::budget::RetryBudget {
         .unwrap()
 }
 
+/// A budget that refuses every retry: no floor, no acceptance, and nothing deposited.
+pub fn spent() -> stormguard::budget::RetryBudget {
+    no_floor()
+}
+
+/// A budget holding exactly `n` retries (no floor, no acceptance, one retry per success), so
+/// what a layer drew from it can be read back with `balance()`.
+pub fn funded(n: u32) -> stormguard::budget::RetryBudget {
+    let budget = stormguard::budget::RetryBudget::builder()
+        .floor(0, std::time::Duration::from_secs(60))
+        .acceptance(0.0, 32)
+        .retry_ratio(1.0)
+        .build()
+        .unwrap();
+    for _ in 0..n {
+        budget.deposit();
+    }
+    assert_eq!(budget.balance(), f64::from(n));
+    budget
+}
+
 /// An in-process HTTP service that answers `status` with `headers` to its first `failures`
 /// calls, then 200; and the count of its calls.
 pub fn http_script(
