@@ -7,7 +7,8 @@
 //! contract:
 //!
 //! 1. a success or an empty answer is handed back, and credited to the budget once per
-//!    operation (each distinct budget of the nested layers once);
+//!    operation: by the outermost layer, and by each nested layer whose budget differs from
+//!    that of the layer calling it (layers on one budget credit it once);
 //! 2. an operation a layer below ended is handed back untouched;
 //! 3. the class table: **an ambiguous failure of an unkeyed write, or of a keyed write without
 //!    its key, ends as `outcome_unknown` / `missing_idempotency_key` whatever came with it** (a
