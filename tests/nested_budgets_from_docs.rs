@@ -18,6 +18,16 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 
 // ---------------------------------------------------------------- helpers
 
+/// The operation's owner: the outermost layer.
+fn owner(policy: ClassPolicy, budget: RetryBudget) -> RetryLayer {
+    RetryLayer::new(policy, budget).name("owner")
+}
+
+/// A layer declared nested under the owner.
+fn under(name: &'static str, policy: ClassPolicy, budget: RetryBudget) -> RetryLayer {
+    RetryLayer::new(policy, budget).name(name).nested()
+}
+
 fn pol(class: ToolClass, max: u32) -> ClassPolicy {
     pol_b(class, max, Duration::from_millis(10))
 }
@@ -176,13 +186,9 @@ async fn owner_funded_inner_spent_owner_retries() {
     let dep = Dep::always(Out::Refused);
     let seen: Seen = Default::default();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::Read, 3), owner_b.clone()))
         .map_err(probe(&seen))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), inner_b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), inner_b.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 3, "three calls in all");
@@ -212,23 +218,16 @@ async fn deadline_owner_backoff_past_deadline() {
     let owner_b = funded(10);
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    3,
-                    Duration::from_secs(2),
-                    Duration::from_secs(1),
-                ),
-                owner_b.clone(),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(
+            pol_d(
+                ToolClass::Read,
+                3,
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+            ),
+            owner_b.clone(),
+        ))
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -243,26 +242,20 @@ async fn deadline_from_nested_layer_binds_owner() {
     let owner_b = funded(10);
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_b(ToolClass::Read, 3, Duration::from_secs(1)),
-                owner_b.clone(),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    3,
-                    Duration::from_millis(10),
-                    Duration::from_millis(100),
-                ),
-                spent(),
-            )
-            .name("inner")
-            .nested(),
-        )
+        .layer(owner(
+            pol_b(ToolClass::Read, 3, Duration::from_secs(1)),
+            owner_b.clone(),
+        ))
+        .layer(under(
+            "inner",
+            pol_d(
+                ToolClass::Read,
+                3,
+                Duration::from_millis(10),
+                Duration::from_millis(100),
+            ),
+            spent(),
+        ))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -276,23 +269,16 @@ async fn deadline_ends_owner_retries() {
     let owner_b = funded(20);
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    10,
-                    Duration::from_millis(300),
-                    Duration::from_secs(1),
-                ),
-                owner_b.clone(),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 10), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(
+            pol_d(
+                ToolClass::Read,
+                10,
+                Duration::from_millis(300),
+                Duration::from_secs(1),
+            ),
+            owner_b.clone(),
+        ))
+        .layer(under("inner", pol(ToolClass::Read, 10), spent()))
         .service(dep.clone());
     let start = tokio::time::Instant::now();
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
@@ -316,13 +302,9 @@ async fn unkeyed_write_owner_funded_inner_spent_escalates() {
     let dep = Dep::always(Out::Reset);
     let seen: Seen = Default::default();
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()))
         .map_err(probe(&seen))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -341,12 +323,8 @@ async fn unkeyed_write_nested_owner_read_funded_escalates() {
     let owner_b = funded(10);
     let dep = Dep::always(Out::Reset);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), owner_b.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), owner_b.clone()))
+        .layer(under("inner", pol(ToolClass::UnkeyedWrite, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -361,12 +339,8 @@ async fn unkeyed_write_owner_spent_inner_read_funded_escalates() {
     let inner_b = funded(10);
     let dep = Dep::always(Out::Reset);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), spent()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), inner_b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 3), spent()))
+        .layer(under("inner", pol(ToolClass::Read, 3), inner_b.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -380,12 +354,8 @@ async fn unkeyed_write_transient_handed_up_and_retried() {
     let owner_b = funded(10);
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()))
+        .layer(under("inner", pol(ToolClass::UnkeyedWrite, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 3);
@@ -399,12 +369,8 @@ async fn unkeyed_write_transient_then_ambiguous_escalates() {
     let owner_b = funded(10);
     let dep = Dep::script(vec![Out::Refused], Out::Reset);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 5), owner_b.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 5), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 5), owner_b.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 5), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 2);
@@ -422,12 +388,8 @@ async fn for_run_owner_run_limit_decides() {
     let run = shared.for_run(RunLimits::builder().max_retries(1).build().unwrap());
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 5), run.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 5), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 5), run.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 5), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 2);
@@ -442,12 +404,8 @@ async fn for_run_handle_of_owners_spent_budget() {
     let run = shared.for_run(RunLimits::default());
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), shared.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), run.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), shared.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 3), run.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -462,12 +420,8 @@ async fn for_run_nested_run_limit_zero_under_owner_plain_handle() {
     let run = shared.for_run(RunLimits::builder().max_retries(0).build().unwrap());
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), shared.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), run.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), shared.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 3), run.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     // The run's limit ends the operation; nothing is handed up.
@@ -484,12 +438,8 @@ async fn for_run_two_runs_of_one_budget() {
     let b = shared.for_run(RunLimits::default());
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), a.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), a.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 3), b.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     // The nested run B's budget grants, so the owner's run A is never asked.
@@ -506,13 +456,9 @@ async fn buffer_owner_funded_inner_spent() {
     let owner_b = funded(10);
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::Read, 3), owner_b.clone()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(dep.calls(), 3);
@@ -529,13 +475,9 @@ async fn buffer_owner_spent_inner_funded() {
     let inner_b = funded(10);
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), spent()).name("owner"))
+        .layer(owner(pol(ToolClass::Read, 3), spent()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), inner_b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), inner_b.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(dep.calls(), 3);
@@ -551,13 +493,9 @@ async fn buffer_owner_spent_inner_funded() {
 async fn buffer_both_spent() {
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), spent()).name("owner"))
+        .layer(owner(pol(ToolClass::Read, 3), spent()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -570,19 +508,11 @@ async fn buffer_three_layers_owner_funded() {
     let owner_b = funded(10);
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 4), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::Read, 4), owner_b.clone()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("middle")
-                .nested(),
-        )
+        .layer(under("middle", pol(ToolClass::Read, 3), spent()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(dep.calls(), 4);
@@ -600,13 +530,9 @@ async fn buffer_unkeyed_write_502_escalates() {
     let owner_b = funded(10);
     let dep = HttpDep::new(502, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 3), owner_b.clone()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc
         .ready()
@@ -626,13 +552,9 @@ async fn buffer_unkeyed_write_502_inner_funded_escalates() {
     let inner_b = funded(10);
     let dep = HttpDep::new(502, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::UnkeyedWrite, 3), spent()).name("owner"))
+        .layer(owner(pol(ToolClass::UnkeyedWrite, 3), spent()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), inner_b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), inner_b.clone()))
         .service(dep.clone());
     let err = svc
         .ready()
@@ -653,13 +575,9 @@ async fn buffer_keyed_write_with_and_without_key() {
     let owner_b = funded(10);
     let dep = HttpDep::new(502, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::KeyedWrite, 3), owner_b.clone()).name("owner"))
+        .layer(owner(pol(ToolClass::KeyedWrite, 3), owner_b.clone()))
         .buffer(8)
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = svc
         .ready()
@@ -692,27 +610,21 @@ async fn buffer_nested_deadline_binds_owner() {
     let owner_b = funded(10);
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_b(ToolClass::Read, 3, Duration::from_secs(1)),
-                owner_b.clone(),
-            )
-            .name("owner"),
-        )
+        .layer(owner(
+            pol_b(ToolClass::Read, 3, Duration::from_secs(1)),
+            owner_b.clone(),
+        ))
         .buffer(8)
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    3,
-                    Duration::from_millis(10),
-                    Duration::from_millis(100),
-                ),
-                spent(),
-            )
-            .name("inner")
-            .nested(),
-        )
+        .layer(under(
+            "inner",
+            pol_d(
+                ToolClass::Read,
+                3,
+                Duration::from_millis(10),
+                Duration::from_millis(100),
+            ),
+            spent(),
+        ))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(dep.calls(), 1);
@@ -730,15 +642,11 @@ async fn cost_run(
     dep: HttpDep,
     max: u32,
 ) -> (u32, (ErrorCode, bool, u32), f64) {
-    let owner = RetryLayer::new(pol(ToolClass::Read, max), owner_b.clone()).name("owner");
+    let owner = owner(pol(ToolClass::Read, max), owner_b.clone());
     let res = if nested {
         let mut svc = ServiceBuilder::new()
             .layer(owner)
-            .layer(
-                RetryLayer::new(pol(ToolClass::Read, max), spent())
-                    .name("inner")
-                    .nested(),
-            )
+            .layer(under("inner", pol(ToolClass::Read, max), spent()))
             .service(dep.clone());
         svc.ready().await.unwrap().call(get()).await
     } else {
@@ -821,15 +729,11 @@ async fn throttled_price_direct() {
 async fn throttled_refusal_carries_retry_after() {
     for nested in [false, true] {
         let dep = HttpDep::new(429, Some("1"));
-        let owner = RetryLayer::new(pol(ToolClass::Read, 5), funded(1)).name("owner");
+        let owner = owner(pol(ToolClass::Read, 5), funded(1));
         let err = if nested {
             let mut svc = ServiceBuilder::new()
                 .layer(owner)
-                .layer(
-                    RetryLayer::new(pol(ToolClass::Read, 5), spent())
-                        .name("inner")
-                        .nested(),
-                )
+                .layer(under("inner", pol(ToolClass::Read, 5), spent()))
                 .service(dep.clone());
             svc.ready().await.unwrap().call(get()).await.unwrap_err()
         } else {
@@ -855,15 +759,11 @@ async fn final_error_cause_alone_vs_nested() {
 
 async fn cost_run_err(nested: bool) -> ToolError {
     let dep = HttpDep::new(503, None);
-    let owner = RetryLayer::new(pol(ToolClass::Read, 3), funded(10)).name("owner");
+    let owner = owner(pol(ToolClass::Read, 3), funded(10));
     if nested {
         let mut svc = ServiceBuilder::new()
             .layer(owner)
-            .layer(
-                RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                    .name("inner")
-                    .nested(),
-            )
+            .layer(under("inner", pol(ToolClass::Read, 3), spent()))
             .service(dep.clone());
         svc.ready().await.unwrap().call(get()).await.unwrap_err()
     } else {
@@ -878,18 +778,15 @@ async fn cost_run_err(nested: bool) -> ToolError {
 async fn hand_up_does_not_sleep_nested_backoff() {
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_b(ToolClass::Read, 3, Duration::from_millis(100)),
-                funded(10),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(pol_b(ToolClass::Read, 3, Duration::from_secs(1)), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(
+            pol_b(ToolClass::Read, 3, Duration::from_millis(100)),
+            funded(10),
+        ))
+        .layer(under(
+            "inner",
+            pol_b(ToolClass::Read, 3, Duration::from_secs(1)),
+            spent(),
+        ))
         .service(dep.clone());
     let start = tokio::time::Instant::now();
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
@@ -905,23 +802,20 @@ async fn deadline_nested_long_backoff_spent_budget() {
     let owner_b = funded(10);
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    3,
-                    Duration::from_millis(100),
-                    Duration::from_secs(1),
-                ),
-                owner_b.clone(),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(pol_b(ToolClass::Read, 3, Duration::from_secs(2)), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(
+            pol_d(
+                ToolClass::Read,
+                3,
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            ),
+            owner_b.clone(),
+        ))
+        .layer(under(
+            "inner",
+            pol_b(ToolClass::Read, 3, Duration::from_secs(2)),
+            spent(),
+        ))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     // Step 8 comes before step 9: the nested layer's own delay (the spacing its dependency
@@ -940,12 +834,8 @@ async fn for_run_owner_run_a_nested_run_b_limited() {
     let b = shared.for_run(RunLimits::builder().max_retries(0).build().unwrap());
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), a.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), b.clone())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), a.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 3), b.clone()))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     // A run's limit ends the operation where it is reached: B's, here.
@@ -961,12 +851,8 @@ async fn for_run_owner_pays_hand_ups_in_scope() {
     let run = shared.for_run(RunLimits::builder().max_retries(5).build().unwrap());
     let dep = Dep::always(Out::Refused);
     let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 3), run.clone()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 3), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 3), run.clone()))
+        .layer(under("inner", pol(ToolClass::Read, 3), spent()))
         .service(dep.clone());
     let err = run.scope(svc.oneshot(1)).await.unwrap_err();
     assert_eq!(dep.calls(), 3);
@@ -981,15 +867,11 @@ async fn the_cause_of_a_refused_hand_up_is_the_dependencys_http_error() {
     let mut got = vec![];
     for nested in [false, true] {
         let dep = HttpDep::new(503, None);
-        let owner = RetryLayer::new(pol(ToolClass::Read, 5), funded(1)).name("owner");
+        let owner = owner(pol(ToolClass::Read, 5), funded(1));
         let err = if nested {
             let mut svc = ServiceBuilder::new()
                 .layer(owner)
-                .layer(
-                    RetryLayer::new(pol(ToolClass::Read, 5), spent())
-                        .name("inner")
-                        .nested(),
-                )
+                .layer(under("inner", pol(ToolClass::Read, 5), spent()))
                 .service(dep.clone());
             svc.ready().await.unwrap().call(get()).await.unwrap_err()
         } else {
@@ -1012,15 +894,11 @@ async fn a_refused_hand_up_of_a_plain_error_has_no_made_up_cause() {
     let mut got = vec![];
     for nested in [false, true] {
         let dep = Dep::always(Out::Refused);
-        let owner = RetryLayer::new(pol(ToolClass::Read, 5), funded(1)).name("owner");
+        let owner = owner(pol(ToolClass::Read, 5), funded(1));
         let err = if nested {
             let mut svc = ServiceBuilder::new()
                 .layer(owner)
-                .layer(
-                    RetryLayer::new(pol(ToolClass::Read, 5), spent())
-                        .name("inner")
-                        .nested(),
-                )
+                .layer(under("inner", pol(ToolClass::Read, 5), spent()))
                 .service(dep.clone());
             svc.ready().await.unwrap().call(1).await.unwrap_err()
         } else {
@@ -1039,23 +917,20 @@ async fn a_refused_hand_up_of_a_plain_error_has_no_made_up_cause() {
 async fn deadline_nested_max1_long_backoff_hands_up() {
     let dep = Dep::always(Out::Refused);
     let mut svc = ServiceBuilder::new()
-        .layer(
-            RetryLayer::new(
-                pol_d(
-                    ToolClass::Read,
-                    3,
-                    Duration::from_millis(100),
-                    Duration::from_secs(1),
-                ),
-                funded(10),
-            )
-            .name("owner"),
-        )
-        .layer(
-            RetryLayer::new(pol_b(ToolClass::Read, 1, Duration::from_secs(2)), spent())
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(
+            pol_d(
+                ToolClass::Read,
+                3,
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+            ),
+            funded(10),
+        ))
+        .layer(under(
+            "inner",
+            pol_b(ToolClass::Read, 1, Duration::from_secs(2)),
+            spent(),
+        ))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(1).await.unwrap_err();
     assert_eq!(dep.calls(), 3);
@@ -1068,12 +943,8 @@ async fn deadline_nested_max1_long_backoff_hands_up() {
 async fn cause_after_step7_hand_up_and_owner_refusal() {
     let dep = HttpDep::new(503, None);
     let mut svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(pol(ToolClass::Read, 5), spent()).name("owner"))
-        .layer(
-            RetryLayer::new(pol(ToolClass::Read, 1), funded(10))
-                .name("inner")
-                .nested(),
-        )
+        .layer(owner(pol(ToolClass::Read, 5), spent()))
+        .layer(under("inner", pol(ToolClass::Read, 1), funded(10)))
         .service(dep.clone());
     let err = svc.ready().await.unwrap().call(get()).await.unwrap_err();
     assert_eq!(summary(&err), (ErrorCode::RetryBudgetExhausted, false, 1));
