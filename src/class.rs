@@ -30,7 +30,10 @@
 
 use crate::backoff::Backoff;
 use crate::error::{ErrorCode, FailureClass};
+mod evidence;
+
 pub use crate::retry::policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
+pub use evidence::Evidence;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

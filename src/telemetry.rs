@@ -13,6 +13,7 @@ pub(crate) const ACCEPTED_RETRIES: &str = "stormguard_retries_paid_by_acceptance
 pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
+pub(crate) const CLASS_FROM_EVIDENCE: &str = "stormguard_class_from_evidence_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
 pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
@@ -88,6 +89,18 @@ pub(crate) fn escalated(class: ToolClass, code: &'static str) {
 /// A layer joined an operation with a stricter class than it had (see `Retry`'s docs).
 pub(crate) fn class_tightened(from: ToolClass, to: ToolClass) {
     metrics::counter!(CLASS_TIGHTENED, "from" => from.as_str(), "to" => to.as_str()).increment(1);
+}
+
+/// A layer decided stricter than declared, from what its request or its name shows (labels
+/// `declared`, `seen`, `evidence`).
+pub(crate) fn class_from_evidence(declared: ToolClass, seen: ToolClass, evidence: &'static str) {
+    metrics::counter!(
+        CLASS_FROM_EVIDENCE,
+        "declared" => declared.as_str(),
+        "seen" => seen.as_str(),
+        "evidence" => evidence
+    )
+    .increment(1);
 }
 
 /// A nested retry layer found no operation to join (label `layer`: its name).

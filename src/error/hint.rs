@@ -63,6 +63,17 @@ pub(crate) fn not_sent_by_deadline() -> super::ToolError {
         .with_hint(deadline_before_sending())
 }
 
+/// An escalation decided by what the request showed (an HTTP POST without a key) rather than by
+/// the declared class: the hint says so, and how a developer who knows better says it.
+pub(crate) fn from_evidence(hint: &str, seen: crate::class::Evidence) -> String {
+    format!(
+        "{hint} (decided as {}: the call is {}; a developer who knows the endpoint is safe to \
+         resend declares it with trust_class)",
+        seen.class().as_str(),
+        seen.describe()
+    )
+}
+
 /// The hint of a refusal or an escalation whose code says it all.
 pub(crate) fn of(code: ErrorCode) -> Cow<'static, str> {
     Cow::Borrowed(code.default_hint())

@@ -9,7 +9,7 @@
 
 mod slot;
 
-use crate::class::ToolClass;
+use crate::class::{Evidence, ToolClass};
 use crate::error::ErrorCode;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
@@ -44,6 +44,9 @@ pub(crate) struct OpState {
     keyed: bool,
     /// Set once a layer gave up: no other layer retries the operation.
     closed: Option<ErrorCode>,
+    /// What a request showed that made a layer decide stricter than it was declared (the first
+    /// such evidence): the hint of the error the operation ends with says so.
+    seen: Option<Evidence>,
     /// The budget id (24 bits) of the layer calling into the stack now: a layer that joins
     /// credits its own budget on success only if it differs from this one, so a run of nested
     /// layers on one budget credits it once (0: none).
@@ -73,6 +76,7 @@ impl OpState {
         class: ToolClass::Read,
         keyed: false,
         closed: None,
+        seen: None,
         deadline: None,
         key: 0,
         caller: 0,
@@ -92,6 +96,7 @@ impl OpState {
             class,
             keyed,
             closed: None,
+            seen: None,
             deadline,
             key: 0,
             caller: 0,
@@ -142,6 +147,17 @@ impl OpState {
         self.closed
     }
 
+    /// The evidence that made a layer of the operation decide stricter than declared.
+    pub(crate) fn seen(&self) -> Option<Evidence> {
+        self.seen
+    }
+
+    /// Notes `seen` (the first evidence stands).
+    pub(crate) fn with_seen(mut self, seen: Option<Evidence>) -> Self {
+        self.seen = self.seen.or(seen);
+        self
+    }
+
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
@@ -162,7 +178,9 @@ impl OpState {
         keyed: bool,
         deadline: Option<Instant>,
         budget: u32,
+        seen: Option<Evidence>,
     ) -> (Joined, bool) {
+        self.seen = self.seen.or(seen);
         let budget = budget & BUDGET_ID_MASK;
         let credits = self.caller != budget;
         self.caller = budget;

@@ -43,9 +43,9 @@ where
     } = ended;
     let last = classification.code().unwrap_or(ErrorCode::Internal);
     let code = why.code(last);
-    let mut attempts = part.op(retrier, |op| {
+    let (mut attempts, seen) = part.op(retrier, |op| {
         op.close(code);
-        op.sent_attempts()
+        (op.sent_attempts(), op.seen())
     });
     match why {
         GiveUp::Escalate(code) => telemetry::escalated(class, code.as_str()),
@@ -125,6 +125,11 @@ where
             hint::throttled_budget(retry_after).into()
         }
         _ => hint::of(code),
+    };
+    // The class came from what the request showed, not from the declaration: say so.
+    let hint = match (why, seen) {
+        (GiveUp::Escalate(_), Some(seen)) => hint::from_evidence(&hint, seen).into(),
+        _ => hint,
     };
     let mut err = ToolError::new(code)
         .with_class(failure)

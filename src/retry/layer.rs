@@ -6,6 +6,7 @@ use crate::class::ClassPolicy;
 use crate::class::ToolClass;
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use tower_layer::Layer;
 
@@ -30,6 +31,7 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     replay: R,
     name: Cow<'static, str>,
     role: Role,
+    trust: bool,
 }
 
 /// How a layer takes part in the operation it is called in.
@@ -75,6 +77,7 @@ impl RetryLayer {
             replay: DefaultReplay,
             name: Cow::Borrowed(class.as_str()),
             role: Role::JoinsOrOpens,
+            trust: false,
         }
     }
 }
@@ -149,6 +152,49 @@ impl<C, R> RetryLayer<C, R> {
         self
     }
 
+    /// Decides with the declared class even where the request says otherwise.
+    ///
+    /// By default a layer checks its class against what its request shows
+    /// ([`Evidence`](crate::class::Evidence)): an HTTP POST or PATCH without an
+    /// `Idempotency-Key` is decided as an `UnkeyedWrite` (RFC 9110 §9.2.2), so an ambiguous
+    /// failure (a 502, a timeout) is not sent again and ends as `outcome_unknown`, whatever class
+    /// the layer was given; it logs a WARN once, counts `stormguard_class_from_evidence_total`
+    /// and says why in the error's hint. A POST that is safe to send twice (a search API's
+    /// query, a GraphQL read) is declared so with this one word.
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::{budget::RetryBudget, class::ToolClass, error::ErrorCode, retry::RetryLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let counter = calls.clone();
+    /// let bad_gateway = service_fn(move |_: http::Request<String>| {
+    ///     counter.fetch_add(1, Ordering::SeqCst);
+    ///     async { Ok::<_, std::io::Error>(http::Response::builder().status(502).body(String::new()).unwrap()) }
+    /// });
+    /// let query = || http::Request::post("http://search.test/_search").body("{}".to_string()).unwrap();
+    ///
+    /// // Declared a read, but a POST without a key: one call, and the outcome is unknown.
+    /// let mut declared = RetryLayer::new(ToolClass::Read, RetryBudget::default()).layer(bad_gateway.clone());
+    /// let err = declared.ready().await.unwrap().call(query()).await.unwrap_err();
+    /// assert_eq!((err.code(), calls.load(Ordering::SeqCst)), (ErrorCode::OutcomeUnknown, 1));
+    /// assert!(err.hint().contains("trust_class"));
+    ///
+    /// // The user knows this POST is a read: the 502 is retried, 3 attempts in all.
+    /// calls.store(0, Ordering::SeqCst);
+    /// let mut trusted = RetryLayer::new(ToolClass::Read, RetryBudget::default()).trust_class().layer(bad_gateway);
+    /// let response = trusted.ready().await.unwrap().call(query()).await.unwrap();
+    /// assert_eq!((response.status().as_u16(), calls.load(Ordering::SeqCst)), (502, 3));
+    /// # }
+    /// ```
+    pub fn trust_class(mut self) -> Self {
+        self.trust = true;
+        self
+    }
+
     /// Sets how the layer takes part in operations (for the tool stack).
     pub(crate) fn role(mut self, role: Role) -> Self {
         self.role = role;
@@ -164,6 +210,7 @@ impl<C, R> RetryLayer<C, R> {
             replay: self.replay,
             name: self.name,
             role: self.role,
+            trust: self.trust,
         }
     }
 
@@ -176,6 +223,7 @@ impl<C, R> RetryLayer<C, R> {
             replay,
             name: self.name,
             role: self.role,
+            trust: self.trust,
         }
     }
 }
@@ -192,6 +240,8 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             replay: self.replay.clone(),
             name: self.name.clone(),
             role: self.role,
+            trust: self.trust,
+            warned: AtomicBool::new(false),
             acceptance: Arc::new(Acceptance::new(self.budget.next_seed())),
         };
         Retry::new(inner, retrier)

@@ -1,4 +1,5 @@
 use super::Request;
+use crate::class::Evidence;
 use crate::operation::Operation;
 
 /// How [`Retry`](super::Retry) gets a copy of a request to send again, whether the request
@@ -43,6 +44,13 @@ pub trait Replay<Req> {
     fn carries_key(&self, req: &Req) -> bool {
         let _ = req;
         false
+    }
+
+    /// What `req` shows about its class (an HTTP POST without a key), checked against the
+    /// layer's: the stricter decides (see [`Evidence`]). `None` unless overridden.
+    fn evidence(&self, req: &Req) -> Option<Evidence> {
+        let _ = req;
+        None
     }
 
     /// Marks the copy about to be sent as a retry after `previous_attempts` attempts of the
@@ -96,6 +104,11 @@ impl<Req: Request> Replay<Req> for DefaultReplay {
     #[inline]
     fn carries_key(&self, req: &Req) -> bool {
         req.carries_key()
+    }
+
+    #[inline]
+    fn evidence(&self, req: &Req) -> Option<Evidence> {
+        req.evidence()
     }
 
     fn mark_retry(&self, req: &mut Req, previous_attempts: u32) {
@@ -160,6 +173,10 @@ macro_rules! reqwest_replay {
             fn carries_key(&self, req: &$r::Request) -> bool {
                 req.headers().contains_key("idempotency-key")
             }
+
+            fn evidence(&self, req: &$r::Request) -> Option<Evidence> {
+                super::Request::evidence(req)
+            }
         }
     };
 }
@@ -178,6 +195,10 @@ impl<B: Clone> Replay<http::Request<B>> for HttpReplay {
 
     fn carries_key(&self, req: &http::Request<B>) -> bool {
         DefaultReplay.carries_key(req)
+    }
+
+    fn evidence(&self, req: &http::Request<B>) -> Option<Evidence> {
+        Replay::<http::Request<B>>::evidence(&DefaultReplay, req)
     }
 
     fn operation(&self, req: &http::Request<B>) -> Option<Operation> {

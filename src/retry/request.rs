@@ -2,13 +2,14 @@
 
 #[cfg(doc)]
 use super::DefaultReplay;
+use crate::class::Evidence;
 use crate::operation::Operation;
 
 /// A request type that knows how to be sent again: the [`DefaultReplay`] strategy asks it.
 ///
 /// Implemented for `http::Request<B>` with a `Clone` body and `tonic::Request<T>` with a `Clone`
-/// message (copied with their extensions; `Idempotency-Key` reported; the operation carried in
-/// the extensions), and for plain values (numbers, strings, `()`, tuples, `Vec`, `Option`,
+/// message (copied with their extensions; `Idempotency-Key` reported, a POST or PATCH as
+/// [`evidence`](Request::evidence); the operation carried in the extensions), and for plain values (numbers, strings, `()`, tuples, `Vec`, `Option`,
 /// JSON), which are cloned and carry nothing. `reqwest::Request` is not: its extensions are
 /// private to reqwest, so it cannot carry an operation; give its layers
 /// `.replay(HttpReplay)`.
@@ -43,6 +44,13 @@ pub trait Request: Sized {
     /// Whether the request carries an idempotency key. `false` unless overridden.
     fn carries_key(&self) -> bool {
         false
+    }
+
+    /// What the request shows about its class, checked against the layer's (the stricter
+    /// decides; see [`Evidence`]). `None` unless overridden; an `http::Request` and a
+    /// `reqwest::Request` report a POST or PATCH ([`Evidence::http`]).
+    fn evidence(&self) -> Option<Evidence> {
+        None
     }
 
     /// Marks the copy about to be sent as a retry after `previous_attempts` attempts.
@@ -166,6 +174,15 @@ impl<B: Clone> Request for http::Request<B> {
     }
 
     #[inline]
+    fn evidence(&self) -> Option<Evidence> {
+        let method = self.method();
+        if method != http::Method::POST && method != http::Method::PATCH {
+            return None;
+        }
+        Evidence::http(method.as_str(), self.uri().path(), self.carries_key())
+    }
+
+    #[inline]
     fn operation(&self) -> Option<Operation> {
         self.extensions().get::<Operation>().cloned()
     }
@@ -228,6 +245,11 @@ macro_rules! reqwest_request {
 
             fn carries_key(&self) -> bool {
                 self.headers().contains_key("idempotency-key")
+            }
+
+            fn evidence(&self) -> Option<Evidence> {
+                let method = self.method().as_str();
+                Evidence::http(method, self.url().path(), self.carries_key())
             }
         }
     };

@@ -7,7 +7,8 @@ use super::{ClassPolicy, DefaultReplay, Replay};
 use crate::budget::acceptance::Acceptance;
 use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
-use crate::class::ToolClass;
+use crate::class::{Evidence, ToolClass};
+use crate::classify::FailureClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::operation::ledger::{
@@ -17,6 +18,7 @@ use crate::operation::Operation;
 use crate::telemetry;
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -85,10 +87,64 @@ pub(crate) struct Retrier<S, C, R> {
     pub(crate) replay: R,
     pub(crate) name: Cow<'static, str>,
     pub(crate) role: Role,
+    /// The declared class decides even where the request's evidence is stricter
+    /// ([`RetryLayer::trust_class`](super::RetryLayer::trust_class)).
+    pub(crate) trust: bool,
+    /// The WARN that evidence overruled the declared class has been logged.
+    pub(crate) warned: AtomicBool,
     /// How much of its recent traffic the dependency below answered (see
     /// [`budget::acceptance`](crate::budget::acceptance)): one per service the layer built,
     /// shared with its clones.
     pub(crate) acceptance: Arc<Acceptance>,
+}
+
+impl<S, C, R> Retrier<S, C, R> {
+    /// The class this layer decides `req` with: the declared one, or the stricter class its
+    /// evidence shows (an HTTP POST without a key) unless the layer trusts its class. The
+    /// evidence comes back only where it changes a decision.
+    #[inline]
+    pub(crate) fn class_of<Req>(&self, req: &Req, keyed: bool) -> (ToolClass, Option<Evidence>)
+    where
+        R: Replay<Req>,
+    {
+        let declared = self.policy.class();
+        if self.trust {
+            return (declared, None);
+        }
+        match self.replay.evidence(req) {
+            None => (declared, None),
+            Some(evidence) => self.weigh(evidence, declared, keyed),
+        }
+    }
+
+    /// The stricter of the declared class and the evidence's; said out loud once per layer when
+    /// it changes a decision.
+    #[cold]
+    fn weigh(&self, evidence: Evidence, declared: ToolClass, keyed: bool) -> (ToolClass, Option<Evidence>) {
+        let seen = evidence.tighten(declared, keyed);
+        let alike = [FailureClass::Transient, FailureClass::Ambiguous]
+            .iter()
+            .all(|&f| declared.decide(f, keyed) == seen.decide(f, keyed));
+        if alike {
+            return (seen, None);
+        }
+        telemetry::class_from_evidence(declared, seen, evidence.as_str());
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                layer = %self.name,
+                declared = declared.as_str(),
+                seen = seen.as_str(),
+                evidence = evidence.as_str(),
+                "the layer is declared {} but its request is {}: it decides as {} (an ambiguous \
+                 failure is not sent again); if the endpoint is safe to resend, give the layer \
+                 .trust_class() (`trust_class = true` in a tool table)",
+                declared.as_str(),
+                evidence.describe(),
+                seen.as_str(),
+            );
+        }
+        (seen, Some(evidence))
+    }
 }
 
 impl<S: Clone, C, R> Retrier<S, C, R> {
@@ -225,7 +281,7 @@ where
         }
         let retrier = &*self.retrier;
         let keyed = retrier.replay.carries_key(&req);
-        let class = retrier.policy.class();
+        let (class, seen) = retrier.class_of(&req, keyed);
         let since = self.waiting_since.take();
         let deadline = retrier
             .policy
@@ -242,7 +298,7 @@ where
                 let mut run = op.run();
                 let joined = in_run(&mut run, || {
                     let budget = retrier.budget.id();
-                    op.with(|op| op.join(class, keyed, deadline, budget))
+                    op.with(|op| op.join(class, keyed, deadline, budget, seen))
                 });
                 let (joined, credits) = joined;
                 note_join(retrier, joined);
@@ -260,7 +316,7 @@ where
                     .hands_up(self.retrier.role == Role::HandsUp);
             }
             // The operation of a layer above on this task.
-            match join_current(class, keyed, deadline, budget) {
+            match join_current(class, keyed, deadline, budget, seen) {
                 (Joined::No, _) => {}
                 (joined, credits) => {
                     note_join(retrier, joined);
@@ -295,7 +351,9 @@ where
         let hands_up = matches!(retrier.role, Role::Nested | Role::HandsUp);
         telemetry::operation_opened(class);
         let max_attempts = retrier.policy.max_attempts();
-        let mut state = OpState::new(max_attempts, class, keyed, deadline).with_caller(budget);
+        let mut state = OpState::new(max_attempts, class, keyed, deadline)
+            .with_caller(budget)
+            .with_seen(seen);
         if since.is_some() && passed(deadline) {
             // The wait for readiness (a quota, a pool) outlasted the deadline: nothing is sent.
             let err = ending::not_sent(retrier, &mut state);
@@ -349,6 +407,8 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             replay: retrier.replay.clone(),
             name: retrier.name.clone(),
             role: retrier.role,
+            trust: retrier.trust,
+            warned: AtomicBool::new(retrier.warned.load(Ordering::Relaxed)),
             acceptance: retrier.acceptance.clone(),
         });
         self.stale = false;

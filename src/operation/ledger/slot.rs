@@ -2,7 +2,7 @@
 //! its inner service, and what the layers below do with what they find there.
 
 use super::{lock, Joined, Ledger, OpState, SharedState};
-use crate::class::ToolClass;
+use crate::class::{Evidence, ToolClass};
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
@@ -73,8 +73,9 @@ pub(crate) fn join_current(
     keyed: bool,
     deadline: Option<Instant>,
     budget: u32,
+    seen: Option<Evidence>,
 ) -> (Joined, bool) {
-    with_current(|op| op.join(class, keyed, deadline, budget)).unwrap_or((Joined::No, true))
+    with_current(|op| op.join(class, keyed, deadline, budget, seen)).unwrap_or((Joined::No, true))
 }
 
 /// Moves the operation installed on this thread to the heap (once) and returns a handle to it.

@@ -95,13 +95,13 @@ fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
             ToolClass::Read,
             false,
             Some(now + Duration::from_secs(20)),
-            1,
+            1, None,
         );
         assert_eq!(with_current(|op| op.deadline), Some(Some(outer_deadline)));
         in_scope(&mut inner, || {
             // Inside an operation of its own (no deadline), a layer sets one.
             let soon = Some(now + Duration::from_secs(1));
-            let (joined, _) = join_current(ToolClass::UnkeyedWrite, true, soon, 1);
+            let (joined, _) = join_current(ToolClass::UnkeyedWrite, true, soon, 1, None);
             let was = ToolClass::Read;
             assert_eq!(joined, Joined::Tightened { was });
             assert_eq!(with_current(|op| op.deadline), Some(soon));
@@ -124,19 +124,19 @@ fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
 fn the_hot_path_join_reports_a_tightened_class() {
     let mut op = read_op();
     in_scope(&mut op, || {
-        assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
-        let (joined, _) = join_current(ToolClass::KeyedWrite, true, None, 1);
+        assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::Yes);
+        let (joined, _) = join_current(ToolClass::KeyedWrite, true, None, 1, None);
         assert_eq!(
             joined,
             Joined::Tightened {
                 was: ToolClass::Read
             }
         );
-        assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::Yes);
+        assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::Yes);
     });
     let op = op.as_mut().unwrap().with(|op| (op.class, op.keyed));
     assert_eq!(op, (ToolClass::KeyedWrite, true));
-    assert_eq!(join_current(ToolClass::Read, false, None, 1).0, Joined::No);
+    assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::No);
 }
 
 #[test]
@@ -144,18 +144,18 @@ fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
     // Opened on budget 1; layers join on 1, 2, 2, then a layer on 1 below them.
     let mut op = read_op();
     in_scope(&mut op, || {
-        assert!(!join_current(ToolClass::Read, false, None, 1).1);
-        assert!(join_current(ToolClass::Read, false, None, 2).1);
-        assert!(!join_current(ToolClass::Read, false, None, 2).1);
-        assert!(join_current(ToolClass::Read, false, None, 1).1);
+        assert!(!join_current(ToolClass::Read, false, None, 1, None).1);
+        assert!(join_current(ToolClass::Read, false, None, 2, None).1);
+        assert!(!join_current(ToolClass::Read, false, None, 2, None).1);
+        assert!(join_current(ToolClass::Read, false, None, 1, None).1);
         // The slow path (a deadline) decides the same.
         let soon = Some(Instant::now() + Duration::from_secs(1));
-        assert!(!join_current(ToolClass::Read, false, soon, 1).1);
-        assert!(join_current(ToolClass::Read, false, soon, 3).1);
+        assert!(!join_current(ToolClass::Read, false, soon, 1, None).1);
+        assert!(join_current(ToolClass::Read, false, soon, 3, None).1);
     });
     // With nothing installed, a layer opens its own operation and credits its budget.
     assert_eq!(
-        join_current(ToolClass::Read, false, None, 1),
+        join_current(ToolClass::Read, false, None, 1, None),
         (Joined::No, true)
     );
 }
