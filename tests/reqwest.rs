@@ -118,7 +118,11 @@ async fn a_503_is_retried_until_the_server_answers() {
     let mut svc = ServiceBuilder::new()
         .layer(retry(ToolClass::Read))
         .service(client.clone());
-    let resp = call(&mut svc, post(&client, addr)).await.unwrap();
+    let get = client
+        .get(format!("http://{addr}/charges/7"))
+        .build()
+        .unwrap();
+    let resp = call(&mut svc, get).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(keys.lock().unwrap().len(), 3);
 }

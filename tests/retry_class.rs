@@ -11,8 +11,9 @@ use stormguard::retry::{HttpReplay, RetryLayer};
 use support::{call, http_script};
 use tower::Layer;
 
-fn post() -> http::Request<String> {
-    http::Request::post("/send").body(String::new()).unwrap()
+/// A request that shows nothing about its class (a POST would: see `Evidence`).
+fn request() -> http::Request<String> {
+    http::Request::get("/send").body(String::new()).unwrap()
 }
 
 /// An ambiguous failure (a 502) is retried for a read and escalated after one call for an
@@ -28,7 +29,7 @@ async fn the_class_given_is_the_class_used() {
                 .replay(HttpReplay)
                 .layer(dep);
             assert_eq!(svc.policy().class(), class);
-            let err = call(&mut svc, post()).await.unwrap_err();
+            let err = call(&mut svc, request()).await.unwrap_err();
             match class {
                 ToolClass::Read => {
                     assert_eq!(calls.load(Ordering::SeqCst), attempts, "{class:?}");

@@ -18,6 +18,11 @@ fn post() -> Req {
     http::Request::post("/send").body(String::new()).unwrap()
 }
 
+/// A read (a POST would be decided as the unkeyed write it shows it is).
+fn get() -> Req {
+    http::Request::get("/orders/7").body(String::new()).unwrap()
+}
+
 /// A hint never skips escalation: an ambiguous failure of an unkeyed write ends as
 /// `outcome_unknown`, whatever the server said about retrying.
 #[tokio::test(start_paused = true)]
@@ -82,7 +87,7 @@ async fn a_malformed_pushback_means_do_not_retry() {
         let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
             .classifier(HttpClassifier)
             .layer(dep);
-        let err = call(&mut svc, post()).await.unwrap_err();
+        let err = call(&mut svc, get()).await.unwrap_err();
         assert_eq!(calls.load(Ordering::SeqCst), 1, "pushback {bad:?}");
         assert_eq!(err.code(), ErrorCode::Unavailable);
         assert!(!err.retryable());
@@ -103,7 +108,7 @@ async fn giving_up_on_a_response_keeps_the_evidence() {
     let mut svc = RetryLayer::new(ToolClass::Read, RetryBudget::default())
         .classifier(HttpClassifier)
         .layer(dep);
-    let err = call(&mut svc, post()).await.unwrap_err();
+    let err = call(&mut svc, get()).await.unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(err.attempts(), 3);
     assert_eq!(err.code(), ErrorCode::Unavailable);
@@ -124,7 +129,7 @@ async fn giving_up_on_a_response_keeps_the_evidence() {
         .layer(RetryLayer::new(ToolClass::Read, budget.clone()))
         .layer(RetryLayer::new(ToolClass::Read, budget).classifier(HttpClassifier))
         .service(dep);
-    let err = call(&mut stack, post()).await.unwrap_err();
+    let err = call(&mut stack, get()).await.unwrap_err();
     assert_eq!(calls.load(Ordering::SeqCst), 3);
     assert_eq!(err.attempts(), 3);
     assert!(err.cause().is_some());

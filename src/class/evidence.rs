@@ -116,12 +116,48 @@ impl Evidence {
     /// The class a layer declared `declared` decides with, given this evidence and whether the
     /// request carries a key: the stricter of the two, where the evidence is stricter. A tool
     /// named for a write that declares a key is a `KeyedWrite`.
+    ///
+    /// A layer declared `KeyedWrite` (or `MultiStep`) already decides by whether a key was
+    /// really carried (a key stamped by a layer below counts), so a request's evidence leaves
+    /// it as it is: the evidence raises only `Read` and `IdempotentWrite`.
+    ///
+    /// ```
+    /// use stormguard::class::{Evidence, ToolClass};
+    /// let post = Evidence::http("POST", "/tickets", false).unwrap();
+    /// assert_eq!(post.tighten(ToolClass::Read, false), ToolClass::UnkeyedWrite);
+    /// assert_eq!(post.tighten(ToolClass::KeyedWrite, false), ToolClass::KeyedWrite);
+    /// ```
     pub fn tighten(self, declared: ToolClass, keyed: bool) -> ToolClass {
+        if declared >= ToolClass::KeyedWrite {
+            return declared;
+        }
         let seen = match self.0 {
             Seen::WriteVerb(_) if keyed => ToolClass::KeyedWrite,
             _ => self.class(),
         };
         declared.strictest(seen)
+    }
+
+    /// The class an operation decided as `base` decides with once this evidence is weighed,
+    /// where that changes what it does with a transient or an ambiguous failure; `None` where
+    /// it changes nothing (the evidence is then not reported).
+    ///
+    /// ```
+    /// use stormguard::class::{Evidence, ToolClass};
+    /// let post = Evidence::http("POST", "/tickets", false).unwrap();
+    /// assert_eq!(post.overrule(ToolClass::Read, false), Some(ToolClass::UnkeyedWrite));
+    /// assert_eq!(post.overrule(ToolClass::UnkeyedWrite, false), None);
+    /// // A key makes a POST as safe to resend as a read.
+    /// let keyed = Evidence::http("POST", "/charges", true).unwrap();
+    /// assert_eq!(keyed.overrule(ToolClass::Read, true), None);
+    /// ```
+    pub fn overrule(self, base: ToolClass, keyed: bool) -> Option<ToolClass> {
+        use crate::classify::FailureClass;
+        let seen = self.tighten(base, keyed);
+        let alike = [FailureClass::Transient, FailureClass::Ambiguous]
+            .iter()
+            .all(|&f| base.decide(f, keyed) == seen.decide(f, keyed));
+        (!alike).then_some(seen)
     }
 
     /// A short label for metrics and logs: `unkeyed_method`, `keyed_method`, `write_verb`.
@@ -143,7 +179,10 @@ impl Evidence {
             }
             Seen::KeyedMethod => "an HTTP POST or PATCH with an Idempotency-Key".to_owned(),
             Seen::WriteVerb(_) => {
-                format!("a tool named for a write (\"{}\")", self.verb().unwrap_or("?"))
+                format!(
+                    "a tool named for a write (\"{}\")",
+                    self.verb().unwrap_or("?")
+                )
             }
         }
     }
@@ -184,7 +223,13 @@ mod tests {
 
     #[test]
     fn reads_are_not_writes() {
-        for name in ["get_order", "search_orders", "list_posts", "postal_code_lookup", "opener"] {
+        for name in [
+            "get_order",
+            "search_orders",
+            "list_posts",
+            "postal_code_lookup",
+            "opener",
+        ] {
             assert_eq!(Evidence::tool_name(name), None, "{name}");
         }
     }
@@ -196,8 +241,14 @@ mod tests {
         assert_eq!(Evidence::http("PUT", "/t/1", false), None);
         assert_eq!(Evidence::http("DELETE", "/t/1", false), None);
         assert_eq!(Evidence::http("POST", "/v1/messages/", false), None);
-        assert_eq!(Evidence::http("POST", "/v1beta/models/g:generateContent", false), None);
-        assert_eq!(Evidence::http("POST", "/v1/messages/batches", false), unkeyed);
+        assert_eq!(
+            Evidence::http("POST", "/v1beta/models/g:generateContent", false),
+            None
+        );
+        assert_eq!(
+            Evidence::http("POST", "/v1/messages/batches", false),
+            unkeyed
+        );
         assert!(std::mem::size_of::<Option<Evidence>>() <= 3);
     }
 

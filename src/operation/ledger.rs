@@ -67,6 +67,18 @@ pub(crate) enum Joined {
     Tightened { was: ToolClass },
 }
 
+/// A request's evidence made an operation decide stricter than its layers declared: what the
+/// layer logs and counts (once per layer) and an ending's hint names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Overruled {
+    /// The class the layers declared.
+    pub(crate) from: ToolClass,
+    /// The class the operation decides as.
+    pub(crate) to: ToolClass,
+    /// What the request showed.
+    pub(crate) evidence: Evidence,
+}
+
 impl OpState {
     /// What the thread's state cell holds while no inline state is lent (never read then).
     const EMPTY: OpState = OpState {
@@ -152,10 +164,14 @@ impl OpState {
         self.seen
     }
 
-    /// Notes `seen` (the first evidence stands).
-    pub(crate) fn with_seen(mut self, seen: Option<Evidence>) -> Self {
-        self.seen = self.seen.or(seen);
-        self
+    /// Weighs the request's `evidence` against the class the state was opened with (see
+    /// [`OpState::weigh`]).
+    pub(crate) fn with_evidence(mut self, evidence: Option<Evidence>) -> (Self, Option<Overruled>) {
+        let overruled = self.weigh(self.class, evidence);
+        if let Some(o) = overruled {
+            self.class = o.to;
+        }
+        (self, overruled)
     }
 
     pub(crate) fn deadline(&self) -> Option<Instant> {
@@ -178,15 +194,16 @@ impl OpState {
         keyed: bool,
         deadline: Option<Instant>,
         budget: u32,
-        seen: Option<Evidence>,
-    ) -> (Joined, bool) {
-        self.seen = self.seen.or(seen);
+        evidence: Option<Evidence>,
+    ) -> (Joined, bool, Option<Overruled>) {
         let budget = budget & BUDGET_ID_MASK;
         let credits = self.caller != budget;
         self.caller = budget;
         let was = self.class;
-        self.class = was.strictest(class);
         self.keyed |= keyed;
+        let class = was.strictest(class);
+        let overruled = self.weigh(class, evidence);
+        self.class = overruled.map_or(class, |o| o.to);
         if let Some(deadline) = deadline {
             self.tighten_deadline(deadline);
         }
@@ -195,7 +212,24 @@ impl OpState {
         } else {
             Joined::Tightened { was }
         };
-        (joined, credits)
+        (joined, credits, overruled)
+    }
+
+    /// The class `class` becomes once the request's `evidence` is weighed, where that changes
+    /// a decision (noted: the first evidence stands, and an ending's hint names it).
+    pub(crate) fn weigh(
+        &mut self,
+        class: ToolClass,
+        evidence: Option<Evidence>,
+    ) -> Option<Overruled> {
+        let evidence = evidence?;
+        let to = evidence.overrule(class, self.keyed)?;
+        self.seen.get_or_insert(evidence);
+        Some(Overruled {
+            from: class,
+            to,
+            evidence,
+        })
     }
 
     /// The layer on budget `budget` calls into the stack again (a retry): the layers below

@@ -186,8 +186,8 @@ impl<C, R> RetryLayer<C, R> {
     /// // The user knows this POST is a read: the 502 is retried, 3 attempts in all.
     /// calls.store(0, Ordering::SeqCst);
     /// let mut trusted = RetryLayer::new(ToolClass::Read, RetryBudget::default()).trust_class().layer(bad_gateway);
-    /// let response = trusted.ready().await.unwrap().call(query()).await.unwrap();
-    /// assert_eq!((response.status().as_u16(), calls.load(Ordering::SeqCst)), (502, 3));
+    /// let err = trusted.ready().await.unwrap().call(query()).await.unwrap_err();
+    /// assert_eq!((err.code(), calls.load(Ordering::SeqCst)), (ErrorCode::Unavailable, 3));
     /// # }
     /// ```
     pub fn trust_class(mut self) -> Self {

@@ -8,11 +8,10 @@ use crate::budget::acceptance::Acceptance;
 use crate::budget::scope::in_run;
 use crate::budget::RetryBudget;
 use crate::class::{Evidence, ToolClass};
-use crate::classify::FailureClass;
 use crate::classify::{Classify, DefaultClassifier};
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::operation::ledger::{
-    current_deadline, join_current, with_current, Installed, Joined, Ledger, OpState,
+    current_deadline, join_current, with_current, Installed, Joined, Ledger, OpState, Overruled,
 };
 use crate::operation::Operation;
 use crate::telemetry;
@@ -99,51 +98,37 @@ pub(crate) struct Retrier<S, C, R> {
 }
 
 impl<S, C, R> Retrier<S, C, R> {
-    /// The class this layer decides `req` with: the declared one, or the stricter class its
-    /// evidence shows (an HTTP POST without a key) unless the layer trusts its class. The
-    /// evidence comes back only where it changes a decision.
+    /// What `req` shows about its class (an HTTP POST without a key), to be weighed against
+    /// the declared class; `None` when the layer trusts its class.
     #[inline]
-    pub(crate) fn class_of<Req>(&self, req: &Req, keyed: bool) -> (ToolClass, Option<Evidence>)
+    pub(crate) fn evidence<Req>(&self, req: &Req) -> Option<Evidence>
     where
         R: Replay<Req>,
     {
-        let declared = self.policy.class();
         if self.trust {
-            return (declared, None);
+            return None;
         }
-        match self.replay.evidence(req) {
-            None => (declared, None),
-            Some(evidence) => self.weigh(evidence, declared, keyed),
-        }
+        self.replay.evidence(req)
     }
 
-    /// The stricter of the declared class and the evidence's; said out loud once per layer when
-    /// it changes a decision.
+    /// The evidence overruled the declared class: said out loud, once per layer, and counted.
     #[cold]
-    fn weigh(&self, evidence: Evidence, declared: ToolClass, keyed: bool) -> (ToolClass, Option<Evidence>) {
-        let seen = evidence.tighten(declared, keyed);
-        let alike = [FailureClass::Transient, FailureClass::Ambiguous]
-            .iter()
-            .all(|&f| declared.decide(f, keyed) == seen.decide(f, keyed));
-        if alike {
-            return (seen, None);
-        }
-        telemetry::class_from_evidence(declared, seen, evidence.as_str());
+    fn overruled(&self, o: Overruled) {
+        telemetry::class_from_evidence(o.from, o.to, o.evidence.as_str());
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 layer = %self.name,
-                declared = declared.as_str(),
-                seen = seen.as_str(),
-                evidence = evidence.as_str(),
+                declared = o.from.as_str(),
+                seen = o.to.as_str(),
+                evidence = o.evidence.as_str(),
                 "the layer is declared {} but its request is {}: it decides as {} (an ambiguous \
                  failure is not sent again); if the endpoint is safe to resend, give the layer \
                  .trust_class() (`trust_class = true` in a tool table)",
-                declared.as_str(),
-                evidence.describe(),
-                seen.as_str(),
+                o.from.as_str(),
+                o.evidence.describe(),
+                o.to.as_str(),
             );
         }
-        (seen, Some(evidence))
     }
 }
 
@@ -281,7 +266,8 @@ where
         }
         let retrier = &*self.retrier;
         let keyed = retrier.replay.carries_key(&req);
-        let (class, seen) = retrier.class_of(&req, keyed);
+        let declared = retrier.policy.class();
+        let evidence = retrier.evidence(&req);
         let since = self.waiting_since.take();
         let deadline = retrier
             .policy
@@ -298,10 +284,10 @@ where
                 let mut run = op.run();
                 let joined = in_run(&mut run, || {
                     let budget = retrier.budget.id();
-                    op.with(|op| op.join(class, keyed, deadline, budget, seen))
+                    op.with(|op| op.join(declared, keyed, deadline, budget, evidence))
                 });
-                let (joined, credits) = joined;
-                note_join(retrier, joined);
+                let (joined, credits, overruled) = joined;
+                note_join(retrier, joined, overruled);
                 // The operation's deadline may have passed on the way (a queue, a spawn).
                 if passed(op.with(|op| op.deadline())) {
                     let err = op.with(|op| ending::not_sent(retrier, op));
@@ -316,10 +302,10 @@ where
                     .hands_up(self.retrier.role == Role::HandsUp);
             }
             // The operation of a layer above on this task.
-            match join_current(class, keyed, deadline, budget, seen) {
-                (Joined::No, _) => {}
-                (joined, credits) => {
-                    note_join(retrier, joined);
+            match join_current(declared, keyed, deadline, budget, evidence) {
+                (Joined::No, ..) => {}
+                (joined, credits, overruled) => {
+                    note_join(retrier, joined, overruled);
                     if retrier.replay.can_carry() {
                         // From here it travels with the request, to layers behind a boundary.
                         if let Some(op) = Operation::current() {
@@ -349,11 +335,14 @@ where
             operation_uncarried(&retrier.name);
         }
         let hands_up = matches!(retrier.role, Role::Nested | Role::HandsUp);
-        telemetry::operation_opened(class);
         let max_attempts = retrier.policy.max_attempts();
-        let mut state = OpState::new(max_attempts, class, keyed, deadline)
-            .with_caller(budget)
-            .with_seen(seen);
+        let state = OpState::new(max_attempts, declared, keyed, deadline).with_caller(budget);
+        let (mut state, overruled) = state.with_evidence(evidence);
+        if let Some(o) = overruled {
+            retrier.overruled(o);
+        }
+        let class = state.class();
+        telemetry::operation_opened(class);
         if since.is_some() && passed(deadline) {
             // The wait for readiness (a quota, a pool) outlasted the deadline: nothing is sent.
             let err = ending::not_sent(retrier, &mut state);
@@ -384,7 +373,10 @@ where
 
 /// Traces a join that made the operation stricter.
 #[inline]
-fn note_join<S, C, R>(retrier: &Retrier<S, C, R>, joined: Joined) {
+fn note_join<S, C, R>(retrier: &Retrier<S, C, R>, joined: Joined, overruled: Option<Overruled>) {
+    if let Some(o) = overruled {
+        retrier.overruled(o);
+    }
     if let Joined::Tightened { was } = joined {
         let class = retrier.policy.class();
         if !was.decides_like(class) {

@@ -1,7 +1,7 @@
 //! The thread-local slot a layer lends its operation's ledger through while it calls or polls
 //! its inner service, and what the layers below do with what they find there.
 
-use super::{lock, Joined, Ledger, OpState, SharedState};
+use super::{lock, Joined, Ledger, OpState, Overruled, SharedState};
 use crate::class::{Evidence, ToolClass};
 use std::cell::{Cell, RefCell};
 use std::sync::{Arc, Mutex};
@@ -73,9 +73,13 @@ pub(crate) fn join_current(
     keyed: bool,
     deadline: Option<Instant>,
     budget: u32,
-    seen: Option<Evidence>,
-) -> (Joined, bool) {
-    with_current(|op| op.join(class, keyed, deadline, budget, seen)).unwrap_or((Joined::No, true))
+    evidence: Option<Evidence>,
+) -> (Joined, bool, Option<Overruled>) {
+    with_current(|op| op.join(class, keyed, deadline, budget, evidence)).unwrap_or((
+        Joined::No,
+        true,
+        None,
+    ))
 }
 
 /// Moves the operation installed on this thread to the heap (once) and returns a handle to it.

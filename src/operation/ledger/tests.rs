@@ -95,13 +95,14 @@ fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
             ToolClass::Read,
             false,
             Some(now + Duration::from_secs(20)),
-            1, None,
+            1,
+            None,
         );
         assert_eq!(with_current(|op| op.deadline), Some(Some(outer_deadline)));
         in_scope(&mut inner, || {
             // Inside an operation of its own (no deadline), a layer sets one.
             let soon = Some(now + Duration::from_secs(1));
-            let (joined, _) = join_current(ToolClass::UnkeyedWrite, true, soon, 1, None);
+            let (joined, ..) = join_current(ToolClass::UnkeyedWrite, true, soon, 1, None);
             let was = ToolClass::Read;
             assert_eq!(joined, Joined::Tightened { was });
             assert_eq!(with_current(|op| op.deadline), Some(soon));
@@ -124,19 +125,28 @@ fn a_joined_deadline_is_the_earliest_and_stays_in_its_operation() {
 fn the_hot_path_join_reports_a_tightened_class() {
     let mut op = read_op();
     in_scope(&mut op, || {
-        assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::Yes);
-        let (joined, _) = join_current(ToolClass::KeyedWrite, true, None, 1, None);
+        assert_eq!(
+            join_current(ToolClass::Read, false, None, 1, None).0,
+            Joined::Yes
+        );
+        let (joined, ..) = join_current(ToolClass::KeyedWrite, true, None, 1, None);
         assert_eq!(
             joined,
             Joined::Tightened {
                 was: ToolClass::Read
             }
         );
-        assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::Yes);
+        assert_eq!(
+            join_current(ToolClass::Read, false, None, 1, None).0,
+            Joined::Yes
+        );
     });
     let op = op.as_mut().unwrap().with(|op| (op.class, op.keyed));
     assert_eq!(op, (ToolClass::KeyedWrite, true));
-    assert_eq!(join_current(ToolClass::Read, false, None, 1, None).0, Joined::No);
+    assert_eq!(
+        join_current(ToolClass::Read, false, None, 1, None).0,
+        Joined::No
+    );
 }
 
 #[test]
@@ -156,7 +166,7 @@ fn a_layer_credits_its_budget_only_when_it_differs_from_its_callers() {
     // With nothing installed, a layer opens its own operation and credits its budget.
     assert_eq!(
         join_current(ToolClass::Read, false, None, 1, None),
-        (Joined::No, true)
+        (Joined::No, true, None)
     );
 }
 
