@@ -1,10 +1,13 @@
+use super::model_api::{classify_model_response, model_dependency_error};
 use super::{
     classify_error, classify_grpc_code, AsDynError, Classification, ClassifiedResponse, Classify,
     FailureClass, KeyConflict, NeverClassifyEos, ServerHint,
 };
 use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
 use crate::error::{ErrorCode, ToolError};
+use crate::peek::ErrorBody;
 use http::{HeaderMap, Response, StatusCode};
+use std::any::Any;
 use std::time::SystemTime;
 
 /// Classifies `http::Response`s by status and server hint, and errors by [`classify_error`].
@@ -24,6 +27,26 @@ use std::time::SystemTime;
 /// | 451 | `Failure(Policy)` | `policy_violation` |
 /// | 422 | `Failure(ModelRecoverable)`, [`KeyConflict::Reused`] | `invalid_argument` |
 /// | 400 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
+///
+/// **Provider signals without opting in.** Two answers of model APIs are told from their body
+/// wherever the body is already in memory (a `String`, `Vec<u8>`, `Bytes` or `&'static str`
+/// body, or an [`ErrorBody`] a [`PeekErrorBodyLayer`](crate::peek::PeekErrorBodyLayer) left),
+/// so that forgetting [`ModelApiClassifier`](super::ModelApiClassifier) cannot resend a spent
+/// quota: a 429 whose error is `insufficient_quota` is `Failure(Permanent)`, `quota_exhausted`
+/// (no wait fixes it), and a 529 or an `overloaded_error` is `Failure(Transient)`,
+/// `unavailable` (not processed). Everything else is the table above.
+///
+/// ```
+/// use stormguard::classify::{Classify, ClassifiedResponse, FailureClass, HttpClassifier};
+/// use stormguard::error::ErrorCode;
+///
+/// let spent = http::Response::builder()
+///     .status(429)
+///     .body(r#"{"error":{"type":"insufficient_quota","message":"You exceeded your quota"}}"#.to_string())
+///     .unwrap();
+/// let ClassifiedResponse::Ready(c) = HttpClassifier.classify(&Ok::<_, std::io::Error>(spent)) else { unreachable!() };
+/// assert_eq!((c.failure_class(), c.code()), (Some(FailureClass::Permanent), Some(ErrorCode::QuotaExhausted)));
+/// ```
 ///
 /// **409 and 422 under an idempotency key.** A provider that checks keys (Stripe, the IETF
 /// `Idempotency-Key` draft) answers 409 while a request with the same key is still being
@@ -75,19 +98,61 @@ use std::time::SystemTime;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpClassifier;
 
-impl<B, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
+impl<B: 'static, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
     type ClassifyEos = NeverClassifyEos;
 
     fn classify(&self, result: &Result<Response<B>, E>) -> ClassifiedResponse<NeverClassifyEos> {
         ClassifiedResponse::Ready(match result {
-            Ok(resp) => classify_response(resp.status(), resp.headers()),
+            Ok(resp) => match provider_signal(resp) {
+                Some(body) => classify_model_response(resp.status(), resp.headers(), Some(&body)),
+                None => classify_response(resp.status(), resp.headers()),
+            },
             Err(e) => classify_error(e.as_dyn_error()),
         })
     }
 
     fn dependency_error(&self, resp: &Response<B>) -> Option<ToolError> {
-        status_error(resp.status(), resp.headers())
+        match provider_signal(resp) {
+            Some(body) => model_dependency_error(resp.status(), resp.headers(), Some(&body)),
+            None => status_error(resp.status(), resp.headers()),
+        }
     }
+}
+
+/// The error body of an answer that is one of the well-known provider signals no classifier
+/// needs to be asked for: a 429 that says the quota is spent (`insufficient_quota`: no wait
+/// fixes it, so it is not resent) and an overload (`overloaded_error`, or Anthropic's 529: not
+/// processed). Read where the body is in memory (a `String`, `Vec<u8>`, `Bytes` or
+/// `&'static str` body) or an [`ErrorBody`] a peek layer left; `None` for anything else, which
+/// the status table decides.
+fn provider_signal<B: 'static>(resp: &Response<B>) -> Option<ErrorBody> {
+    let status = resp.status().as_u16();
+    if !matches!(status, 429 | 503 | 529) {
+        return None;
+    }
+    let body = match resp.extensions().get::<ErrorBody>() {
+        Some(body) => body.clone(),
+        None => ErrorBody::parse(bytes_of(resp.body())?),
+    };
+    let signal = (status == 429 && body.is("insufficient_quota"))
+        || status == 529
+        || body.is("overloaded_error");
+    signal.then_some(body)
+}
+
+/// The bytes of a body that is already in memory.
+fn bytes_of<B: 'static>(body: &B) -> Option<&[u8]> {
+    let any = body as &dyn Any;
+    if let Some(s) = any.downcast_ref::<String>() {
+        return Some(s.as_bytes());
+    }
+    if let Some(v) = any.downcast_ref::<Vec<u8>>() {
+        return Some(v);
+    }
+    if let Some(b) = any.downcast_ref::<bytes::Bytes>() {
+        return Some(b);
+    }
+    any.downcast_ref::<&'static str>().map(|s| s.as_bytes())
 }
 
 /// What an HTTP answer classified as a failure said, as the dependency's own error: its code,

@@ -55,6 +55,24 @@ pub(crate) fn deadline_before_sending() -> &'static str {
     "the operation's deadline passed while the call waited to be sent (for a quota or a connection), so it was not sent; do not retry within this operation"
 }
 
+/// An attempt cut off in flight by the operation's deadline, ending with `code`.
+pub(crate) fn cut_off(code: ErrorCode, may_have_acted: bool) -> String {
+    let what = "the operation's deadline passed while the call was in flight, so it was cut off";
+    match code {
+        ErrorCode::DeadlineExceeded if may_have_acted => format!(
+            "{what}; it may have taken effect, and it is safe to send again: retry later with the \
+             same arguments, or report the timeout"
+        ),
+        ErrorCode::DeadlineExceeded => {
+            format!("{what}; do not retry within this operation: report the timeout")
+        }
+        _ => format!(
+            "{what}; it may have taken effect and cannot be repeated safely: do not retry, \
+             escalate to a person or verify with a consistent read"
+        ),
+    }
+}
+
 /// The error of a layer that waited inside its call (a keyed quota) past the operation's
 /// deadline and so sends nothing.
 pub(crate) fn not_sent_by_deadline() -> super::ToolError {

@@ -166,6 +166,53 @@ pub(super) fn deadline_passed<S, C, R>(
     err
 }
 
+/// The operation's deadline passed while an attempt was in flight: the attempt was dropped
+/// (cut off), so whether it took effect is not known. A call that may be sent again ends as
+/// `deadline_exceeded`; a write that may not (an unkeyed write, a keyed one without its key)
+/// ends as its escalation, `outcome_unknown` or `missing_idempotency_key`, as a timeout would.
+#[cold]
+pub(super) fn cut_off<S, C, R>(retrier: &Retrier<S, C, R>, part: &mut LayerPart) -> ToolError {
+    let (class, keyed, attempts, seen) = part.op(retrier, |op| {
+        (op.class(), op.keyed(), op.sent_attempts(), op.seen())
+    });
+    let code = cut_off_code(class, keyed);
+    part.op(retrier, |op| op.close(code));
+    match code {
+        ErrorCode::DeadlineExceeded => telemetry::retry_refused(class, GiveUp::Deadline.reason()),
+        code => telemetry::escalated(class, code.as_str()),
+    }
+    tracing::warn!(
+        layer = %retrier.name,
+        code = code.as_str(),
+        attempts,
+        reason = "deadline",
+        "the operation's deadline passed with an attempt in flight: cut off"
+    );
+    let may_have_acted = class != ToolClass::Read;
+    let mut hint: std::borrow::Cow<'static, str> = hint::cut_off(code, may_have_acted).into();
+    if let (ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey, Some(seen)) = (code, seen)
+    {
+        hint = hint::from_evidence(&hint, seen).into();
+    }
+    ToolError::new(code)
+        .with_class(FailureClass::Ambiguous)
+        .with_attempts(attempts)
+        .with_retryable(false)
+        .with_hint(hint)
+}
+
+/// The code an attempt cut off by the deadline ends with: what the class decides for an
+/// ambiguous failure (a cut-off attempt may have been applied), where that is an escalation;
+/// else `deadline_exceeded`.
+///
+/// A pure function of the class and the key, unit-tested below.
+pub(super) fn cut_off_code(class: ToolClass, keyed: bool) -> ErrorCode {
+    match class.decide(FailureClass::Ambiguous, keyed) {
+        crate::class::Decision::Escalate(code) => code,
+        _ => ErrorCode::DeadlineExceeded,
+    }
+}
+
 /// The deadline passed before this layer's first attempt could be sent (it waited for its
 /// service to be ready, or behind a boundary): nothing was sent by it. Ends the operation `op`.
 #[cold]
@@ -259,4 +306,34 @@ fn tool_error_in<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a T
         next = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut_off_code;
+    use crate::class::ToolClass;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn a_cut_off_write_that_may_not_repeat_is_an_unknown_outcome() {
+        let code = |class, keyed| cut_off_code(class, keyed);
+        assert_eq!(code(ToolClass::Read, false), ErrorCode::DeadlineExceeded);
+        assert_eq!(
+            code(ToolClass::IdempotentWrite, false),
+            ErrorCode::DeadlineExceeded
+        );
+        assert_eq!(
+            code(ToolClass::KeyedWrite, true),
+            ErrorCode::DeadlineExceeded
+        );
+        assert_eq!(
+            code(ToolClass::KeyedWrite, false),
+            ErrorCode::MissingIdempotencyKey
+        );
+        assert_eq!(
+            code(ToolClass::UnkeyedWrite, true),
+            ErrorCode::OutcomeUnknown
+        );
+        assert_eq!(code(ToolClass::MultiStep, false), ErrorCode::OutcomeUnknown);
+    }
 }

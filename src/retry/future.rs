@@ -25,7 +25,7 @@
 //! # }
 //! ```
 
-use super::ending::deadline_passed;
+use super::ending::{self, deadline_passed};
 use super::outcome::{on_result, Step};
 use super::part::LayerPart;
 use super::{into_tool_error, Replay, Retrier};
@@ -225,7 +225,17 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Called { future } => {
-                    let result = ready!(in_scope(&mut this.part.ledger, || future.poll(cx)));
+                    let polled = in_scope(&mut this.part.ledger, || future.poll(cx));
+                    let Poll::Ready(result) = polled else {
+                        // The layer holding the operation bounds the attempt in flight by its
+                        // deadline (the layers below end with it, dropped with the attempt).
+                        if this.part.ledger.is_some() && cut_off(this.retrier, this.part, cx) {
+                            let error = ending::cut_off(this.retrier, this.part);
+                            this.state.set(State::Expired { error: Some(error) });
+                            continue;
+                        }
+                        return Poll::Pending;
+                    };
                     let has_request = this.request.is_some();
                     match on_result(this.retrier, this.part, has_request, result) {
                         Step::Done(output) => return Poll::Ready(output),
@@ -305,6 +315,20 @@ where
             }
         }
     }
+}
+
+/// Whether the operation's deadline has passed while this layer's attempt is in flight; arms
+/// (or moves) the deadline's sleep to wake this future when it does. Nothing is armed for an
+/// operation without a deadline, so the first try of one costs nothing here.
+fn cut_off<S, C, R>(
+    retrier: &Retrier<S, C, R>,
+    part: &mut LayerPart,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(at) = part.op(retrier, |op| op.deadline()) else {
+        return false;
+    };
+    part.deadline_sleep(at).as_mut().poll(cx).is_ready()
 }
 
 impl<S, C, R, Req> fmt::Debug for ResponseFuture<S, C, R, Req>

@@ -1,9 +1,9 @@
 use super::{DefaultReplay, Retrier, Retry};
 use crate::budget::acceptance::Acceptance;
 use crate::budget::RetryBudget;
-use crate::class::ClassPolicy;
 #[cfg(doc)]
 use crate::class::ToolClass;
+use crate::class::{ClassPolicy, Evidence};
 use crate::classify::DefaultClassifier;
 use std::borrow::Cow;
 use std::sync::atomic::AtomicBool;
@@ -32,6 +32,8 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     name: Cow<'static, str>,
     role: Role,
     trust: bool,
+    /// What the tool's name shows (a toolbox's layer), weighed when the request shows nothing.
+    named: Option<Evidence>,
 }
 
 /// How a layer takes part in the operation it is called in.
@@ -78,6 +80,7 @@ impl RetryLayer {
             name: Cow::Borrowed(class.as_str()),
             role: Role::JoinsOrOpens,
             trust: false,
+            named: None,
         }
     }
 }
@@ -195,6 +198,12 @@ impl<C, R> RetryLayer<C, R> {
         self
     }
 
+    /// What the tool's name shows, for a toolbox's layer (its requests are tool calls).
+    pub(crate) fn named(mut self, named: Option<Evidence>) -> Self {
+        self.named = named;
+        self
+    }
+
     /// Sets how the layer takes part in operations (for the tool stack).
     pub(crate) fn role(mut self, role: Role) -> Self {
         self.role = role;
@@ -211,6 +220,7 @@ impl<C, R> RetryLayer<C, R> {
             name: self.name,
             role: self.role,
             trust: self.trust,
+            named: self.named,
         }
     }
 
@@ -224,6 +234,7 @@ impl<C, R> RetryLayer<C, R> {
             name: self.name,
             role: self.role,
             trust: self.trust,
+            named: self.named,
         }
     }
 }
@@ -241,6 +252,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             name: self.name.clone(),
             role: self.role,
             trust: self.trust,
+            named: self.named,
             warned: AtomicBool::new(false),
             acceptance: Arc::new(Acceptance::new(self.budget.next_seed())),
         };

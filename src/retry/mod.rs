@@ -51,8 +51,12 @@
 //! No attempt starts at or after it, the first included: a first attempt whose wait for
 //! readiness (a quota, a pool, a layer behind a `Buffer`) outlasted it is not sent; a retry whose
 //! delay would end past it is refused, and a granted retry that is still waiting for its service
-//! to be ready when it passes is abandoned. Each ends as `deadline_exceeded`. An attempt in flight is not cut off; put a `tower::timeout` layer below
-//! the `Retry` for that (a timeout is then an ambiguous failure, decided as above).
+//! to be ready when it passes is abandoned. Each ends as `deadline_exceeded`. An attempt still in flight when it passes is
+//! cut off (the layer holding the operation drops it): a call that may be sent again ends as
+//! `deadline_exceeded`, and a write that may not (an unkeyed write, a keyed one without its key)
+//! as `outcome_unknown` (`missing_idempotency_key`), for the attempt may have been applied. A
+//! `tower::timeout` layer below the `Retry` still bounds each attempt on its own (a timeout is
+//! an ambiguous failure, decided as above).
 //!
 //! # Classes of nested layers
 //!

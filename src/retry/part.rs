@@ -103,4 +103,17 @@ impl LayerPart {
             (Some(at), None) => retrying.sleep = Some(Box::pin(tokio::time::sleep_until(at))),
         }
     }
+
+    /// The sleep that ends at the operation's deadline `at`, made (or moved) only when it is
+    /// not already there: polled while an attempt is in flight, to cut it off.
+    pub(super) fn deadline_sleep(&mut self, at: Instant) -> &mut Pin<Box<Sleep>> {
+        let retrying = self.retrying();
+        let sleep = retrying
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if sleep.deadline() != at {
+            sleep.as_mut().reset(at);
+        }
+        sleep
+    }
 }

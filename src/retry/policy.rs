@@ -163,8 +163,9 @@ impl ClassPolicyBuilder {
     /// readiness outlasted it is not sent, a retry whose backoff would end after it is not
     /// granted, and a retry still waiting for its service to be ready (a quota, a pool) when it
     /// passes is abandoned; each ends the operation with `deadline_exceeded`. An attempt in
-    /// flight is not cut off (its outcome would become unknown): put a `tower::timeout` layer
-    /// below the `Retry` to bound each attempt.
+    /// flight when it passes is cut off: `deadline_exceeded` for a call that may be sent again,
+    /// `outcome_unknown` (or `missing_idempotency_key`) for a write that may not. Put a
+    /// `tower::timeout` layer below the `Retry` to bound each attempt on its own.
     pub fn deadline(mut self, d: Duration) -> Self {
         self.policy.deadline = Some(d);
         self

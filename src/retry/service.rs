@@ -89,6 +89,8 @@ pub(crate) struct Retrier<S, C, R> {
     /// The declared class decides even where the request's evidence is stricter
     /// ([`RetryLayer::trust_class`](super::RetryLayer::trust_class)).
     pub(crate) trust: bool,
+    /// What the tool's name shows, weighed when the request shows nothing.
+    pub(crate) named: Option<Evidence>,
     /// The WARN that evidence overruled the declared class has been logged.
     pub(crate) warned: AtomicBool,
     /// How much of its recent traffic the dependency below answered (see
@@ -108,7 +110,7 @@ impl<S, C, R> Retrier<S, C, R> {
         if self.trust {
             return None;
         }
-        self.replay.evidence(req)
+        self.replay.evidence(req).or(self.named)
     }
 
     /// The evidence overruled the declared class: said out loud, once per layer, and counted.
@@ -121,7 +123,7 @@ impl<S, C, R> Retrier<S, C, R> {
                 declared = o.from.as_str(),
                 seen = o.to.as_str(),
                 evidence = o.evidence.as_str(),
-                "the layer is declared {} but its request is {}: it decides as {} (an ambiguous \
+                "the layer is declared {} but it sees {}: it decides as {} (an ambiguous \
                  failure is not sent again); if the endpoint is safe to resend, give the layer \
                  .trust_class() (`trust_class = true` in a tool table)",
                 o.from.as_str(),
@@ -400,6 +402,7 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             name: retrier.name.clone(),
             role: retrier.role,
             trust: retrier.trust,
+            named: retrier.named,
             warned: AtomicBool::new(retrier.warned.load(Ordering::Relaxed)),
             acceptance: retrier.acceptance.clone(),
         });

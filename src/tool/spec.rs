@@ -59,8 +59,8 @@ pub struct Tool {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hedge: Option<String>,
     /// The operation's deadline, in seconds: no attempt or retry starts after it, and a
-    /// backoff that would end past it is not granted. An attempt in flight is not cut off: bound
-    /// it in the body (a `Timeout` on the client).
+    /// backoff that would end past it is not granted, and an attempt in flight when it passes is
+    /// cut off (`deadline_exceeded`; `outcome_unknown` for a write that may not be repeated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
     /// Attempts at most per operation, the first included (`None`: the class's default, 3 for
@@ -77,6 +77,11 @@ pub struct Tool {
     /// second effect).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reissue_likely: bool,
+    /// Decide with `class` even where the tool's name or its requests say it is a write (a
+    /// `create_report` that only reads, a search API's POST); see
+    /// [`Evidence`](crate::class::Evidence). Off by default: the stricter decides.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trust_class: bool,
     /// The MCP server's hints, checked against `class` by the audit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub annotations: Option<Annotations>,
@@ -114,6 +119,8 @@ pub(super) struct ToolFields {
     #[serde(default)]
     reissue_likely: bool,
     #[serde(default)]
+    trust_class: bool,
+    #[serde(default)]
     annotations: Option<Annotations>,
 }
 
@@ -136,6 +143,7 @@ impl TryFrom<ToolFields> for Tool {
             backoff: f.backoff,
             resume_window_secs: f.resume_window_secs,
             reissue_likely: f.reissue_likely,
+            trust_class: f.trust_class,
             annotations: f.annotations,
         };
         t.validate()?;
@@ -169,6 +177,7 @@ impl Tool {
             backoff: None,
             resume_window_secs: None,
             reissue_likely: false,
+            trust_class: false,
             annotations: None,
         }
     }

@@ -11,7 +11,7 @@ use super::toolbox::{HedgeSpec, SpecError};
 use crate::backoff::Backoff;
 use crate::breaker::{Breaker, CircuitBreakerLayer};
 use crate::budget::RetryBudget;
-use crate::class::ClassPolicy;
+use crate::class::{ClassPolicy, Evidence};
 use crate::classify::{Classify, DefaultClassifier, NeverClassifyEos};
 use crate::error::BoxError;
 use crate::hedge::HedgeLayer;
@@ -370,6 +370,12 @@ where
             .name(self.parts.name.to_string())
             .classifier(self.classifier.clone())
             .role(self.parts.role);
+        // The tool's name is evidence too: a `create_ticket` declared a read decides as the
+        // write it says it is, unless the table trusts its class.
+        let retry = match self.parts.tool.trust_class {
+            true => retry.trust_class(),
+            false => retry.named(Evidence::tool_name(&self.parts.name)),
+        };
         let key_fields = self.parts.key.as_ref().map_or_else(Vec::new, |key| {
             key.parts
                 .iter()

@@ -118,6 +118,19 @@ impl Tool {
         self
     }
 
+    /// Trusts the declared class over what the tool's name and requests show (see
+    /// [`Tool::trust_class`]).
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// let t = Tool::new("create_report", ToolClass::Read, RetryOwner::Layer).trust_class();
+    /// assert!(t.trust_class);
+    /// ```
+    pub fn trust_class(mut self) -> Self {
+        self.trust_class = true;
+        self
+    }
+
     /// Sets the deadline in seconds.
     ///
     /// ```

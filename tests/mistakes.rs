@@ -1,0 +1,359 @@
+//! The natural mistakes of issue 37, each against a real HTTP server on 127.0.0.1: what the
+//! crate can see overrules what it was told, and says so. Each test asserts the remedy (one
+//! effect, the right code, a hint that names the fix).
+mod support;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use stormguard::budget::RetryBudget;
+use stormguard::class::{ClassPolicy, ToolClass};
+use stormguard::classify::{FailureClass, HttpClassifier};
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::retry::{HttpReplay, RetryLayer};
+use stormguard::tool::{Call, RetryOwner, Stores, Tool, Toolbox};
+use support::call;
+use support::server::{self, serve, serve_after};
+use tower::{service_fn, Layer, ServiceBuilder};
+
+/// A retry policy whose backoff is a few milliseconds, so the tests do not wait on it.
+fn quick(class: ToolClass) -> ClassPolicy {
+    let fast = stormguard::backoff::Backoff::exponential(Duration::from_millis(2))
+        .build()
+        .unwrap();
+    ClassPolicy::builder(class).backoff(fast).build().unwrap()
+}
+
+fn ticket_post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {
+    client
+        .post(format!("http://{addr}/tickets"))
+        .body(r#"{"subject":"refund"}"#)
+        .build()
+        .unwrap()
+}
+
+/// Mistake: the ticket tool declared `class = "read"`. A 502 after the ticket was created: the
+/// tool's name says it creates, so it decides as an unkeyed write: one ticket, `outcome_unknown`,
+/// and the hint says why and how to say otherwise.
+#[tokio::test]
+async fn a_ticket_tool_declared_read_creates_one_ticket() {
+    let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+    let tools = Toolbox::new(vec![Tool::new(
+        "create_ticket",
+        ToolClass::Read,
+        RetryOwner::Layer,
+    )])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
+        async move {
+            let resp = client.post(url).body("{}").send().await?;
+            if resp.status().is_server_error() {
+                // The user's own mapping: a 5xx is an ambiguous failure.
+                return Err(ToolError::new(ErrorCode::Unavailable)
+                    .with_class(FailureClass::Ambiguous)
+                    .into());
+            }
+            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
+        }
+    });
+    let mut svc = tools.layer("create_ticket").unwrap().layer(body);
+    let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(tickets.load(Ordering::SeqCst), 1, "one ticket");
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert!(err.hint().contains("create"), "{}", err.hint());
+    assert!(err.hint().contains("trust_class"), "{}", err.hint());
+
+    // Told explicitly that the tool is a read, the crate believes it: the 502 is retried.
+    let (addr, calls) = serve(|_| server::status(502, &[])).await;
+    let tools = Toolbox::new(vec![Tool::new(
+        "create_ticket",
+        ToolClass::Read,
+        RetryOwner::Layer,
+    )
+    .trust_class()])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/reports"));
+        async move {
+            client.post(url).send().await?;
+            Err::<Value, BoxError>(
+                ToolError::new(ErrorCode::Unavailable)
+                    .with_class(FailureClass::Ambiguous)
+                    .into(),
+            )
+        }
+    });
+    let mut svc = tools.layer("create_ticket").unwrap().layer(body);
+    let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "trusted: retried");
+    assert_eq!(err.code(), ErrorCode::Unavailable);
+}
+
+/// Mistake: the tool body spawns its inner call, a `RetryLayer(Read)` over `reqwest::Client`
+/// sending a POST (the operation does not cross the spawn). The POST is the evidence: one
+/// ticket, and the model is told `outcome_unknown` after one attempt.
+#[tokio::test]
+async fn a_spawned_read_layer_over_a_post_sends_it_once() {
+    let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+    let client = reqwest::Client::new();
+    let inner = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .service(client.clone());
+    let req = ticket_post(&client, addr);
+    let err = tokio::spawn(async move {
+        let mut inner = inner;
+        call(&mut inner, req).await.map(|_| ())
+    })
+    .await
+    .unwrap()
+    .unwrap_err();
+    assert_eq!(tickets.load(Ordering::SeqCst), 1, "one ticket, not three");
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+    assert_eq!(err.attempts(), 1);
+    assert!(err.hint().contains("POST"), "{}", err.hint());
+}
+
+/// An `Idempotency-Key` on the POST is evidence too: the same declared read is retried, for the
+/// provider deduplicates the key.
+#[tokio::test]
+async fn a_keyed_post_under_a_read_layer_is_retried() {
+    let (addr, calls) = serve(|n| server::status(if n == 0 { 502 } else { 201 }, &[])).await;
+    let client = reqwest::Client::new();
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .service(client.clone());
+    let mut req = ticket_post(&client, addr);
+    req.headers_mut()
+        .insert("idempotency-key", "run-1:step-1".parse().unwrap());
+    let resp = call(&mut svc, req).await.unwrap();
+    assert_eq!(resp.status(), 201);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// hyper's client, answering with the whole body read into a `String` (as a user's client reads
+/// a model API's JSON).
+fn string_client() -> impl tower::Service<
+    http::Request<Full<Bytes>>,
+    Response = http::Response<String>,
+    Error = BoxError,
+    Future: Send,
+> + Clone {
+    let client = server::HttpClient::new();
+    service_fn(move |req: http::Request<Full<Bytes>>| {
+        let mut client = client.clone();
+        async move {
+            let resp = tower::Service::call(&mut client, req).await?;
+            let (parts, body) = resp.into_parts();
+            let bytes = body.collect().await?.to_bytes();
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            Ok::<_, BoxError>(http::Response::from_parts(parts, text))
+        }
+    })
+}
+
+/// Mistake: `ModelApiClassifier` forgotten on the chat tool. The stock `HttpClassifier` reads a
+/// spent quota from a body in memory: sent once, `quota_exhausted` (not `rate_limited`), with
+/// the provider's words in the hint.
+#[tokio::test]
+async fn a_spent_quota_is_sent_once_without_the_model_api_classifier() {
+    let (addr, calls) = serve(|_| {
+        http::Response::builder()
+            .status(429)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"You exceeded your current quota"}}"#,
+            )))
+            .unwrap()
+    })
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .service(string_client());
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let err = call(&mut svc, req).await.unwrap_err();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "a spent quota is not resent"
+    );
+    assert_eq!(err.code(), ErrorCode::QuotaExhausted, "{err}");
+    let cause = err.cause().expect("the provider's answer is kept");
+    assert!(
+        cause.hint().contains("insufficient_quota"),
+        "{}",
+        cause.hint()
+    );
+}
+
+/// An Anthropic-style overload (529) is retried until the provider answers, as not processed.
+#[tokio::test]
+async fn an_overload_is_retried_without_the_model_api_classifier() {
+    let (addr, calls) = serve(|n| match n {
+        0 => http::Response::builder()
+            .status(529)
+            .body(Full::new(Bytes::from_static(
+                br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            )))
+            .unwrap(),
+        _ => server::status(200, &[]),
+    })
+    .await;
+    let mut svc = ServiceBuilder::new()
+        .layer(
+            RetryLayer::new(quick(ToolClass::UnkeyedWrite), RetryBudget::default())
+                .classifier(HttpClassifier)
+                .replay(HttpReplay),
+        )
+        .service(string_client());
+    let req = http::Request::post(format!("http://{addr}/v1/messages"))
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let resp = call(&mut svc, req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // Even an unkeyed write may be resent: the overload says the request was not processed.
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Mistake: `reqwest::Client::new()` (no timeout) under a declared deadline, against a provider
+/// that hangs. The deadline cuts the attempt off: a read ends `deadline_exceeded`, an unkeyed
+/// write `outcome_unknown` (it may have been applied); neither waits on the hung call.
+#[tokio::test]
+async fn a_declared_deadline_cuts_off_a_hung_call() {
+    let hang = Duration::from_secs(60);
+    let (addr, calls) = serve_after(move |_| hang, |_| server::status(200, &[])).await;
+    let client = reqwest::Client::new();
+    for (class, code) in [
+        (ToolClass::Read, ErrorCode::DeadlineExceeded),
+        (ToolClass::UnkeyedWrite, ErrorCode::OutcomeUnknown),
+    ] {
+        let policy = ClassPolicy::builder(class)
+            .deadline(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let mut svc = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(policy, RetryBudget::default())
+                    .classifier(HttpClassifier)
+                    .replay(HttpReplay),
+            )
+            .service(client.clone());
+        let started = Instant::now();
+        let req = client
+            .get(format!("http://{addr}/orders/7"))
+            .build()
+            .unwrap();
+        let err = call(&mut svc, req).await.unwrap_err();
+        // Far below the hang, whatever the machine's load.
+        assert!(started.elapsed() < hang / 4, "{:?}", started.elapsed());
+        assert_eq!(err.code(), code, "{class:?}: {err}");
+        assert_eq!(err.attempts(), 1);
+        assert!(!err.retryable());
+        assert!(err.hint().contains("deadline"), "{}", err.hint());
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one attempt per class");
+}
+
+/// The deadline in a tool table holds the same way: the toolbox's `deadline_secs` cuts off a
+/// body that waits on a hung provider.
+#[tokio::test]
+async fn a_tool_tables_deadline_cuts_off_a_hung_body() {
+    let hang = Duration::from_secs(60);
+    let (addr, calls) = serve_after(move |_| hang, |_| server::status(200, &[])).await;
+    let tools = Toolbox::new(vec![Tool::new(
+        "search_orders",
+        ToolClass::Read,
+        RetryOwner::Layer,
+    )
+    .deadline_secs(1)])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/orders"));
+        async move {
+            client.get(url).send().await?;
+            Ok::<Value, BoxError>(json!([]))
+        }
+    });
+    let mut svc = tools.layer("search_orders").unwrap().layer(body);
+    let started = Instant::now();
+    let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < hang / 4, "{:?}", started.elapsed());
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded, "{err}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Evidence that overrules a class is counted on every decision it changes (the WARN is said
+/// once per layer).
+#[test]
+fn evidence_that_overrules_a_class_is_counted() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let tickets = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+            let client = reqwest::Client::new();
+            let mut svc = ServiceBuilder::new()
+                .layer(
+                    RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
+                        .classifier(HttpClassifier)
+                        .replay(HttpReplay),
+                )
+                .service(client.clone());
+            for _ in 0..2 {
+                let err = call(&mut svc, ticket_post(&client, addr))
+                    .await
+                    .unwrap_err();
+                assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+            }
+            tickets.load(Ordering::SeqCst)
+        })
+    });
+    assert_eq!(tickets, 2, "one per call");
+    let counted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "stormguard_class_from_evidence_total")
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(counted, 2);
+}
