@@ -138,6 +138,57 @@ fn read_only_hint_on_a_write() {
 }
 
 #[test]
+fn name_says_write_on_read() {
+    // The runtime decides `create_ticket` as an unkeyed write; the audit says so before it runs.
+    let read = Tool::new("create_ticket", ToolClass::Read, RetryOwner::Layer);
+    assert_eq!(codes(vec![read.clone()]), ["name-says-write-on-read"]);
+    let idempotent = Tool::new("send_digest", ToolClass::IdempotentWrite, RetryOwner::Layer)
+        .unknown_outcome(UnknownOutcome::Escalate);
+    assert_eq!(codes(vec![idempotent]), ["name-says-write-on-read"]);
+    // Told the name misleads, or given a name that does not begin with a write verb: silent.
+    assert!(codes(vec![read.trust_class()]).is_empty());
+    assert!(codes(vec![Tool::new(
+        "ticket_status",
+        ToolClass::Read,
+        RetryOwner::Layer
+    )])
+    .is_empty());
+    // A verb inside the name is not its first word.
+    assert!(codes(vec![Tool::new(
+        "list_created",
+        ToolClass::Read,
+        RetryOwner::Layer
+    )])
+    .is_empty());
+}
+
+#[test]
+fn annotation_destructive_on_read() {
+    let hint = Annotations {
+        destructive_hint: Some(true),
+        ..Default::default()
+    };
+    let read = Tool::new("ticket_status", ToolClass::Read, RetryOwner::Layer).annotations(hint);
+    assert_eq!(codes(vec![read]), ["annotation-destructive-on-read"]);
+    // The severity is an error: a retry of a destructive call repeats it.
+    let tb = Toolbox::new(vec![Tool::new(
+        "ticket_status",
+        ToolClass::Read,
+        RetryOwner::Layer,
+    )
+    .annotations(hint)])
+    .unwrap();
+    assert!(tb.audit().has_errors());
+    // `trust_class` does not silence what the server says of its own tool.
+    let trusted = Tool::new("ticket_status", ToolClass::Read, RetryOwner::Layer)
+        .annotations(hint)
+        .trust_class();
+    assert_eq!(codes(vec![trusted]), ["annotation-destructive-on-read"]);
+    let fine = keyed().annotations(hint);
+    assert!(codes(vec![fine]).is_empty());
+}
+
+#[test]
 fn quota_used_with_two_settings() {
     let a = Tool::new("a", ToolClass::Read, RetryOwner::Layer).quota("q", "tenant", 1);
     let b = Tool::new("b", ToolClass::Read, RetryOwner::Layer).quota("q", "user", 1);

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use stormguard::budget::RetryBudget;
 use stormguard::class::{ClassPolicy, ToolClass};
-use stormguard::classify::{FailureClass, HttpClassifier};
+use stormguard::classify::{Classify, FailureClass, HttpClassifier, OkIsSuccess};
 use stormguard::error::{BoxError, ErrorCode, ToolError};
 use stormguard::retry::{HttpReplay, RetryLayer};
 use stormguard::tool::{Call, RetryOwner, Stores, Tool, Toolbox};
@@ -63,7 +63,11 @@ async fn a_ticket_tool_declared_read_creates_one_ticket() {
             Ok::<Value, BoxError>(json!({ "ticket": 1 }))
         }
     });
-    let mut svc = tools.layer("create_ticket").unwrap().layer(body);
+    let mut svc = tools
+        .layer("create_ticket")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
     let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
         .await
         .unwrap_err();
@@ -95,7 +99,11 @@ async fn a_ticket_tool_declared_read_creates_one_ticket() {
             )
         }
     });
-    let mut svc = tools.layer("create_ticket").unwrap().layer(body);
+    let mut svc = tools
+        .layer("create_ticket")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
     let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
         .await
         .unwrap_err();
@@ -198,19 +206,22 @@ async fn a_spent_quota_is_sent_once_without_the_model_api_classifier() {
     let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
         .body(Full::new(Bytes::from_static(b"{}")))
         .unwrap();
-    let err = call(&mut svc, req).await.unwrap_err();
+    // A permanent failure is the answer at this layer: the provider's 429 comes back as is,
+    // after one send (a rate limit would have been resent).
+    let resp = call(&mut svc, req).await.unwrap();
+    assert_eq!(resp.status(), 429);
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
         "a spent quota is not resent"
     );
+    // What a layer above (the tool stack) turns it into: `quota_exhausted`, the provider's
+    // words in the hint.
+    let err = Classify::<_, BoxError>::dependency_error(&HttpClassifier, &resp)
+        .expect("a 429 is a dependency error");
     assert_eq!(err.code(), ErrorCode::QuotaExhausted, "{err}");
-    let cause = err.cause().expect("the provider's answer is kept");
-    assert!(
-        cause.hint().contains("insufficient_quota"),
-        "{}",
-        cause.hint()
-    );
+    assert!(!err.retryable());
+    assert!(err.hint().contains("quota"), "{}", err.hint());
 }
 
 /// An Anthropic-style overload (529) is retried until the provider answers, as not processed.
@@ -304,7 +315,11 @@ async fn a_tool_tables_deadline_cuts_off_a_hung_body() {
             Ok::<Value, BoxError>(json!([]))
         }
     });
-    let mut svc = tools.layer("search_orders").unwrap().layer(body);
+    let mut svc = tools
+        .layer("search_orders")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
     let started = Instant::now();
     let err = call(&mut svc, Call::new("run-1", "step-1", json!({})))
         .await

@@ -9,6 +9,7 @@ use super::spec::Tool;
 use super::toolbox::Toolbox;
 use crate::class::ToolClass;
 
+mod evidence;
 mod saga;
 
 /// How bad a finding is: an `Error` fails the audit.
@@ -359,6 +360,7 @@ impl Toolbox {
         let mut quota_uses: BTreeMap<&str, (&str, &str, u32)> = BTreeMap::new();
         for t in self.tools() {
             tool_findings(self, t, &mut findings);
+            evidence::findings(t, &mut findings);
             if let Some(q) = &t.quota {
                 match quota_uses.get(q.name.as_str()) {
                     Some(&(first, key, cost)) if key != q.key || cost != q.cost => findings.push(Finding {
