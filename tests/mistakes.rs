@@ -1,6 +1,8 @@
 //! The natural mistakes of issue 37, each against a real HTTP server on 127.0.0.1: what the
 //! crate can see overrules what it was told, and says so. Each test asserts the remedy (one
 //! effect, the right code, a hint that names the fix).
+#![cfg(feature = "reqwest")]
+
 mod support;
 
 use bytes::Bytes;
