@@ -11,7 +11,7 @@ use crate::error::ToolError;
 /// classifier judges an answer the way its type requires: an `http::Response` (and a
 /// `reqwest::Response`) by its status, as [`HttpClassifier`](super::HttpClassifier) does (a 503
 /// is a failure, never a receipt); an rmcp `CallToolResult` by `isError`, as
-/// [`McpClassifier`](super::McpClassifier) does; a plain value (a number, a string, `()`, a
+/// `McpClassifier` (feature `rmcp`) does; a plain value (a number, a string, `()`, a
 /// `Vec`, an `Option`, JSON, a tuple) is a success.
 ///
 /// For your own answer type, say what it means: `impl Answer for MyAnswer {}` for "every `Ok` is

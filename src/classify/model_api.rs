@@ -36,7 +36,7 @@ use std::time::Duration;
 ///
 /// On a reqwest client (features `reqwest`, `reqwest-0_13`) it classifies `reqwest::Response`
 /// too, by its status and headers (`x-should-retry`, `retry-after-ms`, 529, 409) and its errors
-/// as [`ReqwestClassifier`](super::ReqwestClassifier) does. The peek works on `http::Response`:
+/// as `ReqwestClassifier` (feature `reqwest`) does. The peek works on `http::Response`:
 /// for the error body's signals put `.map_response(http::Response::from)` between the client
 /// and the [`PeekErrorBodyLayer`](crate::peek::PeekErrorBodyLayer), and the stack answers
 /// `http::Response` (the README's "Guarding a model API" has the stack).

@@ -15,7 +15,7 @@ pub const MAX_BODY_EXCERPT: usize = 4096;
 ///
 /// The classifiers find it anywhere in an error's [`source`](std::error::Error::source) chain
 /// and read it as they read the response itself: [`classify_error`](super::classify_error)
-/// (and so the default classifier, [`ReqwestClassifier`](super::ReqwestClassifier)'s errors)
+/// (and so the default classifier, `ReqwestClassifier` (feature `reqwest`)'s errors)
 /// with [`HttpClassifier`](super::HttpClassifier)'s table, [`ModelApiClassifier`](super::ModelApiClassifier)
 /// with its own (the body excerpt is its error body). So the server's delay, its "do not
 /// retry" and the status's class survive the mapping; an error that keeps only the status (or
