@@ -200,16 +200,24 @@ fn row(t: &Tool) -> Row {
     }
 }
 
-fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
-    let mut add = |severity, code, message: String, fix| {
+/// The one way a rule adds a finding of tool `t`.
+fn adder<'a>(
+    t: &'a Tool,
+    out: &'a mut Vec<Finding>,
+) -> impl FnMut(Severity, &'static str, String, &'static str) + 'a {
+    move |severity, code, message, fix| {
         out.push(Finding {
             severity,
             tool: t.name.clone(),
             code,
             message,
             fix,
-        });
-    };
+        })
+    }
+}
+
+fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
+    let mut add = adder(t, out);
     let keyed = t.key.is_some();
     if t.class == ToolClass::KeyedWrite && !keyed {
         add(

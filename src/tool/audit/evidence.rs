@@ -8,15 +8,7 @@ use crate::tool::Tool;
 /// A read (or an idempotent write) whose name or annotations say it is a write: the runtime
 /// decides it as the stricter (the name) or the audit says so (a `destructiveHint`).
 pub(super) fn findings(t: &Tool, out: &mut Vec<Finding>) {
-    let mut add = |severity, code, message: String, fix| {
-        out.push(Finding {
-            severity,
-            tool: t.name.clone(),
-            code,
-            message,
-            fix,
-        });
-    };
+    let mut add = super::adder(t, out);
     let lenient = matches!(t.class, ToolClass::Read | ToolClass::IdempotentWrite);
     if lenient && !t.trust_class {
         if let Some(verb) = Evidence::tool_name(&t.name).and_then(Evidence::verb) {
