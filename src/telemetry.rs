@@ -22,6 +22,7 @@ pub(crate) const BREAKER_REJECTIONS: &str = "stormguard_breaker_rejections_total
 pub(crate) const BREAKER_OUTCOMES: &str = "stormguard_breaker_outcomes_total";
 pub(crate) const RECEIPT_OUTCOMES: &str = "stormguard_receipt_outcomes_total";
 pub(crate) const KEY_REFUSALS: &str = "stormguard_key_refusals_total";
+pub(crate) const HELD_CALLS: &str = "stormguard_held_calls_total";
 pub(crate) const QUOTA_WAITS: &str = "stormguard_quota_waits_total";
 pub(crate) const LOANS_REFUSED: &str = "stormguard_budget_loans_refused_total";
 pub(crate) const FAILOVER_MOVES: &str = "stormguard_failover_moves_total";
@@ -116,6 +117,12 @@ pub(crate) fn saga_event(saga: &str, event: &'static str) {
 
 pub(crate) fn receipt_outcome(outcome: &'static str) {
     metrics::counter!(RECEIPT_OUTCOMES, "outcome" => outcome).increment(1);
+}
+
+/// The held-calls book's events for `tool`: `held`, `refused_unknown`, `refused_in_flight`,
+/// `refused_done`, `resolved`, `forgotten`.
+pub(crate) fn held_call(tool: &str, event: &'static str) {
+    metrics::counter!(HELD_CALLS, "tool" => tool.to_owned(), "event" => event).increment(1);
 }
 
 pub(crate) fn key_refused(code: crate::error::ErrorCode) {

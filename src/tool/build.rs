@@ -184,6 +184,7 @@ impl Toolbox {
             breakers,
             quotas,
             stores: made,
+            held: Default::default(),
         })
     }
 

@@ -32,7 +32,8 @@ use std::sync::Arc;
 pub struct Call {
     run: String,
     step: String,
-    args: Value,
+    /// Shared: a retry's clone and the held-calls book's copy cost a count, not a deep copy.
+    args: Arc<Value>,
     /// What the caller knows beyond the model's arguments (a tenant, a user), by name.
     context: Vec<(String, String)>,
     /// The tool, once its stack has seen the call.
@@ -52,7 +53,7 @@ impl Call {
         Call {
             run: run.into(),
             step: step.into(),
-            args,
+            args: Arc::new(args),
             context: Vec::new(),
             tool: None,
             key: None,
@@ -110,6 +111,12 @@ impl Call {
 
     pub(super) fn set_tool(&mut self, tool: &Arc<str>) {
         self.tool = Some(tool.clone());
+    }
+
+    /// What makes two calls the same call for the held-calls book: the run, the arguments and
+    /// the caller's context (not the step: a reissue comes at a later step).
+    pub(super) fn sameness(&self) -> (String, Arc<Value>, Vec<(String, String)>) {
+        (self.run.clone(), self.args.clone(), self.context.clone())
     }
 
     /// The agent run.

@@ -16,6 +16,7 @@ mod audit;
 mod boxed;
 mod build;
 mod call;
+mod held;
 #[cfg(feature = "rmcp")]
 mod mcp;
 mod parts;
@@ -32,6 +33,7 @@ mod tools;
 pub use audit::{Audit, Finding, Row, Severity};
 pub use build::Stores;
 pub use call::Call;
+pub use held::{HeldCall, HeldResolution};
 #[cfg(feature = "rmcp")]
 pub use mcp::McpPeer;
 pub use parts::{
@@ -39,7 +41,7 @@ pub use parts::{
 };
 pub use router::ToolRouter;
 pub use scan::{scan, ScanHit};
-pub use service::ToolService;
+pub use service::{ToolFuture, ToolService};
 pub use spec::Tool;
 pub use stack::ToolLayer;
 pub use toolbox::{BreakerSpec, BudgetSpec, HedgeSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};

@@ -1,13 +1,26 @@
-//! [`ToolService`]: what a declared tool's stack is, and the refusals it makes before the
-//! stack sees a call (addressed to another tool, a key field missing, no quota entry).
+//! [`ToolService`]: what a declared tool's stack is, the refusals it makes before the stack
+//! sees a call (addressed to another tool, a key field missing, no quota entry, a call the
+//! held-calls book holds), and [`ToolFuture`], which tells the book how the call ended.
 
 use super::boxed::{BoxFuture, Boxed};
 use super::call::Call;
+use super::held::{self, Admit, Book, Ending, Seen};
 use crate::error::{ErrorCode, ToolError};
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_service::Service;
+
+/// A tool without receipts: the book that holds its calls whose outcome is unknown.
+#[derive(Clone)]
+pub(super) struct Held {
+    pub(super) book: Book,
+    /// The tool is a write the book tracks while in flight (the same call from another branch
+    /// is refused); for the others, only an ending with the outcome unknown is held.
+    pub(super) track: bool,
+}
 
 /// A declared tool's stack over its body: a `Service<`[`Call`]`>` whose errors are
 /// [`ToolError`]s. Made by a [`ToolLayer`](super::ToolLayer).
@@ -17,6 +30,7 @@ pub struct ToolService<Res> {
     quota_context: Option<String>,
     /// The argument fields the key is made of.
     key_fields: Arc<[String]>,
+    held: Option<Held>,
 }
 
 impl<Res> ToolService<Res> {
@@ -25,12 +39,14 @@ impl<Res> ToolService<Res> {
         name: Arc<str>,
         quota_context: Option<String>,
         key_fields: Arc<[String]>,
+        held: Option<Held>,
     ) -> Self {
         ToolService {
             inner,
             name,
             quota_context,
             key_fields,
+            held,
         }
     }
 }
@@ -42,6 +58,7 @@ impl<Res> Clone for ToolService<Res> {
             name: self.name.clone(),
             quota_context: self.quota_context.clone(),
             key_fields: self.key_fields.clone(),
+            held: self.held.clone(),
         }
     }
 }
@@ -57,7 +74,7 @@ impl<Res> fmt::Debug for ToolService<Res> {
 impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
     type Response = Res;
     type Error = ToolError;
-    type Future = BoxFuture<Res, ToolError>;
+    type Future = ToolFuture<Res>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ToolError>> {
         self.inner.poll_ready(cx)
@@ -72,7 +89,7 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
                     "a call addressed to `{to}` reached the stack of `{}`",
                     self.name
                 ));
-            return Box::pin(std::future::ready(Err(err)));
+            return ToolFuture::refused(err);
         }
         call.set_tool(&self.name);
         if let Some(field) = self
@@ -87,7 +104,7 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
                 .with_hint(format!(
                     "the arguments lack `{field}`, which the tool's idempotency key is made of: give it"
                 ));
-            return Box::pin(std::future::ready(Err(err)));
+            return ToolFuture::refused(err);
         }
         if let Some(entry) = &self.quota_context {
             if call.get(entry).is_none() {
@@ -97,9 +114,120 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
                     .with_hint(format!(
                         "the tool's quota is counted per `{entry}`: give it with Call::with(\"{entry}\", ..)"
                     ));
-                return Box::pin(std::future::ready(Err(err)));
+                return ToolFuture::refused(err);
             }
         }
-        self.inner.call(call)
+        let Some(held) = &self.held else {
+            return ToolFuture::sent(self.inner.call(call), None);
+        };
+        let mut seen = Seen::new(self.name.clone(), call.sameness(), call.step().to_owned());
+        if held.track || held.book.holds_any(&self.name) {
+            if let Admit::Refuse(standing) = held.book.enter(&mut seen, held.track) {
+                return ToolFuture::refused(held::refusal(standing, &mut seen));
+            }
+        }
+        let guard = Guard {
+            book: held.book.clone(),
+            call: Some(seen),
+            polled: false,
+            tracked: held.track,
+        };
+        ToolFuture::sent(self.inner.call(call), Some(guard))
+    }
+}
+
+/// The future of a [`ToolService`]: the stack's answer, or a refusal made before the stack saw
+/// the call.
+pub struct ToolFuture<Res> {
+    state: State<Res>,
+    guard: Option<Guard>,
+}
+
+enum State<Res> {
+    Refused(Option<ToolError>),
+    Sent(BoxFuture<Res, ToolError>),
+}
+
+impl<Res> ToolFuture<Res> {
+    fn refused(err: ToolError) -> Self {
+        ToolFuture {
+            state: State::Refused(Some(err)),
+            guard: None,
+        }
+    }
+
+    fn sent(future: BoxFuture<Res, ToolError>, guard: Option<Guard>) -> Self {
+        ToolFuture {
+            state: State::Sent(future),
+            guard,
+        }
+    }
+}
+
+impl<Res> fmt::Debug for ToolFuture<Res> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolFuture")
+            .field("refused", &matches!(self.state, State::Refused(_)))
+            .finish()
+    }
+}
+
+// Nothing in it is pinned in place: the stack's future is boxed.
+impl<Res> Unpin for ToolFuture<Res> {}
+
+impl<Res> Future for ToolFuture<Res> {
+    type Output = Result<Res, ToolError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let out = match &mut this.state {
+            State::Refused(err) => match err.take() {
+                Some(err) => Err(err),
+                None => Err(ToolError::new(ErrorCode::Internal)
+                    .with_hint("a ToolFuture was polled after it completed")),
+            },
+            State::Sent(future) => {
+                if let Some(guard) = &mut this.guard {
+                    guard.polled = true;
+                }
+                std::task::ready!(future.as_mut().poll(cx))
+            }
+        };
+        if let Some(mut guard) = this.guard.take() {
+            guard.end(match &out {
+                Ok(_) => Ending::Answered,
+                Err(e) => held::ending_of(e),
+            });
+        }
+        Poll::Ready(out)
+    }
+}
+
+/// Tells the book how a call ended; dropped while in flight, the call is held (whatever was
+/// sent may have acted), and dropped before it was ever polled, nothing was sent.
+struct Guard {
+    book: Book,
+    call: Option<Seen>,
+    polled: bool,
+    tracked: bool,
+}
+
+impl Guard {
+    fn end(&mut self, ending: Ending) {
+        if let Some(call) = self.call.take() {
+            if self.tracked || held::after(ending) {
+                self.book.end(call, ending);
+            }
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let ending = match self.polled {
+            true => Ending::Dropped,
+            false => Ending::NotSent,
+        };
+        self.end(ending);
     }
 }

@@ -2,9 +2,10 @@
 
 use super::boxed::Boxed;
 use super::call::Call;
+use super::held::Book;
 use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
 use super::read_back::Bounded;
-use super::service::ToolService;
+use super::service::{Held, ToolService};
 use super::spec::Tool;
 use super::spec_key::SpecKey;
 use super::toolbox::{HedgeSpec, SpecError};
@@ -103,6 +104,8 @@ struct Parts {
     key: Option<SpecKey>,
     /// The declared read-back's bounds: attempts and the time they may take.
     read_back: Option<(u32, Duration)>,
+    /// The held-calls book, for a tool without receipts.
+    held: Option<Held>,
 }
 
 impl<C: Clone, Cd: Clone, RB: Clone> Clone for ToolLayer<C, Cd, RB> {
@@ -140,6 +143,7 @@ pub(super) struct Shared {
     pub(super) quota: Option<KeyedQuotaLayer<String, Call>>,
     pub(super) receipt: Option<(AnyStore, ReceiptConfig)>,
     pub(super) hedge: Option<HedgeSpec>,
+    pub(super) held: Book,
 }
 
 impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
@@ -152,6 +156,7 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
             quota,
             receipt,
             hedge,
+            held,
         } = shared;
         let refuse =
             |field: &str, reason: &str| Err(SpecError::new(Some(&tool.name), field, reason));
@@ -199,7 +204,17 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
             .as_ref()
             .filter(|q| q.key != "global")
             .map(|q| q.key.clone());
+        // Without receipts nothing records a write's calls: the book holds the ones whose outcome
+        // is unknown, and a write it can see (its class, its name) while in flight too.
+        let held = match receipt {
+            Some(_) => None,
+            None => Some(Held {
+                book: held,
+                track: write_without_record(&tool),
+            }),
+        };
         let parts = Parts {
+            held,
             tool,
             name,
             policy,
@@ -219,6 +234,19 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
             hedge,
             read_back,
         })
+    }
+}
+
+/// A tool the book tracks while in flight: a write that no key deduplicates, by its class or,
+/// unless the table trusts its class, by its name.
+fn write_without_record(tool: &Tool) -> bool {
+    use crate::class::ToolClass;
+    match tool.class {
+        ToolClass::UnkeyedWrite | ToolClass::MultiStep => true,
+        ToolClass::KeyedWrite => tool.key.is_none(),
+        ToolClass::Read | ToolClass::IdempotentWrite => {
+            !tool.trust_class && Evidence::tool_name(&tool.name).is_some()
+        }
     }
 }
 
@@ -390,6 +418,7 @@ where
             self.parts.name.clone(),
             self.parts.quota_context.clone(),
             key_fields.into(),
+            self.parts.held.clone(),
         )
     }
 }

@@ -2,6 +2,7 @@
 //! every tool, a saga.
 
 use super::call::Call;
+use super::held::{Book, HeldCall, HeldResolution};
 use super::parts::UnknownOutcome;
 use super::router::ToolRouter;
 use super::service::ToolService;
@@ -49,6 +50,8 @@ pub struct Tools {
     pub(super) breakers: BTreeMap<String, Breaker>,
     pub(super) quotas: BTreeMap<String, KeyedQuotaLayer<String, Call>>,
     pub(super) stores: BTreeMap<String, AnyStore>,
+    /// The calls held because their outcome is unknown (tools without receipts).
+    pub(super) held: Book,
 }
 
 impl fmt::Debug for Tools {
@@ -228,6 +231,7 @@ impl Tools {
             quota,
             receipt,
             hedge,
+            held: self.held.clone(),
         };
         Ok((Arc::new(tool.clone()), shared))
     }
@@ -333,6 +337,79 @@ impl Tools {
     /// ```
     pub fn breaker(&self, name: &str) -> Option<&Breaker> {
         self.breakers.get(name)
+    }
+
+    /// The calls held because their outcome is unknown, oldest first: the calls of tools
+    /// without receipts that ended `outcome_unknown` (or were dropped in flight) and that the
+    /// stacks of these tools answer `outcome_unknown` again, not sent, when the same call (the
+    /// same tool, run, context and arguments, at any step) comes back. The operator's loop
+    /// checks each at the provider and says what it found with
+    /// [`resolve_held`](Self::resolve_held). The book is in memory, shared by the clones of
+    /// these `Tools`; a tool whose run may resume after a crash records its calls in a receipt
+    /// store instead (the audit's `write-without-receipt`).
+    ///
+    /// ```
+    /// use std::sync::{Arc, atomic::{AtomicU32, Ordering}};
+    /// use serde_json::{json, Value};
+    /// use tower::{Layer, Service, ServiceExt, service_fn};
+    /// use stormguard::classify::OkIsSuccess;
+    /// use stormguard::error::ErrorCode;
+    /// use stormguard::tool::{Call, HeldResolution, Stores, Toolbox};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let tools = Toolbox::from_json_str(r#"{"tools": [{
+    ///     "name": "post_ticket", "class": "unkeyed_write", "retry": ["model"],
+    ///     "unknown_outcome": "escalate"
+    /// }]}"#)?.build(Stores::new())?;
+    /// let sent = Arc::new(AtomicU32::new(0));
+    /// let counter = sent.clone();
+    /// // The provider creates the ticket, then the connection resets: did it?
+    /// let body = service_fn(move |_: Call| {
+    ///     let n = counter.fetch_add(1, Ordering::SeqCst);
+    ///     async move {
+    ///         match n {
+    ///             0 => Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+    ///             _ => Ok::<Value, std::io::Error>(json!({ "ticket": "T-2" })),
+    ///         }
+    ///     }
+    /// });
+    /// let mut post = tools.layer("post_ticket")?.classifier(OkIsSuccess).layer(body);
+    /// let ticket = json!({ "subject": "refund 4471" });
+    /// let first = post.ready().await?.call(Call::new("run-9", "step-2", ticket.clone())).await;
+    /// assert_eq!(first.unwrap_err().code(), ErrorCode::OutcomeUnknown);
+    ///
+    /// // The model reissues it anyway, at its next step: answered, not sent.
+    /// let again = post.ready().await?.call(Call::new("run-9", "step-3", ticket.clone())).await;
+    /// assert_eq!(again.unwrap_err().code(), ErrorCode::OutcomeUnknown);
+    /// assert_eq!(sent.load(Ordering::SeqCst), 1);
+    ///
+    /// // The operator finds no ticket at the provider: the next call is sent.
+    /// let held = tools.held();
+    /// assert_eq!((held.len(), held[0].step.as_str()), (1, "step-2"));
+    /// assert!(tools.resolve_held(&held[0].id, HeldResolution::NotDone));
+    /// let last = post.ready().await?.call(Call::new("run-9", "step-4", ticket)).await?;
+    /// assert_eq!(last["ticket"], "T-2");
+    /// assert_eq!(sent.load(Ordering::SeqCst), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn held(&self) -> Vec<HeldCall> {
+        self.held.list()
+    }
+
+    /// The operator's word on the held call `id` (from [`held`](Self::held)):
+    /// [`HeldResolution::NotDone`] forgets it, so the next same call is sent;
+    /// [`HeldResolution::Done`] keeps it, so the same call in its run is answered `conflict`
+    /// ("it took effect"), never sent. `false` if no call `id` is held.
+    ///
+    /// ```
+    /// use stormguard::tool::{HeldResolution, Stores, Toolbox};
+    /// let tools = Toolbox::default().build(Stores::new())?;
+    /// assert!(!tools.resolve_held("post_ticket:run-9:00", HeldResolution::Done));
+    /// # Ok::<(), stormguard::tool::SpecError>(())
+    /// ```
+    pub fn resolve_held(&self, id: &str, resolution: HeldResolution) -> bool {
+        self.held.resolve(id, resolution)
     }
 
     /// The receipt store named `name` (for the operator's loop: `pending`, `resolve`).
