@@ -68,10 +68,42 @@ fn key_includes_free_text() {
 fn unkeyed_write_with_retries() {
     let bad = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Client)
         .unknown_outcome(UnknownOutcome::Escalate);
-    assert_eq!(codes(vec![bad]), ["unkeyed-write-with-retries"]);
+    assert_eq!(
+        codes(vec![bad]),
+        ["unkeyed-write-with-retries", "write-without-receipt"]
+    );
     let fixed = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model)
-        .unknown_outcome(UnknownOutcome::Escalate);
+        .unknown_outcome(UnknownOutcome::Escalate)
+        .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("ticket")])
+        .receipt("pg", None);
     assert!(codes(vec![fixed]).is_empty());
+}
+
+#[test]
+fn write_without_receipt() {
+    // The retries handed to the model: still nothing records the call, so a resume (or the
+    // model asking again for a lost answer) sends it again.
+    let bare = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model)
+        .unknown_outcome(UnknownOutcome::Escalate);
+    assert_eq!(codes(vec![bare]), ["write-without-receipt"]);
+    let recorded = Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Model)
+        .unknown_outcome(UnknownOutcome::Escalate)
+        .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("ticket")])
+        .receipt("pg", None);
+    assert!(codes(vec![recorded]).is_empty());
+}
+
+#[test]
+fn resumed_keyed_write_without_receipt() {
+    let resumed = keyed().resume_window_secs(3600);
+    assert_eq!(
+        codes(vec![resumed]),
+        ["resumed-keyed-write-without-receipt"]
+    );
+    // Not resumed: the provider's key covers the retries in the process.
+    assert!(codes(vec![keyed()]).is_empty());
+    let recorded = keyed().resume_window_secs(3600).receipt("pg", Some(86_400));
+    assert!(codes(vec![recorded]).is_empty());
 }
 
 #[test]

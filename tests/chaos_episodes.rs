@@ -360,3 +360,55 @@ fn a_step_carries_the_callers_tenant_to_a_quota_keyed_on_it() {
         .unwrap();
     assert!(report.calls_by_tool["search"] >= 20, "{report:?}");
 }
+
+#[test]
+fn a_table_the_audit_passes_does_nothing_twice_though_the_model_reissues_escalations() {
+    let tb = toolbox(sound_invoice(), sound_ticket());
+    let audit = tb.audit();
+    assert!(audit.findings.is_empty(), "{:?}", audit.findings);
+    let report = Harness::new(tb, script()).run(1_000, 11).unwrap();
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+    assert!(report.crashes > 100, "{report:?}");
+    // The model reissued what it was told not to, and nothing was sent twice for it.
+    assert!(
+        report.faults.get("defied").copied().unwrap_or(0) > 0,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn an_unknown_outcome_reissued_by_the_model_is_held_without_a_receipt() {
+    // No receipt, retries handed to the model: the audit says nothing records the call...
+    let bare = json!({ "name": "post_ticket", "class": "unkeyed_write", "retry": ["model"],
+                       "unknown_outcome": "escalate" });
+    let tb = toolbox(sound_invoice(), bare);
+    let codes: Vec<_> = tb.audit().findings.iter().map(|f| f.code).collect();
+    assert_eq!(codes, ["write-without-receipt"]);
+    // ...and with no crash, no lost answer asked for again and no parallel branch, the model's
+    // reissues of an outcome_unknown are held below it: nothing twice.
+    let quiet = |h: Harness| {
+        h.crashes(0.0)
+            .rewords(0.0)
+            .parallel(0.0)
+            .reissues_escalations(1.0)
+    };
+    let report = quiet(Harness::new(tb.clone(), script()))
+        .run(1_000, 7)
+        .unwrap();
+    assert_eq!(report.duplicate_effects, 0, "{report:?}");
+    assert!(
+        report.faults.get("defied").copied().unwrap_or(0) > 20,
+        "{report:?}"
+    );
+    // A crash and resume is what the audit warned of: the book is lost with the process.
+    let crashed = Harness::new(tb, script())
+        .rewords(0.0)
+        .parallel(0.0)
+        .run(1_000, 7)
+        .unwrap();
+    assert!(crashed.duplicate_effects > 0, "{crashed:?}");
+    assert_eq!(
+        crashed.duplicates_by_tool.keys().collect::<Vec<_>>(),
+        ["post_ticket"]
+    );
+}

@@ -113,6 +113,117 @@ async fn a_ticket_tool_declared_read_creates_one_ticket() {
     assert_eq!(err.code(), ErrorCode::Unavailable);
 }
 
+/// Mistake: the model reissues the unkeyed ticket after `outcome_unknown` (the error said
+/// `retryable: false`; models do it anyway), on a tool with no receipt. The stack holds the
+/// call: answered `outcome_unknown` again, not sent, until an operator resolves it; a ticket
+/// for another subject is sent; the same call at once from two branches is sent once.
+#[tokio::test]
+async fn a_reissued_unknown_outcome_is_held_not_sent_again() {
+    let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+    let tools = Toolbox::new(vec![Tool::new(
+        "post_ticket",
+        ToolClass::UnkeyedWrite,
+        RetryOwner::Model,
+    )
+    .unknown_outcome(stormguard::tool::UnknownOutcome::Escalate)])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
+        async move {
+            let resp = client
+                .post(url)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            if resp.status().is_server_error() {
+                return Err(ToolError::new(ErrorCode::Unavailable)
+                    .with_class(FailureClass::Ambiguous)
+                    .into());
+            }
+            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
+        }
+    });
+    let mut svc = tools
+        .layer("post_ticket")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
+    let refund = json!({ "subject": "refund 4471" });
+    let first = call(&mut svc, Call::new("run-1", "step-2", refund.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), ErrorCode::OutcomeUnknown, "{first}");
+    assert!(!first.retryable());
+    for step in ["step-3", "step-4"] {
+        let again = call(&mut svc, Call::new("run-1", step, refund.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(again.code(), ErrorCode::OutcomeUnknown, "{again}");
+        assert!(again.hint().contains("resolve_held"), "{}", again.hint());
+        assert!(again.hint().contains("step-2"), "{}", again.hint());
+    }
+    assert_eq!(tickets.load(Ordering::SeqCst), 1, "one ticket, not three");
+    // Another subject is another call; another run is another run.
+    let other = json!({ "subject": "address change" });
+    let _ = call(&mut svc, Call::new("run-1", "step-5", other)).await;
+    let _ = call(&mut svc, Call::new("run-2", "step-1", refund.clone())).await;
+    assert_eq!(tickets.load(Ordering::SeqCst), 3);
+    // The operator says the first one took effect: still not sent, answered `conflict`.
+    let held = tools.held();
+    assert_eq!(held.len(), 3, "{held:?}");
+    let first_held = held
+        .iter()
+        .find(|h| h.run == "run-1" && h.step == "step-2")
+        .unwrap();
+    assert!(tools.resolve_held(&first_held.id, stormguard::tool::HeldResolution::Done));
+    let done = call(&mut svc, Call::new("run-1", "step-6", refund.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(done.code(), ErrorCode::Conflict, "{done}");
+    assert_eq!(tickets.load(Ordering::SeqCst), 3);
+}
+
+/// Two branches of the agent make the same unkeyed call at once: the second is answered
+/// `in_progress`, not sent.
+#[tokio::test]
+async fn the_same_unkeyed_call_from_two_branches_at_once_is_sent_once() {
+    let (addr, tickets) =
+        serve_after(|_| Duration::from_millis(200), |_| server::status(201, &[])).await;
+    let tools = Toolbox::new(vec![Tool::new(
+        "post_ticket",
+        ToolClass::UnkeyedWrite,
+        RetryOwner::None,
+    )
+    .unknown_outcome(stormguard::tool::UnknownOutcome::Escalate)])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
+        async move {
+            client.post(url).body("{}").send().await?;
+            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
+        }
+    });
+    let layer = tools.layer("post_ticket").unwrap().classifier(OkIsSuccess);
+    let (mut a, mut b) = (layer.layer(body.clone()), layer.layer(body));
+    let args = json!({ "subject": "refund" });
+    let (ra, rb) = tokio::join!(
+        call(&mut a, Call::new("run-1", "step-2", args.clone())),
+        call(&mut b, Call::new("run-1", "step-3", args.clone())),
+    );
+    assert_eq!(tickets.load(Ordering::SeqCst), 1);
+    let refused = ra.err().or(rb.err()).expect("one branch is refused");
+    assert_eq!(refused.code(), ErrorCode::InProgress, "{refused}");
+    assert!(!refused.retryable());
+    // Answered, the call is forgotten: nothing is held.
+    assert!(tools.held().is_empty());
+}
+
 /// Mistake: the tool body spawns its inner call, a `RetryLayer(Read)` over `reqwest::Client`
 /// sending a POST (the operation does not cross the spawn). The POST is the evidence: one
 /// ticket, and the model is told `outcome_unknown` after one attempt.

@@ -77,6 +77,16 @@ impl Harness {
                         reissues += 1;
                         progress.turn += 1;
                     }
+                    Some(Err(e))
+                        if reissues < self.reissues
+                            && draw(2 + 4 * u64::from(reissues + 1) * 1_000) < self.defiant
+                            && e.code() != ErrorCode::Internal =>
+                    {
+                        // Told not to retry, the model reissues it anyway.
+                        seen("defied");
+                        reissues += 1;
+                        progress.turn += 1;
+                    }
                     Some(Err(e)) => break Err(e.code().as_str().to_owned()),
                 }
             };

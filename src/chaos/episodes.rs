@@ -41,7 +41,7 @@ pub struct Report {
     /// The calls that reached the provider, by tool.
     pub calls_by_tool: BTreeMap<String, u64>,
     /// The faults met, by name: `refused`, `rate_limited`, `reset_after_work`, `late_commit`,
-    /// `crash`, `crash_in_flight` (the crashes among `crash` whose work was still in flight and
+    /// `crash`, `crash_in_flight`, `defied` (an escalation the model reissued anyway), (the crashes among `crash` whose work was still in flight and
     /// landed after the process died: counted in both), `reworded`, `parallel`, and the resumes
     /// `resume_at_once`, `resume_after_lease`, `resume_after_key_window` (one per crash).
     pub faults: BTreeMap<String, u64>,
@@ -107,6 +107,7 @@ pub struct Harness {
     pub(super) reissues: u32,
     pub(super) rewords: f64,
     pub(super) parallel: f64,
+    pub(super) defiant: f64,
     pub(super) resumes: Vec<Resume>,
     pub(super) log_lag: Duration,
     pub(super) applies: BTreeMap<String, Applies>,
@@ -130,7 +131,8 @@ impl Harness {
     /// Episodes of `script` over `toolbox`'s tools. By default, of the calls that reach the
     /// provider: 10 % refused before the work, 3 % rate-limited, 10 % reset after it, 3 % late
     /// commits; a crash in 20 % of episodes, resumed at once, after the lease or after the key
-    /// window (a third each); up to 2 reissues of a call the agent may retry; 5 % of the steps
+    /// window (a third each); up to 2 reissues of a call the agent may retry (and of half the
+    /// escalations it may not, as models do); 5 % of the steps
     /// that succeeded asked for again, 2 % made by two branches at once; a sent log 3 s behind.
     pub fn new(toolbox: Toolbox, script: Vec<Step>) -> Self {
         Harness {
@@ -144,6 +146,7 @@ impl Harness {
             reissues: 2,
             rewords: 0.05,
             parallel: 0.02,
+            defiant: 0.5,
             resumes: vec![Resume::AtOnce, Resume::AfterLease, Resume::AfterKeyWindow],
             log_lag: Duration::from_secs(3),
             applies: BTreeMap::new(),
@@ -206,6 +209,14 @@ impl Harness {
     /// the step's [`reworded`](Step::reworded) arguments if it has them.
     pub fn rewords(mut self, p: f64) -> Self {
         self.rewords = p;
+        self
+    }
+
+    /// The share of failures the model may *not* retry (`retryable: false`, such as
+    /// `outcome_unknown`) that it reissues anyway, as models do (0.5 by default; each counts
+    /// against [`reissues`](Self::reissues), and is counted as the fault `defied`).
+    pub fn reissues_escalations(mut self, p: f64) -> Self {
+        self.defiant = p;
         self
     }
 

@@ -27,6 +27,7 @@ impl Harness {
             ("crashes", self.crash),
             ("rewords", self.rewords),
             ("parallel", self.parallel),
+            ("reissues_escalations", self.defiant),
         ] {
             if !(0.0..=1.0).contains(&p) {
                 return refuse(field, "must be within 0.0..=1.0");

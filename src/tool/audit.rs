@@ -341,6 +341,27 @@ fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
                 "record the receipts in a durable store (sqlite or postgres)");
         }
     }
+    if t.receipt.is_none() {
+        match t.class {
+            ToolClass::UnkeyedWrite | ToolClass::MultiStep => add(
+                Severity::Error,
+                "write-without-receipt",
+                "nothing records that this write was sent: after a crash, a resume sends it again, and so does a model asking again for a step whose answer it lost (only a call whose outcome is unknown is held, in memory).".into(),
+                "declare a key (run, tool, id:FIELD) and a receipt in a durable store; the key need not reach the provider",
+            ),
+            ToolClass::KeyedWrite => {
+                if let Some(resume) = t.resume_window_secs {
+                    add(
+                        Severity::Error,
+                        "resumed-keyed-write-without-receipt",
+                        format!("a run may resume after {resume}s, but nothing records the call and no key window is declared: a resume after the provider forgot the key sends it again."),
+                        "declare a receipt with `provider_key_window_secs`",
+                    );
+                }
+            }
+            ToolClass::Read | ToolClass::IdempotentWrite => {}
+        }
+    }
     if t.class == ToolClass::KeyedWrite {
         if let Some(r) = t
             .receipt

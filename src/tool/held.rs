@@ -217,16 +217,18 @@ impl Book {
         self.entries().per_tool.get(tool).is_some_and(|n| *n > 0)
     }
 
-    /// The door: the standing of the same call, or, if there is none and `track`, the call
-    /// entered as in flight.
-    pub(super) fn enter(&self, call: &mut Seen, track: bool) -> Admit {
+    /// The door: the standing of the same call (with the step it was made at), or, if there is
+    /// none and `track`, the call entered as in flight.
+    pub(super) fn enter(&self, call: &mut Seen, track: bool) -> (Admit, Option<String>) {
         call.id();
         let mut entries = self.entries();
-        let admit = admit(entries.by_id.get(call.id()).map(|e| e.standing));
+        let entry = entries.by_id.get(call.id());
+        let step = entry.map(|e| e.call.step.clone());
+        let admit = admit(entry.map(|e| e.standing));
         if admit == Admit::Send && track {
             entries.insert(call.clone(), Standing::InFlight);
         }
-        admit
+        (admit, step)
     }
 
     /// The call `call` ended as `ending`: held or forgotten.
@@ -338,8 +340,9 @@ impl Entries {
     }
 }
 
-/// The answer to a call the book refuses.
-pub(super) fn refusal(standing: Standing, held: &mut Seen) -> ToolError {
+/// The answer to `call`, which the book refuses: the same call made at `step` stands as
+/// `standing`.
+pub(super) fn refusal(standing: Standing, held: &mut Seen, step: &str) -> ToolError {
     let id = held.id().to_owned();
     let (code, hint) = match standing {
         Standing::Unknown => (
@@ -348,7 +351,7 @@ pub(super) fn refusal(standing: Standing, held: &mut Seen) -> ToolError {
                 "the same call (tool `{}`, run `{}`, the same arguments) ended with its outcome \
                  unknown at step `{}`: it may have taken effect, so it is not sent again; an \
                  operator checks the provider and resolves it (Tools::resolve_held(\"{}\", ..))",
-                held.tool, held.run, held.step, id
+                held.tool, held.run, step, id
             ),
         ),
         Standing::InFlight => (
@@ -421,21 +424,22 @@ mod tests {
     fn a_held_call_is_refused_until_resolved() {
         let book = Book::default();
         let first = call("step-2", json!({"ticket": "t-1"}));
-        assert_eq!(book.enter(&mut first.clone(), true), Admit::Send);
+        let enter = |c: &mut Seen, track| book.enter(c, track).0;
+        assert_eq!(enter(&mut first.clone(), true), Admit::Send);
         assert_eq!(
-            book.enter(&mut call("step-3", json!({"ticket": "t-1"})), true),
+            enter(&mut call("step-3", json!({"ticket": "t-1"})), true),
             Admit::Refuse(Standing::InFlight)
         );
         // Another ticket is another call.
         assert_eq!(
-            book.enter(&mut call("step-3", json!({"ticket": "t-2"})), false),
+            enter(&mut call("step-3", json!({"ticket": "t-2"})), false),
             Admit::Send
         );
         assert!(book.list().is_empty(), "in flight is not listed");
         book.end(first.clone(), Ending::Unknown);
         assert!(book.holds_any("post_ticket"));
         assert_eq!(
-            book.enter(&mut call("step-4", json!({"ticket": "t-1"})), true),
+            enter(&mut call("step-4", json!({"ticket": "t-1"})), true),
             Admit::Refuse(Standing::Unknown)
         );
         let held = book.list();
@@ -444,13 +448,13 @@ mod tests {
         assert!(!book.resolve("nope", HeldResolution::Done));
         assert!(book.resolve(&held[0].id, HeldResolution::Done));
         assert_eq!(
-            book.enter(&mut call("step-5", json!({"ticket": "t-1"})), true),
+            enter(&mut call("step-5", json!({"ticket": "t-1"})), true),
             Admit::Refuse(Standing::Done)
         );
         assert!(book.resolve(&held[0].id, HeldResolution::NotDone));
         assert!(!book.holds_any("post_ticket"));
         assert_eq!(
-            book.enter(&mut call("step-6", json!({"ticket": "t-1"})), true),
+            enter(&mut call("step-6", json!({"ticket": "t-1"})), true),
             Admit::Send
         );
         book.end(call("step-6", json!({"ticket": "t-1"})), Ending::Answered);

@@ -122,8 +122,9 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
         };
         let mut seen = Seen::new(self.name.clone(), call.sameness(), call.step().to_owned());
         if held.track || held.book.holds_any(&self.name) {
-            if let Admit::Refuse(standing) = held.book.enter(&mut seen, held.track) {
-                return ToolFuture::refused(held::refusal(standing, &mut seen));
+            if let (Admit::Refuse(standing), step) = held.book.enter(&mut seen, held.track) {
+                let step = step.unwrap_or_default();
+                return ToolFuture::refused(held::refusal(standing, &mut seen, &step));
             }
         }
         let guard = Guard {
