@@ -3,11 +3,12 @@
 
 use std::process::Command;
 
-const CODES: [&str; 11] = [
+const CODES: [&str; 12] = [
     "keyed-write-without-key-source",
     "key-includes-free-text",
     "unkeyed-write-with-retries",
     "write-without-unknown-outcome",
+    "write-without-receipt",
     "several-retry-owners",
     "receipt-retention-shorter-than-resume",
     "resume-longer-than-key-window",

@@ -382,7 +382,7 @@ impl Toolbox {
     /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool, Toolbox}};
     /// let tb = Toolbox::new(vec![Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::Layer)]).unwrap();
     /// let codes: Vec<_> = tb.audit().findings.iter().map(|f| f.code).collect();
-    /// assert_eq!(codes, ["unkeyed-write-with-retries", "write-without-unknown-outcome"]);
+    /// assert_eq!(codes, ["unkeyed-write-with-retries", "write-without-unknown-outcome", "write-without-receipt"]);
     /// ```
     pub fn audit(&self) -> Audit {
         let mut findings = Vec::new();

@@ -132,7 +132,11 @@ impl Toolbox {
     /// let toolbox = Toolbox::new(vec![])?.with_mcp_tools(&listed)?;
     /// assert_eq!(toolbox.tools()[0].class, ToolClass::Read);
     /// assert_eq!(toolbox.tools()[1].class, ToolClass::UnkeyedWrite);
-    /// assert!(!toolbox.audit().has_errors(), "a table the audit passes");
+    /// // Nothing records the ticket's calls: a resume would send it again. Declare it yourself,
+    /// // with a key and a receipt.
+    /// let audit = toolbox.audit();
+    /// let codes: Vec<_> = audit.findings.iter().map(|f| (f.tool.as_str(), f.code)).collect();
+    /// assert_eq!(codes, [("post_ticket", "write-without-receipt")]);
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn with_mcp_tools(mut self, listed: &[rmcp::model::Tool]) -> Result<Self, SpecError> {
