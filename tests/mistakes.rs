@@ -485,3 +485,49 @@ fn evidence_that_overrules_a_class_is_counted() {
         .sum();
     assert_eq!(counted, 2);
 }
+
+/// A read dropped while in flight (the agent gave up on it) is not held: the next same call is
+/// sent. An unkeyed write dropped in flight is held: what was sent may have acted.
+#[tokio::test]
+async fn a_dropped_read_is_not_held_but_a_dropped_write_is() {
+    let (addr, _hits) =
+        serve_after(|_| Duration::from_millis(300), |_| server::status(200, &[])).await;
+    let tools = Toolbox::new(vec![
+        Tool::new("search_orders", ToolClass::Read, RetryOwner::Layer),
+        Tool::new("post_ticket", ToolClass::UnkeyedWrite, RetryOwner::None)
+            .unknown_outcome(stormguard::tool::UnknownOutcome::Escalate),
+    ])
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/"));
+        async move {
+            client.get(url).send().await?;
+            Ok::<Value, BoxError>(json!({ "ok": true }))
+        }
+    });
+    let args = json!({ "q": "4471" });
+    for tool in ["search_orders", "post_ticket"] {
+        let mut svc = tools
+            .layer(tool)
+            .unwrap()
+            .classifier(OkIsSuccess)
+            .layer(body.clone());
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(50),
+            call(&mut svc, Call::new("run-1", "step-1", args.clone())),
+        )
+        .await;
+        assert!(gave_up.is_err(), "{tool}: dropped in flight");
+        let again = call(&mut svc, Call::new("run-1", "step-2", args.clone())).await;
+        match tool {
+            "search_orders" => assert!(again.is_ok(), "{again:?}"),
+            _ => assert_eq!(again.unwrap_err().code(), ErrorCode::OutcomeUnknown),
+        }
+    }
+    let held = tools.held();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].tool, "post_ticket");
+}

@@ -216,7 +216,9 @@ struct Guard {
 impl Guard {
     fn end(&mut self, ending: Ending) {
         if let Some(call) = self.call.take() {
-            if self.tracked || held::after(ending) {
+            // An untracked tool (a read, a keyed write) is held only when its stack said the
+            // outcome is unknown: a read dropped in flight did nothing to hold.
+            if self.tracked || ending == Ending::Unknown {
                 self.book.end(call, ending);
             }
         }
