@@ -306,7 +306,6 @@ impl<S, C, R, W> Failover<S, C, R, W> {
     /// # use stormguard::budget::RetryBudget;
     /// # use stormguard::failover::Failover;
     /// # use stormguard::error::BoxError;
-    /// # let a = tower::service_fn(|r: String| async move { Ok::<_, BoxError>(r) });
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
     /// # let a = tower::service_fn(|r: String| async move { Ok::<_, BoxError>(r) });
     /// let failover = Failover::builder(RetryBudget::default(), "a", a).build().unwrap();

@@ -252,18 +252,18 @@ impl fmt::Debug for Fleet {
 /// use std::time::Duration;
 /// use stormguard::fleet::Fleet;
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # fn main() {
+/// // Outside a tokio runtime there is nothing to run the fleet's tasks on.
+/// assert_eq!(Fleet::builder("redis://127.0.0.1:6379/").build().unwrap_err().field(), "runtime");
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// # rt.block_on(async {
 /// let b = || Fleet::builder("redis://127.0.0.1:6379/");
 /// assert_eq!(b().timeout(Duration::ZERO).build().unwrap_err().field(), "timeout");
 /// assert_eq!(b().sync_interval(Duration::from_secs(3600)).build().unwrap_err().field(), "sync_interval");
 /// assert_eq!(b().prefix("").build().unwrap_err().field(), "prefix");
 /// assert_eq!(b().worker("").build().unwrap_err().field(), "worker");
+/// # });
 /// # }
-/// # fn no_runtime() {
-/// // Outside a tokio runtime there is nothing to run the fleet's tasks on.
-/// assert_eq!(Fleet::builder("redis://127.0.0.1:6379/").build().unwrap_err().field(), "runtime");
-/// # }
-/// # no_runtime();
 /// ```
 #[derive(Clone, Debug)]
 pub struct FleetBuilder {
