@@ -37,6 +37,32 @@ fn ticket_post(client: &reqwest::Client, addr: SocketAddr) -> reqwest::Request {
         .unwrap()
 }
 
+/// A ticket tool's body: POSTs the call's arguments to the provider, mapping a 5xx (as a user
+/// would) to an ambiguous failure.
+fn ticket_body(
+    addr: SocketAddr,
+) -> impl tower::Service<Call, Response = Value, Error = BoxError, Future = impl Send> + Clone + Send
+{
+    let client = reqwest::Client::new();
+    service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
+        async move {
+            let resp = client
+                .post(url)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            if resp.status().is_server_error() {
+                // The user's own mapping: a 5xx is an ambiguous failure.
+                return Err(ToolError::new(ErrorCode::Unavailable)
+                    .with_class(FailureClass::Ambiguous)
+                    .into());
+            }
+            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
+        }
+    })
+}
+
 /// Mistake: the ticket tool declared `class = "read"`. A 502 after the ticket was created: the
 /// tool's name says it creates, so it decides as an unkeyed write: one ticket, `outcome_unknown`,
 /// and the hint says why and how to say otherwise.
@@ -51,20 +77,7 @@ async fn a_ticket_tool_declared_read_creates_one_ticket() {
     .unwrap()
     .build(Stores::new())
     .unwrap();
-    let client = reqwest::Client::new();
-    let body = service_fn(move |_call: Call| {
-        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
-        async move {
-            let resp = client.post(url).body("{}").send().await?;
-            if resp.status().is_server_error() {
-                // The user's own mapping: a 5xx is an ambiguous failure.
-                return Err(ToolError::new(ErrorCode::Unavailable)
-                    .with_class(FailureClass::Ambiguous)
-                    .into());
-            }
-            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
-        }
-    });
+    let body = ticket_body(addr);
     let mut svc = tools
         .layer("create_ticket")
         .unwrap()
@@ -129,23 +142,7 @@ async fn a_reissued_unknown_outcome_is_held_not_sent_again() {
     .unwrap()
     .build(Stores::new())
     .unwrap();
-    let client = reqwest::Client::new();
-    let body = service_fn(move |call: Call| {
-        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
-        async move {
-            let resp = client
-                .post(url)
-                .body(call.args().to_string())
-                .send()
-                .await?;
-            if resp.status().is_server_error() {
-                return Err(ToolError::new(ErrorCode::Unavailable)
-                    .with_class(FailureClass::Ambiguous)
-                    .into());
-            }
-            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
-        }
-    });
+    let body = ticket_body(addr);
     let mut svc = tools
         .layer("post_ticket")
         .unwrap()
@@ -201,14 +198,7 @@ async fn the_same_unkeyed_call_from_two_branches_at_once_is_sent_once() {
     .unwrap()
     .build(Stores::new())
     .unwrap();
-    let client = reqwest::Client::new();
-    let body = service_fn(move |_call: Call| {
-        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
-        async move {
-            client.post(url).body("{}").send().await?;
-            Ok::<Value, BoxError>(json!({ "ticket": 1 }))
-        }
-    });
+    let body = ticket_body(addr);
     let layer = tools.layer("post_ticket").unwrap().classifier(OkIsSuccess);
     let (mut a, mut b) = (layer.layer(body.clone()), layer.layer(body));
     let args = json!({ "subject": "refund" });

@@ -220,7 +220,8 @@ impl Book {
     /// The door: the standing of the same call (with the step it was made at), or, if there is
     /// none and `track`, the call entered as in flight.
     pub(super) fn enter(&self, call: &mut Seen, track: bool) -> (Admit, Option<String>) {
-        call.id();
+        call.id(); // the digest is made before the lock is taken
+
         let mut entries = self.entries();
         let entry = entries.by_id.get(call.id());
         let step = entry.map(|e| e.call.step.clone());
@@ -233,7 +234,8 @@ impl Book {
 
     /// The call `call` ended as `ending`: held or forgotten.
     pub(super) fn end(&self, mut call: Seen, ending: Ending) {
-        call.id();
+        call.id(); // the digest is made before the lock is taken
+
         let mut entries = self.entries();
         if after(ending) {
             let tool = call.tool.clone();
