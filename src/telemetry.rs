@@ -14,6 +14,7 @@ pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
 pub(crate) const CLASS_FROM_EVIDENCE: &str = "stormguard_class_from_evidence_total";
+pub(crate) const ANSWER_STATUS_OVERRULED: &str = "stormguard_answer_status_overruled_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
 pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
@@ -100,6 +101,17 @@ pub(crate) fn class_from_evidence(declared: ToolClass, seen: ToolClass, evidence
         "declared" => declared.as_str(),
         "seen" => seen.as_str(),
         "evidence" => evidence
+    )
+    .increment(1);
+}
+
+/// A JSON answer said it failed where its classifier called it a success (labels `layer`,
+/// `status`).
+pub(crate) fn answer_status_overruled(layer: &str, status: u16) {
+    metrics::counter!(
+        ANSWER_STATUS_OVERRULED,
+        "layer" => layer.to_owned(),
+        "status" => status.to_string()
     )
     .increment(1);
 }

@@ -41,6 +41,7 @@ mod classification;
 mod error;
 mod grpc;
 pub mod hint;
+mod json_status;
 pub(crate) use hint::ServerHint;
 #[cfg(feature = "http")]
 mod http;
@@ -65,6 +66,7 @@ pub use error::{classify_error, AsDynError};
 pub use grpc::classify_grpc_code;
 #[cfg(feature = "http")]
 pub use http::{classify_status, HttpClassifier, HttpStatus, NotProcessed};
+pub use json_status::{answer_status, AnswerStatus};
 #[cfg(feature = "rmcp")]
 pub use mcp::McpClassifier;
 #[cfg(feature = "http")]

@@ -22,7 +22,7 @@ use crate::error::BoxError;
 #[diagnostic::on_unimplemented(
     message = "the receipt layer's default codec does not know how to store a `{Self}`",
     label = "`{Self}` does not implement `stormguard::receipt::Stored`",
-    note = "for a serde type give the layer `.codec(JsonCodec)` or `impl Stored for {Self}`; an `http::Response` is stored when its body is in memory (`String`, `Vec<u8>`, `Bytes`): collect a streamed body (hyper's `Incoming`, a reqwest response) into one first, or store what the tool returns; a streamed answer that must not be stored: `.codec(NotStored)`"
+    note = "for a serde type give the layer `.codec(JsonCodec)` or `impl Stored for {Self}`; an `http::Response` is stored when its body is in memory (`String`, `Vec<u8>`, `Bytes`): collect a streamed body (hyper's `Incoming`, a reqwest response) into one first, or store what the tool returns; a streamed answer that must not be stored, or a declared tool that records no receipt: `.codec(NotStored)`"
 )]
 pub trait Stored: Sized {
     /// The bytes of the receipt.

@@ -32,6 +32,8 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     name: Cow<'static, str>,
     role: Role,
     trust: bool,
+    /// A failed answer it does not retry ends as a `ToolError`, not `Ok` (a declared tool's).
+    answers_as_errors: bool,
     /// What the tool's name shows (a toolbox's layer), weighed when the request shows nothing.
     named: Option<Evidence>,
 }
@@ -80,6 +82,7 @@ impl RetryLayer {
             name: Cow::Borrowed(class.as_str()),
             role: Role::JoinsOrOpens,
             trust: false,
+            answers_as_errors: false,
             named: None,
         }
     }
@@ -204,6 +207,16 @@ impl<C, R> RetryLayer<C, R> {
         self
     }
 
+    /// A failed answer that is not retried (a 4xx, a spent quota) ends as a [`ToolError`]
+    /// built from the dependency's own error, not as the `Ok` answer (for the tool stack,
+    /// whose errors are what the model reads).
+    ///
+    /// [`ToolError`]: crate::error::ToolError
+    pub(crate) fn answers_as_errors(mut self) -> Self {
+        self.answers_as_errors = true;
+        self
+    }
+
     /// Sets how the layer takes part in operations (for the tool stack).
     pub(crate) fn role(mut self, role: Role) -> Self {
         self.role = role;
@@ -220,6 +233,7 @@ impl<C, R> RetryLayer<C, R> {
             name: self.name,
             role: self.role,
             trust: self.trust,
+            answers_as_errors: self.answers_as_errors,
             named: self.named,
         }
     }
@@ -234,6 +248,7 @@ impl<C, R> RetryLayer<C, R> {
             name: self.name,
             role: self.role,
             trust: self.trust,
+            answers_as_errors: self.answers_as_errors,
             named: self.named,
         }
     }
@@ -252,6 +267,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             name: self.name.clone(),
             role: self.role,
             trust: self.trust,
+            answers_as_errors: self.answers_as_errors,
             named: self.named,
             warned: AtomicBool::new(false),
             acceptance: Arc::new(Acceptance::new(self.budget.next_seed())),

@@ -87,6 +87,32 @@ fn answered_err<S, C, R, E: Into<BoxError>>(
     hand_back(e, classification, None, attempts)
 }
 
+/// A failed answer that is not retried, as the `ToolError` a declared tool ends with: the
+/// dependency's own error where the classifier reads one (an HTTP status, a JSON answer's
+/// `status`), else the classification's code.
+#[cold]
+fn failed_answer<S, C, R, Req>(
+    retrier: &Retrier<S, C, R>,
+    answer: &S::Response,
+    classification: &Classification,
+    failure: FailureClass,
+    sent: u32,
+) -> ToolError
+where
+    S: Service<Req>,
+    C: Classify<S::Response, S::Error>,
+{
+    let code = classification.code().unwrap_or(ErrorCode::Internal);
+    let err = ToolError::new(code).with_class(failure).with_attempts(sent);
+    match retrier.classifier.dependency_error(answer) {
+        Some(theirs) => {
+            let hint = format!("{}; {}", code.default_hint(), theirs.hint());
+            err.with_hint(hint).with_source(theirs)
+        }
+        None => err,
+    }
+}
+
 /// The cold half of [`on_result`]: a failure, decided by [`decide`] and carried out. Kept out of
 /// line so that the first-try path stays small.
 #[inline(never)]
@@ -193,7 +219,16 @@ where
                 // provider's error body) hands it back too.
                 part.op(retrier, |op| op.close(code));
             }
-            Step::Done(result.map_err(|e| hand_back(e, &classification, Some(failure), sent)))
+            Step::Done(match result {
+                Ok(answer) if retrier.answers_as_errors => Err(failed_answer(
+                    retrier,
+                    &answer,
+                    &classification,
+                    failure,
+                    sent,
+                )),
+                result => result.map_err(|e| hand_back(e, &classification, Some(failure), sent)),
+            })
         }
         Next::LeaveToOuterLayer => Step::Done(Err(leave_to_outer_layer(
             retrier,

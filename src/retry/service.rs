@@ -89,6 +89,8 @@ pub(crate) struct Retrier<S, C, R> {
     /// The declared class decides even where the request's evidence is stricter
     /// ([`RetryLayer::trust_class`](super::RetryLayer::trust_class)).
     pub(crate) trust: bool,
+    /// A failed answer it does not retry ends as a `ToolError`, not `Ok`.
+    pub(crate) answers_as_errors: bool,
     /// What the tool's name shows, weighed when the request shows nothing.
     pub(crate) named: Option<Evidence>,
     /// The WARN that evidence overruled the declared class has been logged.
@@ -402,6 +404,7 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             name: retrier.name.clone(),
             role: retrier.role,
             trust: retrier.trust,
+            answers_as_errors: retrier.answers_as_errors,
             named: retrier.named,
             warned: AtomicBool::new(retrier.warned.load(Ordering::Relaxed)),
             acceptance: retrier.acceptance.clone(),

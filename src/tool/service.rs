@@ -24,6 +24,11 @@ pub(super) struct Held {
 
 /// A declared tool's stack over its body: a `Service<`[`Call`]`>` whose errors are
 /// [`ToolError`]s. Made by a [`ToolLayer`](super::ToolLayer).
+///
+/// Its `Ok` is an answer its classifier read as a success: a failed answer the stack does not
+/// retry (a 4xx, a spent quota) ends as a `ToolError` with the dependency's own error as its
+/// [`cause`](ToolError::cause), and a JSON answer that says it failed (`{"status": 503}`) is
+/// read as that failure ([`AnswerStatus`](crate::classify::AnswerStatus)).
 pub struct ToolService<Res> {
     inner: Boxed<Call, Res, ToolError>,
     name: Arc<str>,

@@ -13,7 +13,7 @@ use crate::backoff::Backoff;
 use crate::breaker::{Breaker, CircuitBreakerLayer};
 use crate::budget::RetryBudget;
 use crate::class::{ClassPolicy, Evidence};
-use crate::classify::{Classify, DefaultClassifier, NeverClassifyEos};
+use crate::classify::{AnswerStatus, Classify, DefaultClassifier, NeverClassifyEos};
 use crate::error::BoxError;
 use crate::hedge::HedgeLayer;
 use crate::key::SetIdempotencyKeyLayer;
@@ -357,16 +357,21 @@ where
     type Service = ToolService<S::Response>;
 
     fn layer(&self, body: S) -> ToolService<S::Response> {
+        // Every layer reads a JSON answer's own status before the classifier given: a body
+        // that folds a 503 into `{"status": 503}` under `OkIsSuccess` is a 503, not a receipt.
+        // The retry's copy reports; the others overrule silently (one call counts once).
+        let says = AnswerStatus::new(self.classifier.clone(), self.parts.name.clone());
+        let classifier = says.silent();
         let mut below: Boxed<Call, S::Response> = Boxed::new(body);
         if let Some(quota) = &self.parts.quota {
             below = Boxed::new(quota.layer(below));
         }
         if let Some(breaker) = &self.parts.breaker {
-            let layer =
-                CircuitBreakerLayer::new(breaker.clone()).classifier(self.classifier.clone());
+            let layer = CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone());
             below = Boxed::new(layer.layer(below));
         }
         if let Some(hedge) = &self.hedge {
+            let hedge = hedge.clone().with_classifier(classifier.clone());
             below = Boxed::new(hedge.layer(below));
         }
         match (&self.parts.receipt, &self.parts.key) {
@@ -374,7 +379,7 @@ where
                 let layer =
                     ReceiptGuardLayer::new(store.clone(), self.parts.policy.class(), key.clone())
                         .config(*config)
-                        .classifier(self.classifier.clone())
+                        .classifier(classifier.clone())
                         .codec(self.codec.clone());
                 below = match self.parts.read_back {
                     Some((attempts, within)) => {
@@ -396,8 +401,9 @@ where
         }
         let retry = RetryLayer::new(self.parts.policy, self.parts.budget.clone())
             .name(self.parts.name.to_string())
-            .classifier(self.classifier.clone())
-            .role(self.parts.role);
+            .classifier(says)
+            .role(self.parts.role)
+            .answers_as_errors();
         // The tool's name is evidence too: a `create_ticket` declared a read decides as the
         // write it says it is, unless the table trusts its class.
         let retry = match self.parts.tool.trust_class {

@@ -1,0 +1,232 @@
+//! [`AnswerStatus`]: a JSON answer that says it failed (`{"status": 503}`) is read as the
+//! failure it says, whatever the classifier it was given says. A tool body that folds an HTTP
+//! response into JSON below the stack, under `OkIsSuccess`, would otherwise store a 503 as the
+//! invoice's receipt and tell the model "success".
+
+use super::{Classification, ClassifiedResponse, Classify, FailureClass, Verdict};
+use crate::error::{ErrorCode, ToolError};
+use serde_json::Value;
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// The top-level fields a JSON answer carries an HTTP status in.
+const STATUS_FIELDS: &[&str] = &["status", "status_code", "statusCode", "http_status"];
+
+/// What a JSON answer says of itself: the failure its HTTP status field (`status`,
+/// `status_code`, `statusCode` or `http_status`, an integer from 400 to 599) stands for, by the
+/// table of [`HttpClassifier`](super::HttpClassifier) (404 and 410 stay "no such record"), with
+/// the two provider signals it reads from a body: a 429 whose `error.type` or `error.code` is
+/// `insufficient_quota` is a spent quota, and a 529 or an `overloaded_error` an overload. `None`
+/// for an answer that says nothing of the kind (`{"status": "active"}`, `{"status": 200}`).
+///
+/// ```
+/// use serde_json::json;
+/// use stormguard::classify::{answer_status, FailureClass};
+/// use stormguard::error::ErrorCode;
+///
+/// let c = answer_status(&json!({ "status": 503, "error": "upstream reset" })).unwrap();
+/// assert_eq!((c.failure_class(), c.code()), (Some(FailureClass::Ambiguous), Some(ErrorCode::Unavailable)));
+/// let spent = json!({ "status_code": 429, "error": { "type": "insufficient_quota" } });
+/// assert_eq!(answer_status(&spent).unwrap().code(), Some(ErrorCode::QuotaExhausted));
+/// assert!(answer_status(&json!({ "status": "active", "id": 7 })).is_none());
+/// assert!(answer_status(&json!({ "status": 201 })).is_none());
+/// assert!(answer_status(&json!({ "status": 404 })).is_none()); // "no such record", not a failure
+/// ```
+pub fn answer_status(answer: &Value) -> Option<Classification> {
+    let object = answer.as_object()?;
+    let status = STATUS_FIELDS
+        .iter()
+        .find_map(|f| object.get(*f)?.as_u64())
+        .filter(|s| (400..=599).contains(s))?;
+    let said = |field: &str, what: &str| {
+        let error = object.get("error");
+        [field, "code"]
+            .iter()
+            .any(|f| error.and_then(|e| e.get(*f)).and_then(Value::as_str) == Some(what))
+    };
+    use FailureClass::*;
+    let (class, code) = match status {
+        429 if said("type", "insufficient_quota") => (Permanent, ErrorCode::QuotaExhausted),
+        529 => (Transient, ErrorCode::Unavailable),
+        _ if said("type", "overloaded_error") => (Transient, ErrorCode::Unavailable),
+        404 | 410 => return None,
+        408 => (Transient, ErrorCode::Timeout),
+        429 => (Transient, ErrorCode::RateLimited),
+        500 | 502 | 503 => (Ambiguous, ErrorCode::Unavailable),
+        504 => (Ambiguous, ErrorCode::Timeout),
+        401 => (Permanent, ErrorCode::Unauthenticated),
+        403 => (Permanent, ErrorCode::PermissionDenied),
+        409 => (Permanent, ErrorCode::Conflict),
+        451 => (Policy, ErrorCode::PolicyViolation),
+        400..=499 => (ModelRecoverable, ErrorCode::InvalidArgument),
+        _ => (Ambiguous, ErrorCode::Internal),
+    };
+    Some(Classification::failure(class, code))
+}
+
+/// A classifier that reads a `serde_json::Value` answer's own status ([`answer_status`]) before
+/// the classifier it wraps: where the answer says it failed and the classifier says success, the
+/// answer wins, and the crate says so (a WARN once, and
+/// `stormguard_answer_status_overruled_total{layer, status}`). Every declared tool's stack
+/// reads its answers through one ([`ToolLayer`](crate::tool::ToolLayer)), so a tool body that
+/// turns a 503 into `{"status": 503}` is retried as a 503, and no receipt records it.
+///
+/// For any other answer type it is the classifier it wraps.
+///
+/// ```
+/// use serde_json::{json, Value};
+/// use stormguard::classify::{AnswerStatus, ClassifiedResponse, Classify, OkIsSuccess, Verdict, FailureClass};
+///
+/// let classifier = AnswerStatus::new(OkIsSuccess, "send_invoice");
+/// let said = |v: Value| match classifier.classify(&Ok::<_, std::io::Error>(v)) {
+///     ClassifiedResponse::Ready(c) => c,
+/// };
+/// assert_eq!(said(json!({ "status": 503 })).failure_class(), Some(FailureClass::Ambiguous));
+/// assert_eq!(said(json!({ "sent": true })).verdict(), Verdict::Success);
+/// // Not JSON: as `OkIsSuccess` says.
+/// let ClassifiedResponse::Ready(c) = classifier.classify(&Ok::<_, std::io::Error>(503u16));
+/// assert_eq!(c.verdict(), Verdict::Success);
+/// ```
+#[derive(Clone, Debug)]
+pub struct AnswerStatus<C> {
+    inner: C,
+    layer: Arc<str>,
+    /// Whether this copy reports (one per stack, so that a call counts once).
+    reports: bool,
+    warned: Arc<AtomicBool>,
+}
+
+impl<C> AnswerStatus<C> {
+    /// `inner`, with JSON answers read for their own status; `layer` names it in the WARN and
+    /// the metric.
+    pub fn new(inner: C, layer: impl Into<Arc<str>>) -> Self {
+        AnswerStatus {
+            inner,
+            layer: layer.into(),
+            reports: true,
+            warned: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A copy that overrules as this one does and reports nothing (for the other layers of one
+    /// stack: one call is counted once).
+    pub(crate) fn silent(&self) -> Self
+    where
+        C: Clone,
+    {
+        AnswerStatus {
+            reports: false,
+            ..self.clone()
+        }
+    }
+
+    /// The failure a JSON answer says, where `said` (the wrapped classifier's reading) calls it
+    /// a success.
+    fn overrules<Res: 'static>(&self, res: &Res, said: &Classification) -> Option<Classification> {
+        if !matches!(said.verdict(), Verdict::Success | Verdict::Empty) {
+            return None;
+        }
+        let answer = (res as &dyn Any).downcast_ref::<Value>()?;
+        let c = answer_status(answer)?;
+        if self.reports {
+            self.report(answer);
+        }
+        Some(c)
+    }
+
+    #[cold]
+    fn report(&self, answer: &Value) {
+        let status = status_of(answer).unwrap_or(0);
+        crate::telemetry::answer_status_overruled(&self.layer, status);
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                layer = %self.layer,
+                status,
+                "the tool's JSON answer says it failed (status {status}) and its classifier called \
+                 it a success: it is read as the failure it says (retried as one, no receipt \
+                 recorded); turn the HTTP response into JSON above the stormguard layers, or \
+                 give a classifier that reads the status"
+            );
+        }
+    }
+}
+
+fn status_of(answer: &Value) -> Option<u16> {
+    let object = answer.as_object()?;
+    STATUS_FIELDS
+        .iter()
+        .find_map(|f| object.get(*f)?.as_u64())
+        .and_then(|s| u16::try_from(s).ok())
+}
+
+impl<Res: 'static, E, C> Classify<Res, E> for AnswerStatus<C>
+where
+    C: Classify<Res, E, ClassifyEos = super::NeverClassifyEos>,
+{
+    type ClassifyEos = super::NeverClassifyEos;
+
+    fn classify(&self, result: &Result<Res, E>) -> ClassifiedResponse<Self::ClassifyEos> {
+        let ClassifiedResponse::Ready(said) = self.inner.classify(result);
+        match result {
+            Ok(res) => match self.overrules(res, &said) {
+                Some(c) => ClassifiedResponse::Ready(c),
+                None => ClassifiedResponse::Ready(said),
+            },
+            Err(_) => ClassifiedResponse::Ready(said),
+        }
+    }
+
+    fn dependency_error(&self, response: &Res) -> Option<ToolError> {
+        if let Some(theirs) = self.inner.dependency_error(response) {
+            return Some(theirs);
+        }
+        let answer = (response as &dyn Any).downcast_ref::<Value>()?;
+        let c = answer_status(answer)?;
+        let status = status_of(answer).unwrap_or(0);
+        Some(
+            ToolError::new(c.code()?)
+                .with_class(c.failure_class()?)
+                .with_hint(format!(
+                "the tool's answer says status {status}, though its classifier called it a success"
+            )),
+        )
+    }
+}
+
+#[cfg(all(test, feature = "http"))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    proptest! {
+        /// For every status, the JSON answer is read as `classify_status` reads the status
+        /// (404 and 410: "no such record", not overruled; below 400: nothing said).
+        #[test]
+        fn a_json_status_reads_as_the_http_table(status in 100u16..600, field in 0usize..4) {
+            let answer = json!({ STATUS_FIELDS[field]: status, "id": 7 });
+            let http = super::super::classify_status(http::StatusCode::from_u16(status).unwrap());
+            match answer_status(&answer) {
+                None => prop_assert!(matches!(http.verdict(), Verdict::Success | Verdict::Empty)),
+                Some(c) if status == 529 => prop_assert_eq!(c.code(), Some(ErrorCode::Unavailable)),
+                Some(c) => {
+                    prop_assert_eq!(c.failure_class(), http.failure_class());
+                    prop_assert_eq!(c.code(), http.code());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_failure_the_classifier_saw_is_left_as_it_is() {
+        let classifier = AnswerStatus::new(
+            |_: &Result<Value, ()>| {
+                Classification::failure(FailureClass::Permanent, ErrorCode::Internal)
+            },
+            "t",
+        );
+        let ClassifiedResponse::Ready(c) = classifier.classify(&Ok(json!({ "status": 503 })));
+        assert_eq!(c.failure_class(), Some(FailureClass::Permanent));
+    }
+}
