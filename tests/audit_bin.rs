@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-const CODES: [&str; 12] = [
+const CODES: [&str; 14] = [
     "keyed-write-without-key-source",
     "key-includes-free-text",
     "unkeyed-write-with-retries",
@@ -16,7 +16,18 @@ const CODES: [&str; 12] = [
     "annotation-read-only-contradicts-class",
     "quota-used-with-two-settings",
     "step-in-key-of-reissued-write",
+    "store-kind-not-built",
+    "read-back-without-receipt",
 ];
+
+/// How often each code fires on the defective table (once unless listed).
+fn times(code: &str) -> usize {
+    match code {
+        // post_ticket and update_customer both read back without receipts.
+        "read-back-without-receipt" => 2,
+        _ => 1,
+    }
+}
 
 fn run(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_stormguard-audit"))
@@ -34,14 +45,18 @@ fn the_defective_table_exits_1_with_each_finding_once() {
     let (code, out) = run(&["examples/tools.toml"]);
     assert_eq!(code, 1, "{out}");
     for c in CODES {
-        assert_eq!(out.matches(&format!("`{c}`")).count(), 1, "{c} in {out}");
+        assert_eq!(
+            out.matches(&format!("`{c}`")).count(),
+            times(c),
+            "{c} in {out}"
+        );
     }
     let (code, json) = run(&["examples/tools.toml", "--json"]);
     assert_eq!(code, 1);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(
         v["audit"]["findings"].as_array().unwrap().len(),
-        CODES.len()
+        CODES.iter().map(|c| times(c)).sum::<usize>()
     );
 }
 

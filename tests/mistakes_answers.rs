@@ -198,3 +198,36 @@ async fn a_4xx_answer_ends_as_a_tool_error() {
     assert!(err.hint().contains("400"), "{}", err.hint());
     assert_eq!(sent.load(Ordering::SeqCst), 1);
 }
+
+/// Mistake: no `deadline_secs` and a client without a timeout over a provider that hangs. The
+/// declared tool still has a deadline (five minutes): the call ends `deadline_exceeded`, it does
+/// not wait without bound. (On tokio's paused clock: the hang is the body's.)
+#[tokio::test(start_paused = true)]
+async fn a_tool_without_a_deadline_is_not_waited_on_without_bound() {
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "search_orders", "class": "read", "retry": ["layer"] }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let body = service_fn(|_call: Call| async {
+        std::future::pending::<()>().await;
+        Ok::<Value, BoxError>(json!([]))
+    });
+    let mut orders = tools
+        .layer("search_orders")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
+    let started = tokio::time::Instant::now();
+    let err = call(&mut orders, Call::new("run-1", "step-1", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::DeadlineExceeded, "{err}");
+    let waited = started.elapsed().as_secs();
+    assert_eq!(
+        waited,
+        stormguard::tool::DEFAULT_DEADLINE_SECS,
+        "{waited} s"
+    );
+}

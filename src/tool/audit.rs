@@ -9,6 +9,7 @@ use super::spec::Tool;
 use super::toolbox::Toolbox;
 use crate::class::ToolClass;
 
+mod build;
 mod evidence;
 mod saga;
 
@@ -407,6 +408,7 @@ impl Toolbox {
             }
         }
         saga::findings(self, &mut findings);
+        build::findings(self, &mut findings);
         Audit {
             table: self.tools().iter().map(row).collect(),
             findings,

@@ -42,7 +42,7 @@ pub use parts::{
 pub use router::ToolRouter;
 pub use scan::{scan, ScanHit};
 pub use service::{ToolFuture, ToolService};
-pub use spec::Tool;
+pub use spec::{Tool, DEFAULT_DEADLINE_SECS};
 pub use stack::ToolLayer;
 pub use toolbox::{BreakerSpec, BudgetSpec, HedgeSpec, QuotaSpec, SpecError, StoreSpec, Toolbox};
 pub use tools::Tools;

@@ -12,6 +12,20 @@ use crate::class::MAX_ATTEMPTS_LIMIT;
 
 /// The longest deadline or read-back a declaration takes, in seconds.
 const DAY: u64 = 86_400;
+
+/// The deadline of a declared tool that declares none, in seconds: five minutes, longer than a
+/// model API's slowest non-streamed answer, so that a hung call ends `deadline_exceeded` (or
+/// `outcome_unknown` for a write) instead of waiting without bound.
+///
+/// ```
+/// use stormguard::tool::{Stores, Toolbox, DEFAULT_DEADLINE_SECS};
+/// let tools = Toolbox::from_json_str(r#"{"tools": [{"name": "search", "class": "read", "retry": ["layer"]}]}"#)?
+///     .build(Stores::new())?;
+/// let deadline = tools.layer("search")?.policy().deadline();
+/// assert_eq!(deadline, Some(std::time::Duration::from_secs(DEFAULT_DEADLINE_SECS)));
+/// # Ok::<(), stormguard::tool::SpecError>(())
+/// ```
+pub const DEFAULT_DEADLINE_SECS: u64 = 300;
 /// A backoff's cap when a declaration gives none (the backoff's own default), in milliseconds.
 const DEFAULT_CAP_MS: u64 = 10_000;
 
@@ -61,6 +75,8 @@ pub struct Tool {
     /// The operation's deadline, in seconds: no attempt or retry starts after it, and a
     /// backoff that would end past it is not granted, and an attempt in flight when it passes is
     /// cut off (`deadline_exceeded`; `outcome_unknown` for a write that may not be repeated).
+    /// `None`: [`DEFAULT_DEADLINE_SECS`] (five minutes), so that a hung dependency under a
+    /// client without a timeout is never waited on without bound.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_secs: Option<u64>,
     /// Attempts at most per operation, the first included (`None`: the class's default, 3 for

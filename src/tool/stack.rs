@@ -255,9 +255,11 @@ fn policy_of(tool: &Tool) -> Result<ClassPolicy, SpecError> {
     let bad =
         |field: &str, e: &dyn fmt::Display| SpecError::new(Some(&tool.name), field, &e.to_string());
     let mut policy = ClassPolicy::builder(tool.class);
-    if let Some(secs) = tool.deadline_secs {
-        policy = policy.deadline(Duration::from_secs(secs));
-    }
+    // A tool that declares no deadline still has one: nothing waits on a hung call unbounded.
+    let secs = tool
+        .deadline_secs
+        .unwrap_or(super::spec::DEFAULT_DEADLINE_SECS);
+    policy = policy.deadline(Duration::from_secs(secs));
     if let Some(n) = tool.max_attempts {
         policy = policy.max_attempts(n);
     }

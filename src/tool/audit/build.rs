@@ -1,0 +1,33 @@
+//! The audit of what [`Toolbox::build`] and [`Tools::layer`](crate::tool::Tools::layer) would
+//! refuse: a table the audit passes builds, so that "No findings." never hides a refusal at
+//! start-up.
+
+use super::{Finding, Severity};
+use crate::tool::{Toolbox, UnknownOutcome};
+
+/// The refusals of `build` and `layer` that the table alone shows.
+pub(super) fn findings(tb: &Toolbox, out: &mut Vec<Finding>) {
+    for (name, spec) in tb.stores() {
+        if spec.kind == "redis" {
+            out.push(Finding {
+                severity: Severity::Error,
+                tool: format!("stores.{name}"),
+                code: "store-kind-not-built",
+                message: format!("store `{name}` is of kind redis, and receipts have no Redis store: `build` refuses the table."),
+                fix: "record receipts in sqlite, postgres or memory; Redis shares budgets, quotas and breakers (feature `redis`), not receipts",
+            });
+        }
+    }
+    for t in tb.tools() {
+        if matches!(t.unknown_outcome, Some(UnknownOutcome::ReadBack { .. })) && t.receipt.is_none()
+        {
+            out.push(Finding {
+                severity: Severity::Error,
+                tool: t.name.clone(),
+                code: "read-back-without-receipt",
+                message: "a read-back runs in the receipt layer, and the tool records no receipts: `layer` refuses the tool.".into(),
+                fix: "declare a key and a receipt, or `unknown_outcome = \"escalate\"` (an idempotent write resends safely: no read-back needed)",
+            });
+        }
+    }
+}
