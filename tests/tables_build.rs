@@ -56,12 +56,12 @@ async fn the_clean_table_builds_and_every_tool_answers() {
                 .layer_reading_back(&t.name, NoTicket)
                 .unwrap()
                 .classifier(OkIsSuccess)
-                .layer(body.clone()),
+                .layer(body),
             name => tools
                 .layer(name)
                 .unwrap()
                 .classifier(OkIsSuccess)
-                .layer(body.clone()),
+                .layer(body),
         };
         let mut svc = layer;
         let answer = call(
