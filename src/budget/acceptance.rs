@@ -77,27 +77,42 @@ pub(crate) struct Acceptance {
     failures: AtomicU64,
     draws: AtomicU64,
     seed: u64,
+    /// Answers since the last failure past which more change the average by less than `e^-16`
+    /// (16 windows): the fast path stops counting them, so a healthy dependency's answers cost
+    /// two loads, not an atomic add each.
+    saturated: u32,
 }
+
+/// Windows of answers after which the average is 1 to within `e^-16` (about 1e-7).
+const SATURATING_WINDOWS: u32 = 16;
 
 /// Below this share of answered attempts (over a whole window) the dependency is taken to be
 /// down: the ratio balance no longer pays for its retries, only the floor does.
 pub const DOWN: f64 = 0.1;
 
 impl Acceptance {
-    pub(crate) fn new(seed: u64) -> Self {
+    /// The acceptance of a layer on a budget whose rule weighs the last ~`window` attempts.
+    pub(crate) fn new(seed: u64, window: u32) -> Self {
         Acceptance {
             answered: AtomicU64::new(0),
             folded: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             draws: AtomicU64::new(0),
             seed,
+            saturated: window.max(1).saturating_mul(SATURATING_WINDOWS),
         }
     }
 
     /// The dependency answered an attempt.
     #[inline]
     pub(crate) fn answered(&self) {
-        self.answered.fetch_add(1, Ordering::Relaxed);
+        // Past `saturated` answers since the last fold, one more moves the average by less
+        // than 1e-7: read, don't write (a failure folds what was counted, and counting resumes).
+        let seen = self.folded.load(Ordering::Relaxed) as u32;
+        let total = self.answered.load(Ordering::Relaxed) as u32;
+        if total.wrapping_sub(seen) < self.saturated {
+            self.answered.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// An attempt failed as the dependency's failure: folds it (and the answers since the last
@@ -181,7 +196,7 @@ mod tests {
     #[test]
     fn the_layer_state_folds_answers_counted_on_the_fast_path() {
         let alpha = 1.0 / 32.0;
-        let acceptance = Acceptance::new(7);
+        let acceptance = Acceptance::new(7, 32);
         assert_eq!(
             acceptance.share(alpha),
             0.0,
@@ -199,9 +214,36 @@ mod tests {
         assert!((acceptance.share(alpha) - again).abs() < 1e-6);
     }
 
+    proptest! {
+        /// Counting stops 16 windows after the last failure: the average any run of answers
+        /// and failures leaves is the one counting every answer gives (to within the `f32` it is
+        /// kept in).
+        #[test]
+        fn saturated_answers_leave_the_average_as_counting_all_would(
+            window in 1u32..64,
+            runs in proptest::collection::vec((0u32..3000, 0u32..3), 1..12),
+        ) {
+            let alpha = 1.0 / f64::from(window);
+            let acceptance = Acceptance::new(1, window);
+            let mut model = 0.0;
+            for (answers, failures) in runs {
+                for _ in 0..answers {
+                    acceptance.answered();
+                }
+                model = fold(model, answers, 0, alpha);
+                for _ in 0..failures {
+                    let after = acceptance.failed(alpha);
+                    model = fold(model, 0, 1, alpha);
+                    prop_assert!((after - model).abs() < 1e-5, "{} vs {}", after, model);
+                }
+            }
+            prop_assert!((acceptance.share(alpha) - model).abs() < 1e-5);
+        }
+    }
+
     #[test]
     fn draws_repeat_for_a_seed_and_spread_over_the_unit_interval() {
-        let (a, b) = (Acceptance::new(3), Acceptance::new(3));
+        let (a, b) = (Acceptance::new(3, 32), Acceptance::new(3, 32));
         let xs: Vec<f64> = (0..1000).map(|_| a.draw()).collect();
         let ys: Vec<f64> = (0..1000).map(|_| b.draw()).collect();
         assert_eq!(xs, ys);

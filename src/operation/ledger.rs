@@ -166,8 +166,19 @@ impl OpState {
 
     /// Weighs the request's `evidence` against the class the state was opened with (see
     /// [`OpState::weigh`]).
-    pub(crate) fn with_evidence(mut self, evidence: Option<Evidence>) -> (Self, Option<Overruled>) {
-        let overruled = self.weigh(self.class, evidence);
+    #[inline]
+    pub(crate) fn with_evidence(self, evidence: Option<Evidence>) -> (Self, Option<Overruled>) {
+        match evidence {
+            // The common case (a GET, a plain value): nothing to weigh, nothing copied out of line.
+            None => (self, None),
+            Some(evidence) => self.with_seen(evidence),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn with_seen(mut self, evidence: Evidence) -> (Self, Option<Overruled>) {
+        let overruled = self.weigh(self.class, Some(evidence));
         if let Some(o) = overruled {
             self.class = o.to;
         }

@@ -270,7 +270,10 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             answers_as_errors: self.answers_as_errors,
             named: self.named,
             warned: AtomicBool::new(false),
-            acceptance: Arc::new(Acceptance::new(self.budget.next_seed())),
+            acceptance: Arc::new(Acceptance::new(
+                self.budget.next_seed(),
+                self.budget.acceptance().map_or(1, |(_, window)| window),
+            )),
         };
         Retry::new(inner, retrier)
     }
