@@ -33,6 +33,8 @@ use crate::error::{ErrorCode, FailureClass};
 mod evidence;
 
 pub use crate::retry::policy::{ClassPolicy, ClassPolicyBuilder, MAX_ATTEMPTS_LIMIT};
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+pub(crate) use evidence::answer_path;
 pub use evidence::Evidence;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;

@@ -14,6 +14,8 @@ pub(crate) const REFUSALS: &str = "stormguard_retry_refusals_total";
 pub(crate) const ESCALATIONS: &str = "stormguard_escalations_total";
 pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
 pub(crate) const CLASS_FROM_EVIDENCE: &str = "stormguard_class_from_evidence_total";
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+pub(crate) const UNREAD_QUOTA_BODIES: &str = "stormguard_unread_quota_bodies_total";
 pub(crate) const ANSWER_STATUS_OVERRULED: &str = "stormguard_answer_status_overruled_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
@@ -114,6 +116,12 @@ pub(crate) fn answer_status_overruled(layer: &str, status: u16) {
         "status" => status.to_string()
     )
     .increment(1);
+}
+
+/// A model API's 429 was classified without its body (see `unread_model_429`).
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+pub(crate) fn unread_quota_body() {
+    metrics::counter!(UNREAD_QUOTA_BODIES).increment(1);
 }
 
 /// A nested retry layer found no operation to join (label `layer`: its name).

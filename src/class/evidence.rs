@@ -68,6 +68,12 @@ const ANSWER_PATHS: &[&str] = &[
     "/moderations",
 ];
 
+/// Whether `path` is a model API's answer path (`/chat/completions`, `/messages`, ...).
+pub(crate) fn answer_path(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    ANSWER_PATHS.iter().any(|p| path.ends_with(p))
+}
+
 impl Evidence {
     /// The evidence of an HTTP request: its method, its path and whether it carries an
     /// `Idempotency-Key`. `None` for a method that is idempotent by RFC 9110 (GET, HEAD,
@@ -80,8 +86,7 @@ impl Evidence {
         if keyed {
             return Some(Evidence(Seen::KeyedMethod));
         }
-        let path = path.trim_end_matches('/');
-        if ANSWER_PATHS.iter().any(|p| path.ends_with(p)) {
+        if answer_path(path) {
             return None;
         }
         Some(Evidence(Seen::UnkeyedMethod))

@@ -133,6 +133,7 @@ macro_rules! reqwest_answer {
     ($r:ident) => {
         impl Answer for $r::Response {
             fn classify_answer(&self) -> Classification {
+                super::reqwest::unread_model_429(self.status(), self.url().path());
                 super::http::classify_response(self.status(), self.headers())
             }
 

@@ -44,7 +44,10 @@ macro_rules! reqwest_classifiers {
                 result: &Result<$r::Response, E>,
             ) -> ClassifiedResponse<NeverClassifyEos> {
                 ClassifiedResponse::Ready(match result {
-                    Ok(resp) => super::http::classify_response(resp.status(), resp.headers()),
+                    Ok(resp) => {
+                        unread_model_429(resp.status(), resp.url().path());
+                        super::http::classify_response(resp.status(), resp.headers())
+                    }
                     Err(e) => {
                         let e = e.as_dyn_error();
                         let mut next = Some(e);
@@ -126,6 +129,32 @@ macro_rules! reqwest_classifiers {
 reqwest_classifiers!(reqwest);
 #[cfg(feature = "reqwest-0_13")]
 reqwest_classifiers!(reqwest013);
+
+/// A 429 from a model API's answer path, read without its body: a spent quota
+/// (`insufficient_quota`, no wait fixes it) cannot be told from a rate limit, so it is retried
+/// as one. Said once per process (WARN) and counted (`stormguard_unread_quota_bodies_total`),
+/// with the fix: a `PeekErrorBodyLayer` under the retry, or the body read into memory.
+#[inline]
+pub(crate) fn unread_model_429(status: http::StatusCode, path: &str) {
+    if status == http::StatusCode::TOO_MANY_REQUESTS && crate::class::answer_path(path) {
+        unread_quota_body(path);
+    }
+}
+
+#[cold]
+fn unread_quota_body(path: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    crate::telemetry::unread_quota_body();
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            path,
+            "a model API answered 429 and its body was not read: a spent quota (insufficient_quota) \
+             looks like a rate limit and is retried; put a PeekErrorBodyLayer under the retry (or \
+             read the body into memory) so the classifier can tell them apart"
+        );
+    }
+}
 
 /// What a reqwest error says about the request's fate (the same methods in 0.12 and 0.13).
 pub(super) trait ErrorKinds {

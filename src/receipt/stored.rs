@@ -25,6 +25,11 @@ use crate::error::BoxError;
     note = "for a serde type give the layer `.codec(JsonCodec)` or `impl Stored for {Self}`; an `http::Response` is stored when its body is in memory (`String`, `Vec<u8>`, `Bytes`): collect a streamed body (hyper's `Incoming`, a reqwest response) into one first, or store what the tool returns; a streamed answer that must not be stored, or a declared tool that records no receipt: `.codec(NotStored)`"
 )]
 pub trait Stored: Sized {
+    /// Whether the answer can be stored at all (`true`). `false` for a streamed answer whose
+    /// body is not in memory (a `reqwest::Response`): the receipt layer then records the intent
+    /// and stamps the key, and a success leaves the intent pending, as with
+    /// [`NotStored`](super::NotStored).
+    const STORED: bool = true;
     /// The bytes of the receipt.
     fn to_receipt(&self) -> Result<Vec<u8>, BoxError>;
     /// The answer a receipt stands for.
@@ -52,7 +57,36 @@ impl<Res: Stored> Codec<Res> for DefaultCodec {
     fn decode(&self, bytes: &[u8]) -> Result<Res, BoxError> {
         Res::from_receipt(bytes)
     }
+
+    fn stores(&self) -> bool {
+        Res::STORED
+    }
 }
+
+/// A `reqwest::Response` is a streamed answer (its body is read after it arrives): the default
+/// codec stores nothing of it, as [`NotStored`](super::NotStored), so a declared tool whose body
+/// answers one needs no codec. A tool that records receipts should answer what it read
+/// (`http::Response<String>`, its JSON): the stack says so when it is built.
+#[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
+macro_rules! reqwest_not_stored {
+    ($r:ident) => {
+        impl Stored for $r::Response {
+            const STORED: bool = false;
+
+            fn to_receipt(&self) -> Result<Vec<u8>, BoxError> {
+                Err("a reqwest::Response is a streamed answer: its body is not stored".into())
+            }
+
+            fn from_receipt(_: &[u8]) -> Result<Self, BoxError> {
+                Err("a reqwest::Response is never stored as a receipt".into())
+            }
+        }
+    };
+}
+#[cfg(feature = "reqwest")]
+reqwest_not_stored!(reqwest);
+#[cfg(feature = "reqwest-0_13")]
+reqwest_not_stored!(reqwest013);
 
 #[cfg(feature = "http")]
 impl<B: super::StoredBody> Stored for http::Response<B> {

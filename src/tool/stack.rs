@@ -237,6 +237,20 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
     }
 }
 
+/// A tool that records receipts over a body whose answer its codec stores nothing of (a
+/// `reqwest::Response`): the intent and the key still guard it, but a repeat after a success
+/// is not answered from a receipt. Said when the stack is built.
+#[cold]
+fn answer_not_stored(tool: &str) {
+    tracing::warn!(
+        tool,
+        "the tool records receipts, and its answer is not stored (a streamed answer such as a \
+         reqwest::Response): a repeat after a success is resumed with the same key or escalated, \
+         not answered from a receipt; answer what the body read (its JSON, an \
+         http::Response<String>) to store it"
+    );
+}
+
 /// A tool the book tracks while in flight: a write that no key deduplicates, by its class or,
 /// unless the table trusts its class, by its name.
 fn write_without_record(tool: &Tool) -> bool {
@@ -364,6 +378,9 @@ where
         // The retry's copy reports; the others overrule silently (one call counts once).
         let says = AnswerStatus::new(self.classifier.clone(), self.parts.name.clone());
         let classifier = says.silent();
+        if self.parts.receipt.is_some() && !self.codec.stores() {
+            answer_not_stored(&self.parts.name);
+        }
         let mut below: Boxed<Call, S::Response> = Boxed::new(body);
         if let Some(quota) = &self.parts.quota {
             below = Boxed::new(quota.layer(below));

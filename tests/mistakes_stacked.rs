@@ -1,0 +1,139 @@
+//! Mistakes of what a user stacks around or under a declared tool, against a real HTTP server on
+//! 127.0.0.1: a naive tower `Retry` around the tool's service, and a model API's 429 read
+//! without its body.
+#![cfg(feature = "reqwest")]
+
+mod support;
+
+use serde_json::json;
+use std::future::{ready, Ready};
+use std::sync::atomic::Ordering;
+use stormguard::error::{BoxError, ErrorCode, ToolError};
+use stormguard::tool::{Call, Stores, Toolbox};
+use support::call;
+use support::server::{self, serve};
+use tower::{service_fn, Layer, ServiceBuilder};
+
+/// tower's `Retry` as a user writes it first: every error, three attempts.
+#[derive(Clone)]
+struct RetryEveryError(u32);
+
+impl<Res> tower::retry::Policy<Call, Res, ToolError> for RetryEveryError {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Call, result: &mut Result<Res, ToolError>) -> Option<Ready<()>> {
+        match result {
+            Err(_) if self.0 > 1 => {
+                self.0 -= 1;
+                Some(ready(()))
+            }
+            _ => None,
+        }
+    }
+
+    fn clone_request(&mut self, call: &Call) -> Option<Call> {
+        Some(call.clone())
+    }
+}
+
+/// Mistake: a naive tower `Retry` (every error, 3 attempts) around an unkeyed ticket tool whose
+/// provider answers 502 after creating the ticket. The stack ends the first call
+/// `outcome_unknown` and holds it: the two reissues are answered `outcome_unknown`, not sent.
+/// One ticket.
+#[tokio::test]
+async fn a_naive_tower_retry_around_a_ticket_tool_creates_one_ticket() {
+    let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "ticket", "class": "unkeyed_write", "retry": ["model"],
+                        "unknown_outcome": "escalate" }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/tickets"));
+        async move {
+            let resp = client
+                .post(url)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            Ok::<_, BoxError>(resp)
+        }
+    });
+    let stack = tools.layer("ticket").unwrap().layer(body);
+    let mut svc = ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(RetryEveryError(3)))
+        .service(stack);
+    let err = call(
+        &mut svc,
+        Call::new("run-1", "step-4", json!({ "subject": "refund" })),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert!(!err.retryable());
+    assert_eq!(tickets.load(Ordering::SeqCst), 1);
+    assert_eq!(tools.held().len(), 1);
+}
+
+/// Mistake: a chat tool over `reqwest::Response` without `PeekErrorBodyLayer` or
+/// `ModelApiClassifier`, and the provider's quota is spent. The body is not in memory, so the 429
+/// cannot be told from a rate limit: it is retried as one, and the crate says so (a WARN, and
+/// `stormguard_unread_quota_bodies_total` on every such 429).
+#[test]
+fn a_model_429_read_without_its_body_is_said_out_loud() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sent = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let (addr, sent) = serve(|_| {
+                http::Response::builder()
+                    .status(429)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(
+                        r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#,
+                    )))
+                    .unwrap()
+            })
+            .await;
+            let tools = Toolbox::from_json_str(
+                r#"{"tools": [{ "name": "chat", "class": "read", "retry": ["layer"],
+                                "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+            )
+            .unwrap()
+            .build(Stores::new())
+            .unwrap();
+            let client = reqwest::Client::new();
+            let body = service_fn(move |_call: Call| {
+                let (client, url) = (client.clone(), format!("http://{addr}/v1/chat/completions"));
+                async move { Ok::<_, BoxError>(client.post(url).body("{}").send().await?) }
+            });
+            let mut chat = tools.layer("chat").unwrap().layer(body);
+            let err = call(&mut chat, Call::new("run-1", "step-1", json!({})))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), ErrorCode::RateLimited, "{err}");
+            sent.load(Ordering::SeqCst)
+        })
+    });
+    let counted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "stormguard_unread_quota_bodies_total")
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert!(sent > 1, "retried as a rate limit: {sent}");
+    assert!(
+        counted >= u64::from(sent),
+        "{counted} counted for {sent} answers"
+    );
+}
