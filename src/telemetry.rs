@@ -16,6 +16,7 @@ pub(crate) const CLASS_TIGHTENED: &str = "stormguard_class_tightened_total";
 pub(crate) const CLASS_FROM_EVIDENCE: &str = "stormguard_class_from_evidence_total";
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub(crate) const UNREAD_QUOTA_BODIES: &str = "stormguard_unread_quota_bodies_total";
+pub(crate) const KEYS_NOT_DELIVERED: &str = "stormguard_keys_not_delivered_total";
 pub(crate) const ANSWER_STATUS_OVERRULED: &str = "stormguard_answer_status_overruled_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
@@ -122,6 +123,11 @@ pub(crate) fn answer_status_overruled(layer: &str, status: u16) {
 #[cfg(any(feature = "reqwest", feature = "reqwest-0_13"))]
 pub(crate) fn unread_quota_body() {
     metrics::counter!(UNREAD_QUOTA_BODIES).increment(1);
+}
+
+/// A keyed write's body never read the key stamped on its call (label `tool`).
+pub(crate) fn key_not_delivered(tool: &str) {
+    metrics::counter!(KEYS_NOT_DELIVERED, "tool" => tool.to_owned()).increment(1);
 }
 
 /// A nested retry layer found no operation to join (label `layer`: its name).

@@ -137,3 +137,135 @@ fn a_model_429_read_without_its_body_is_said_out_loud() {
         "{counted} counted for {sent} answers"
     );
 }
+
+/// The invoice tool of the two tests below: a keyed write with receipts, retried by the layer.
+fn invoice_tools() -> stormguard::tool::Tools {
+    Toolbox::from_json_str(
+        r#"{
+        "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
+        "tools": [{
+            "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "id:invoice_id"],
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
+            "unknown_outcome": "escalate",
+            "backoff": { "base_ms": 1, "cap_ms": 2 }
+        }]
+    }"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap()
+}
+
+/// Mistake: the invoice's body forgets to send `call.key()` as the provider's Idempotency-Key,
+/// and the provider answers 502 after creating the invoice. The body never read the key, so it
+/// cannot have reached the provider: the 502 is not retried as a keyed write's would be; one
+/// invoice, `outcome_unknown`, and the crate says so (WARN, `stormguard_keys_not_delivered_total`).
+#[test]
+fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (sent, keys) = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let (addr, sent, keys) = server::serve_keys(|n| match n {
+                0 => server::status(502, &[]),
+                _ => server::status(200, &[]),
+            })
+            .await;
+            let tools = invoice_tools();
+            let client = reqwest::Client::new();
+            let body = service_fn(move |call: Call| {
+                let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+                async move {
+                    // The mistake: no `.header("Idempotency-Key", call.key()...)`.
+                    let resp = client
+                        .post(url)
+                        .body(call.args().to_string())
+                        .send()
+                        .await?;
+                    let status = resp.status().as_u16();
+                    Ok::<_, BoxError>(
+                        http::Response::builder()
+                            .status(status)
+                            .body(String::new())?,
+                    )
+                }
+            });
+            let mut invoice = tools.layer("send_invoice").unwrap().layer(body);
+            let err = call(
+                &mut invoice,
+                Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+            )
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err.code(),
+                    ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey
+                ),
+                "{err}"
+            );
+            assert!(!err.retryable());
+            let keys: Vec<Option<String>> = keys.lock().unwrap().clone();
+            (sent.load(Ordering::SeqCst), keys)
+        })
+    });
+    assert_eq!(sent, 1, "one invoice");
+    assert_eq!(keys, [None]);
+    let counted: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "stormguard_keys_not_delivered_total")
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(counted, 1);
+}
+
+/// The same tool with a body that sends its key: the 502 is retried with that key.
+#[tokio::test]
+async fn a_keyed_write_whose_body_sends_its_key_is_retried_with_it() {
+    let (addr, sent, keys) = server::serve_keys(|n| match n {
+        0 => server::status(502, &[]),
+        _ => server::status(200, &[]),
+    })
+    .await;
+    let tools = invoice_tools();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        async move {
+            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
+            let resp = client
+                .post(url)
+                .header("Idempotency-Key", key)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            Ok::<_, BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(String::new())?,
+            )
+        }
+    });
+    let mut invoice = tools.layer("send_invoice").unwrap().layer(body);
+    let answer = call(
+        &mut invoice,
+        Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    let keys = keys.lock().unwrap().clone();
+    assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
+}

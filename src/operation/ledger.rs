@@ -155,6 +155,12 @@ impl OpState {
         self.keyed
     }
 
+    /// The key the operation's requests carry does not reach the dependency (the tool's body
+    /// never read it): decided from here as a request without one.
+    pub(crate) fn key_not_delivered(&mut self) {
+        self.keyed = false;
+    }
+
     pub(crate) fn closed(&self) -> Option<ErrorCode> {
         self.closed
     }

@@ -4,6 +4,7 @@ use crate::key::{IdempotencyKey, KeyStamp};
 use crate::operation::Operation;
 use serde_json::Value;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// One call of a tool: the agent run and step it belongs to, and the model's arguments.
@@ -39,6 +40,9 @@ pub struct Call {
     /// The tool, once its stack has seen the call.
     tool: Option<Arc<str>>,
     key: Option<IdempotencyKey>,
+    /// Set when the body reads the stamped key ([`Call::key`]): a keyed write whose body never
+    /// read it cannot have sent it (one flag per stamping, shared by the attempt's clones).
+    key_read: Option<Arc<AtomicBool>>,
     operation: Option<Operation>,
 }
 
@@ -57,6 +61,7 @@ impl Call {
             context: Vec::new(),
             tool: None,
             key: None,
+            key_read: None,
             operation: None,
         }
     }
@@ -155,8 +160,20 @@ impl Call {
     /// call.stamp_key(&IdempotencyKey::parse("k-1").unwrap());
     /// assert_eq!(call.key().map(|k| k.as_str()), Some("k-1"));
     /// ```
+    ///
+    /// Reading it is how the stack knows the key can reach the provider: a keyed write whose
+    /// body never reads it is decided as the unkeyed write it then is (see
+    /// [`ToolLayer`](super::ToolLayer)).
     pub fn key(&self) -> Option<&IdempotencyKey> {
+        if let Some(read) = &self.key_read {
+            read.store(true, Ordering::Relaxed);
+        }
         self.key.as_ref()
+    }
+
+    /// The flag [`key`](Self::key) sets, for the attempt under way.
+    pub(crate) fn key_read(&self) -> Option<Arc<AtomicBool>> {
+        self.key_read.clone()
     }
 
     /// The logical operation the call belongs to, once a stormguard `Retry` has seen it.
@@ -226,6 +243,7 @@ impl KeyStamp for Call {
 
     fn stamp_key(&mut self, key: &IdempotencyKey) {
         self.key = Some(key.clone());
+        self.key_read = Some(Arc::new(AtomicBool::new(false)));
     }
 
     fn operation(&self) -> Option<Operation> {

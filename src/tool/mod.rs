@@ -17,6 +17,7 @@ mod boxed;
 mod build;
 mod call;
 mod held;
+mod key_watch;
 #[cfg(feature = "rmcp")]
 mod mcp;
 mod parts;

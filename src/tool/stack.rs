@@ -3,6 +3,7 @@
 use super::boxed::Boxed;
 use super::call::Call;
 use super::held::Book;
+use super::key_watch::KeyWatch;
 use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
 use super::read_back::Bounded;
 use super::service::{Held, ToolService};
@@ -382,6 +383,16 @@ where
             answer_not_stored(&self.parts.name);
         }
         let mut below: Boxed<Call, S::Response> = Boxed::new(body);
+        if self.parts.policy.class() == crate::class::ToolClass::KeyedWrite
+            && self.parts.key.is_some()
+        {
+            // Whether the body reads the key it is given: one that never does cannot send it.
+            below = Boxed::new(KeyWatch {
+                inner: below,
+                tool: self.parts.name.clone(),
+                warned: Default::default(),
+            });
+        }
         if let Some(quota) = &self.parts.quota {
             below = Boxed::new(quota.layer(below));
         }
