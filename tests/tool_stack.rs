@@ -496,11 +496,17 @@ async fn both_ways(
     let cf = classifier as fn(&Result<u32, BoxError>) -> _;
 
     let built_dep = Dependency::script(script.clone(), then);
+    // The body reads the key it is given, as one that sends it to the provider does (a keyed
+    // write whose body never reads `call.key()` is decided as unkeyed: tests/mistakes_stacked.rs).
+    let sends_key = tower::util::MapRequestLayer::new(|c: Call| {
+        let _ = c.key();
+        c
+    });
     let mut built = tools
         .layer("t")
         .unwrap()
         .classifier(cf)
-        .layer(built_dep.clone());
+        .layer(sends_key.layer(built_dep.clone()));
     let built_end = ended(call(&mut built, Call::new("run-1", "step-1", args.clone())).await);
 
     // By hand: the README's order, the same class, classifier and key.
