@@ -31,12 +31,13 @@ use std::sync::Arc;
 /// ```
 #[derive(Clone)]
 pub struct Call {
-    run: String,
-    step: String,
+    // Shared: a retry's copy of the call, and the held-calls book's, cost a count each.
+    run: Arc<str>,
+    step: Arc<str>,
     /// Shared: a retry's clone and the held-calls book's copy cost a count, not a deep copy.
     args: Arc<Value>,
     /// What the caller knows beyond the model's arguments (a tenant, a user), by name.
-    context: Vec<(String, String)>,
+    context: Option<Arc<Vec<(String, String)>>>,
     /// The tool, once its stack has seen the call.
     tool: Option<Arc<str>>,
     key: Option<IdempotencyKey>,
@@ -45,6 +46,10 @@ pub struct Call {
     key_read: Option<Arc<AtomicBool>>,
     operation: Option<Operation>,
 }
+
+/// What makes two calls the same call (with the tool): the run, the arguments, the caller's
+/// context; shared, not copied.
+pub(super) type Sameness = (Arc<str>, Arc<Value>, Option<Arc<Vec<(String, String)>>>);
 
 impl Call {
     /// A call at `step` of agent run `run`, with the model's `args`.
@@ -55,10 +60,10 @@ impl Call {
     /// ```
     pub fn new(run: impl Into<String>, step: impl Into<String>, args: Value) -> Self {
         Call {
-            run: run.into(),
-            step: step.into(),
+            run: Arc::from(run.into()),
+            step: Arc::from(step.into()),
             args: Arc::new(args),
-            context: Vec::new(),
+            context: None,
             tool: None,
             key: None,
             key_read: None,
@@ -76,8 +81,9 @@ impl Call {
     /// ```
     pub fn with(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         let name = name.into();
-        self.context.retain(|(n, _)| *n != name);
-        self.context.push((name, value.into()));
+        let context = Arc::make_mut(self.context.get_or_insert_with(Default::default));
+        context.retain(|(n, _)| *n != name);
+        context.push((name, value.into()));
         self
     }
 
@@ -89,6 +95,7 @@ impl Call {
     pub fn get(&self, name: &str) -> Option<&str> {
         self.context
             .iter()
+            .flat_map(|c| c.iter())
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
     }
@@ -120,7 +127,7 @@ impl Call {
 
     /// What makes two calls the same call for the held-calls book: the run, the arguments and
     /// the caller's context (not the step: a reissue comes at a later step).
-    pub(super) fn sameness(&self) -> (String, Arc<Value>, Vec<(String, String)>) {
+    pub(super) fn sameness(&self) -> Sameness {
         (self.run.clone(), self.args.clone(), self.context.clone())
     }
 
@@ -140,6 +147,11 @@ impl Call {
     /// ```
     pub fn step(&self) -> &str {
         &self.step
+    }
+
+    /// The step, shared (for the held-calls book).
+    pub(super) fn step_shared(&self) -> Arc<str> {
+        self.step.clone()
     }
 
     /// The model's arguments.

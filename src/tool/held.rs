@@ -15,7 +15,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 /// How many calls the book holds at most; past it, the oldest is forgotten (said out loud).
@@ -76,18 +77,18 @@ impl fmt::Debug for HeldCall {
 #[derive(Clone)]
 pub(super) struct Seen {
     pub(super) tool: Arc<str>,
-    pub(super) run: String,
-    pub(super) step: String,
+    pub(super) run: Arc<str>,
+    pub(super) step: Arc<str>,
     pub(super) args: Arc<Value>,
-    pub(super) context: Vec<(String, String)>,
+    pub(super) context: Option<Arc<Vec<(String, String)>>>,
     id: Option<String>,
 }
 
 impl Seen {
     pub(super) fn new(
         tool: Arc<str>,
-        (run, args, context): (String, Arc<Value>, Vec<(String, String)>),
-        step: String,
+        (run, args, context): super::call::Sameness,
+        step: Arc<str>,
     ) -> Self {
         Seen {
             tool,
@@ -103,7 +104,7 @@ impl Seen {
     pub(super) fn id(&mut self) -> &str {
         let (tool, run, args, context) = (&self.tool, &self.run, &self.args, &self.context);
         self.id
-            .get_or_insert_with(|| id_of(tool, run, args, context))
+            .get_or_insert_with(|| id_of(tool, run, args, context.as_deref().map_or(&[], |c| c)))
     }
 }
 
@@ -205,15 +206,55 @@ struct Entries {
 
 /// The book, shared by every stack of one `Tools`.
 #[derive(Clone, Default)]
-pub(super) struct Book(Arc<Mutex<Entries>>);
+pub(super) struct Book(Arc<Shared>);
+
+#[derive(Default)]
+struct Shared {
+    entries: Mutex<Entries>,
+    /// How many calls the book holds, as of the last change (written under the lock): an empty
+    /// book, the common case, is looked at without taking the lock.
+    held: AtomicUsize,
+}
+
+/// The book's entries while locked; on release, the count of what it holds is published.
+struct Locked<'a> {
+    entries: MutexGuard<'a, Entries>,
+    held: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Entries;
+    fn deref(&self) -> &Entries {
+        &self.entries
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Entries {
+        &mut self.entries
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.held.store(self.entries.by_id.len(), Ordering::Release);
+    }
+}
 
 impl Book {
-    fn entries(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    fn entries(&self) -> Locked<'_> {
+        Locked {
+            entries: self.0.entries.lock().unwrap_or_else(PoisonError::into_inner),
+            held: &self.0.held,
+        }
     }
 
-    /// The tool has entries (a cheap look before a call's id is made).
+    /// The tool has entries (a cheap look before a call's id is made; no lock while the book is
+    /// empty).
     pub(super) fn holds_any(&self, tool: &str) -> bool {
+        if self.0.held.load(Ordering::Acquire) == 0 {
+            return false;
+        }
         self.entries().per_tool.get(tool).is_some_and(|n| *n > 0)
     }
 
@@ -224,7 +265,7 @@ impl Book {
 
         let mut entries = self.entries();
         let entry = entries.by_id.get(call.id());
-        let step = entry.map(|e| e.call.step.clone());
+        let step = entry.map(|e| e.call.step.to_string());
         let admit = admit(entry.map(|e| e.standing));
         if admit == Admit::Send && track {
             entries.insert(call.clone(), Standing::InFlight);
@@ -266,8 +307,8 @@ impl Book {
             .map(|e| HeldCall {
                 id: e.call.id.clone().unwrap_or_default(),
                 tool: e.call.tool.to_string(),
-                run: e.call.run.clone(),
-                step: e.call.step.clone(),
+                run: e.call.run.to_string(),
+                step: e.call.step.to_string(),
                 args: Value::clone(&e.call.args),
                 held_for: e.since.elapsed(),
                 done: e.standing == Standing::Done,
@@ -392,7 +433,7 @@ mod tests {
     fn call(step: &str, args: Value) -> Seen {
         Seen::new(
             Arc::from("post_ticket"),
-            ("run-1".into(), Arc::new(args), Vec::new()),
+            ("run-1".into(), Arc::new(args), None),
             step.into(),
         )
     }

@@ -125,7 +125,7 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
         let Some(held) = &self.held else {
             return ToolFuture::sent(self.inner.call(call), None);
         };
-        let mut seen = Seen::new(self.name.clone(), call.sameness(), call.step().to_owned());
+        let mut seen = Seen::new(self.name.clone(), call.sameness(), call.step_shared());
         if held.track || held.book.holds_any(&self.name) {
             if let (Admit::Refuse(standing), step) = held.book.enter(&mut seen, held.track) {
                 let step = step.unwrap_or_default();
