@@ -141,8 +141,29 @@ pub(crate) fn saga_event(saga: &str, event: &'static str) {
     metrics::counter!(SAGA_EVENTS, "saga" => saga.to_owned(), "event" => event).increment(1);
 }
 
+macro_rules! outcome_keys {
+    ($name:expr; $($outcome:literal),*) => {{
+        [$(($outcome, {
+            static LABELS: [Label; 1] = [Label::from_static_parts("outcome", $outcome)];
+            Key::from_static_parts($name, &LABELS)
+        })),*]
+    }};
+}
+
+/// The receipt layer's outcomes, each with its key made once (a key with a label made per call
+/// allocates, recorder or not: once per write).
+static RECEIPT_KEYS: [(&str, Key); 10] = outcome_keys!(RECEIPT_OUTCOMES;
+    "fresh", "recorded", "receipt", "left_pending", "abandoned", "resumed_with_key",
+    "read_back_found", "read_back_absent", "receipt_not_stored", "store_unavailable");
+
+/// A receipt layer's outcome (hot path: a static key for every known outcome).
 pub(crate) fn receipt_outcome(outcome: &'static str) {
-    metrics::counter!(RECEIPT_OUTCOMES, "outcome" => outcome).increment(1);
+    match RECEIPT_KEYS.iter().find(|(name, _)| *name == outcome) {
+        Some((_, key)) => {
+            metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+        }
+        None => metrics::counter!(RECEIPT_OUTCOMES, "outcome" => outcome).increment(1),
+    }
 }
 
 /// The held-calls book's events for `tool`: `held`, `refused_unknown`, `refused_in_flight`,

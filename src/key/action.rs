@@ -1,9 +1,8 @@
 //! The action a side effect stands for: its idempotency key and the fingerprint of the
 //! arguments that must match for a repeat to be the same action.
 
-use super::{canonical_json, to_value, IdempotencyKey, KeyError};
+use super::{digest_hex, to_value, IdempotencyKey, KeyError};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 /// The identity of one side effect: its idempotency key and a fingerprint of the arguments that
 /// must match for a repeat to be the same action.
@@ -26,8 +25,7 @@ pub struct Action {
 }
 
 fn fingerprint_of(value: &serde_json::Value) -> Result<String, KeyError> {
-    let digest = Sha256::digest(canonical_json(value)?.as_bytes());
-    Ok(digest[..16].iter().map(|b| format!("{b:02x}")).collect())
+    digest_hex(value)
 }
 
 /// The named top-level fields of `args`, each required (a missing field is an error, never
@@ -70,9 +68,11 @@ impl Action {
         args: &impl Serialize,
     ) -> Result<Action, KeyError> {
         let value = to_value(args)?;
+        // The key's hash and the fingerprint are one digest of the same arguments: made once.
+        let fingerprint = fingerprint_of(&value)?;
         Ok(Action {
-            key: IdempotencyKey::derive(run, step, tool, &value)?,
-            fingerprint: fingerprint_of(&value)?,
+            key: IdempotencyKey::from_hash(run, step, tool, &fingerprint)?,
+            fingerprint,
         })
     }
 

@@ -148,6 +148,22 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
+/// The first 16 bytes of `digest` in lower-case hex (32 characters, one allocation).
+pub(crate) fn hex16(digest: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(32);
+    for b in digest.iter().take(16) {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
+}
+
+/// The digest of `args` in RFC 8785 form, as a key's and a fingerprint's hex.
+pub(crate) fn digest_hex(args: &Value) -> Result<String, KeyError> {
+    Ok(hex16(&Sha256::digest(canonical_json(args)?.as_bytes())))
+}
+
 fn check_part(part: &'static str, value: &str) -> Result<(), KeyError> {
     if value.is_empty() {
         return Err(KeyError {
@@ -224,12 +240,25 @@ impl IdempotencyKey {
     }
 
     fn from_value(run: &str, step: &str, tool: &str, args: &Value) -> Result<Self, KeyError> {
+        Self::from_hash(run, step, tool, &digest_hex(args)?)
+    }
+
+    /// The key of `run`, `step`, `tool` and the arguments whose [`digest_hex`] is `hash`: one
+    /// allocation.
+    pub(crate) fn from_hash(
+        run: &str,
+        step: &str,
+        tool: &str,
+        hash: &str,
+    ) -> Result<Self, KeyError> {
         check_part("run", run)?;
         check_part("step", step)?;
         check_part("tool", tool)?;
-        let digest = Sha256::digest(canonical_json(args)?.as_bytes());
-        let hash: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        Ok(IdempotencyKey(format!("{run}:{step}:{tool}:{hash}")))
+        let mut key = String::with_capacity(run.len() + step.len() + tool.len() + hash.len() + 3);
+        for part in [run, ":", step, ":", tool, ":", hash] {
+            key.push_str(part);
+        }
+        Ok(IdempotencyKey(key))
     }
 
     /// The key as a string.

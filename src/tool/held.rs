@@ -182,7 +182,7 @@ pub(super) fn id_of(tool: &str, run: &str, args: &Value, context: &[(String, Str
     let args = canonical_json(args).unwrap_or_else(|_| args.to_string());
     hash.update(args.as_bytes());
     let digest = hash.finalize();
-    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::key::hex16(&digest);
     format!("{tool}:{run}:{hex}")
 }
 
@@ -244,7 +244,11 @@ impl Drop for Locked<'_> {
 impl Book {
     fn entries(&self) -> Locked<'_> {
         Locked {
-            entries: self.0.entries.lock().unwrap_or_else(PoisonError::into_inner),
+            entries: self
+                .0
+                .entries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
             held: &self.0.held,
         }
     }
