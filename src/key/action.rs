@@ -108,6 +108,24 @@ impl Action {
         })
     }
 
+    /// [`task`](Self::task) for arguments that are JSON already, with one list of fields for
+    /// the key and the fingerprint (a declared tool's): the arguments are not written out and
+    /// read back, and the one digest is both.
+    pub(crate) fn task_value(
+        run: &str,
+        step: &str,
+        tool: &str,
+        args: &serde_json::Value,
+        fields: &[&str],
+    ) -> Result<Action, KeyError> {
+        super::canonical::check_value(args)?;
+        let fingerprint = fingerprint_of(&pick(args, fields)?)?;
+        Ok(Action {
+            key: IdempotencyKey::from_hash(run, step, tool, &fingerprint)?,
+            fingerprint,
+        })
+    }
+
     /// An action known by its run, step and tool alone (a tool declared with no argument field
     /// in its key): the key covers none of `args`, the fingerprint all of them, so a repeat with
     /// other arguments is told apart, never taken for the same action.
@@ -150,5 +168,37 @@ impl Action {
     /// The fingerprint of the material arguments.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+}
+
+#[cfg(test)]
+mod value_tests {
+    use super::Action;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[a-z0-9 é\\\"]{0,8}".prop_map(Value::from),
+        ]
+    }
+
+    proptest! {
+        /// A declared tool's action from its JSON arguments is the one `Action::task` makes.
+        #[test]
+        fn task_value_is_task(id in leaf(), other in leaf(), nested in proptest::collection::vec(leaf(), 0..4)) {
+            let args = json!({ "id": id, "other": other, "nested": nested });
+            for fields in [&["id"][..], &["id", "nested"][..], &["other", "id"][..]] {
+                let a = Action::task_value("run-1", "-", "t", &args, fields);
+                let b = Action::task("run-1", "-", "t", &args, fields, fields);
+                prop_assert_eq!(a, b);
+            }
+        }
     }
 }

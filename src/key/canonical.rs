@@ -143,6 +143,12 @@ fn write_number(n: &Number, out: &mut String) -> Result<(), KeyError> {
 /// back would be: serde_json writes an `f32` as its own shortest digits (`0.1`) but
 /// `serde_json::to_value` widens it to the double `0.10000000149011612`, so only the text gives
 /// one key before and after a save-and-reload.
+/// What [`to_value`] checks of arguments that are JSON already (their depth): a `Value` read back
+/// from its own text is itself, so only the check is left to make.
+pub(crate) fn check_value(args: &Value) -> Result<(), KeyError> {
+    args.serialize(Check { depth: 0 }).map_err(|e| e.0)
+}
+
 pub(crate) fn to_value(args: &impl Serialize) -> Result<Value, KeyError> {
     args.serialize(Check { depth: 0 }).map_err(|e| e.0)?;
     let unserialisable = |_| KeyError::new("args", "could not be serialised to JSON");

@@ -44,7 +44,7 @@ impl SpecKey {
         if fields.is_empty() {
             Action::of_identity(run, step, &self.tool, call.args())
         } else {
-            Action::task(run, step, &self.tool, call.args(), &fields, &fields)
+            Action::task_value(run, step, &self.tool, call.args(), &fields)
         }
     }
 }
