@@ -226,3 +226,35 @@ async fn a_tool_without_a_deadline_is_not_waited_on_without_bound() {
         "{waited} s"
     );
 }
+
+/// A declared tool on its default classifier reads a spent quota from a body already in memory
+/// (`http::Response<String>`), as `HttpClassifier` does: sent once, `quota_exhausted`.
+#[tokio::test]
+async fn a_spent_quota_in_memory_is_read_by_the_default_classifier() {
+    let (addr, sent) = serve(|_| {
+        json_answer(429, json!({ "error": { "type": "insufficient_quota", "message": "You exceeded your quota" } }))
+    })
+    .await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "lookup", "class": "read", "retry": ["layer"] }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let client = reqwest::Client::new();
+    let body = service_fn(move |_call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/v1/x"));
+        async move {
+            let resp = client.get(url).send().await?;
+            let status = resp.status().as_u16();
+            let text = resp.text().await?;
+            Ok::<_, BoxError>(http::Response::builder().status(status).body(text)?)
+        }
+    });
+    let mut lookup = tools.layer("lookup").unwrap().layer(body);
+    let err = call(&mut lookup, Call::new("run-1", "step-1", json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::QuotaExhausted, "{err}");
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}

@@ -202,13 +202,7 @@ fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
             )
             .await
             .unwrap_err();
-            assert!(
-                matches!(
-                    err.code(),
-                    ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey
-                ),
-                "{err}"
-            );
+            assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
             assert!(!err.retryable());
             let keys: Vec<Option<String>> = keys.lock().unwrap().clone();
             (sent.load(Ordering::SeqCst), keys)
@@ -268,4 +262,79 @@ async fn a_keyed_write_whose_body_sends_its_key_is_retried_with_it() {
     assert_eq!(sent.load(Ordering::SeqCst), 2);
     let keys = keys.lock().unwrap().clone();
     assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
+}
+
+/// A keyed write's body that answers the provider's status, never reading the key.
+fn keyless_body(
+    addr: std::net::SocketAddr,
+) -> impl tower::Service<Call, Response = http::Response<String>, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    let client = reqwest::Client::new();
+    service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        async move {
+            let resp = client
+                .post(url)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            Ok::<_, BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(String::new())?,
+            )
+        }
+    })
+}
+
+/// A keyed write without receipts whose body never sends its key: the 502 ends `outcome_unknown`
+/// and is held, so the model's reissue at the next step is answered, not sent (one invoice).
+#[tokio::test]
+async fn a_keyless_keyed_write_without_receipts_is_held_for_its_reissue() {
+    let (addr, sent) = serve(|_| server::status(502, &[])).await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+                        "key": ["run", "tool", "id:invoice_id"], "unknown_outcome": "escalate",
+                        "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .layer(keyless_body(addr));
+    let args = json!({ "invoice_id": 1 });
+    let first = call(&mut invoice, Call::new("run-1", "step-1", args.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(first.code(), ErrorCode::OutcomeUnknown, "{first}");
+    let again = call(&mut invoice, Call::new("run-1", "step-2", args))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), ErrorCode::OutcomeUnknown, "{again}");
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+    assert_eq!(tools.held().len(), 1);
+}
+
+/// A 422 answered to a keyed write whose body never sent the key is the provider's own
+/// `invalid_argument`, not `idempotency_key_reused` (no key reached it).
+#[tokio::test]
+async fn a_422_to_a_key_never_sent_is_not_read_as_the_keys() {
+    let (addr, sent) = serve(|_| server::status(422, &[])).await;
+    let tools = invoice_tools();
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .layer(keyless_body(addr));
+    let err = call(
+        &mut invoice,
+        Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
 }

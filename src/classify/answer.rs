@@ -117,14 +117,16 @@ impl<A, B, C, D> Answer for (A, B, C, D) {}
 #[cfg(feature = "http")]
 impl Answer for bytes::Bytes {}
 
+/// By its status, and by its body where that is in memory (a spent quota, an overload), as
+/// [`HttpClassifier`](super::HttpClassifier) reads it.
 #[cfg(feature = "http")]
-impl<B> Answer for http::Response<B> {
+impl<B: 'static> Answer for http::Response<B> {
     fn classify_answer(&self) -> Classification {
-        super::http::classify_response(self.status(), self.headers())
+        super::http::classify_answer(self)
     }
 
     fn answer_error(&self) -> Option<ToolError> {
-        super::http::status_error(self.status(), self.headers())
+        super::http::answer_error(self)
     }
 }
 

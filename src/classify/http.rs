@@ -103,19 +103,30 @@ impl<B: 'static, E: AsDynError> Classify<Response<B>, E> for HttpClassifier {
 
     fn classify(&self, result: &Result<Response<B>, E>) -> ClassifiedResponse<NeverClassifyEos> {
         ClassifiedResponse::Ready(match result {
-            Ok(resp) => match provider_signal(resp) {
-                Some(body) => classify_model_response(resp.status(), resp.headers(), Some(&body)),
-                None => classify_response(resp.status(), resp.headers()),
-            },
+            Ok(resp) => classify_answer(resp),
             Err(e) => classify_error(e.as_dyn_error()),
         })
     }
 
     fn dependency_error(&self, resp: &Response<B>) -> Option<ToolError> {
-        match provider_signal(resp) {
-            Some(body) => model_dependency_error(resp.status(), resp.headers(), Some(&body)),
-            None => status_error(resp.status(), resp.headers()),
-        }
+        answer_error(resp)
+    }
+}
+
+/// An HTTP answer by its status, and by its body where that is in memory and says a quota is
+/// spent or the provider is overloaded: what [`HttpClassifier`] and the default classifier read.
+pub(super) fn classify_answer<B: 'static>(resp: &Response<B>) -> Classification {
+    match provider_signal(resp) {
+        Some(body) => classify_model_response(resp.status(), resp.headers(), Some(&body)),
+        None => classify_response(resp.status(), resp.headers()),
+    }
+}
+
+/// The dependency's own error in an HTTP answer read as [`classify_answer`] reads it.
+pub(super) fn answer_error<B: 'static>(resp: &Response<B>) -> Option<ToolError> {
+    match provider_signal(resp) {
+        Some(body) => model_dependency_error(resp.status(), resp.headers(), Some(&body)),
+        None => status_error(resp.status(), resp.headers()),
     }
 }
 

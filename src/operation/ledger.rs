@@ -156,9 +156,11 @@ impl OpState {
     }
 
     /// The key the operation's requests carry does not reach the dependency (the tool's body
-    /// never read it): decided from here as a request without one.
+    /// never read it): decided from here as the unkeyed write it is (an ambiguous failure ends
+    /// `outcome_unknown`; a 409 or 422 is not read as the key's).
     pub(crate) fn key_not_delivered(&mut self) {
         self.keyed = false;
+        self.class = self.class.strictest(ToolClass::UnkeyedWrite);
     }
 
     pub(crate) fn closed(&self) -> Option<ErrorCode> {

@@ -287,6 +287,10 @@ where
             // or `resolve` to settle.
             ClassifiedResponse::RequiresEos(_) => (Verdict::Failure(FailureClass::Ambiguous), None),
         };
+        // A 409 or 422 is the key's only if the key reached the provider: a declared tool's body
+        // that never read it did not send it (the operation says so), and the answer is its own.
+        let conflict =
+            conflict.filter(|_| self.op.as_ref().is_none_or(|op| op.with(|s| s.keyed())));
         match plan(&result, verdict, conflict, &self.shared.codec) {
             Plan::Record(bytes) => {
                 if record(intent, &key, &bytes).await {

@@ -157,7 +157,8 @@ pub(super) fn after(ending: Ending) -> bool {
 /// How an error's code reads for the book.
 pub(super) fn ending_of(error: &ToolError) -> Ending {
     match error.code() {
-        ErrorCode::OutcomeUnknown => Ending::Unknown,
+        // A keyed write that failed without its key may have acted, as an unknown outcome.
+        ErrorCode::OutcomeUnknown | ErrorCode::MissingIdempotencyKey => Ending::Unknown,
         _ => Ending::NotSent,
     }
 }
