@@ -160,7 +160,7 @@ fn invoice_tools() -> stormguard::tool::Tools {
 /// Mistake: the invoice's body forgets to send `call.key()` as the provider's Idempotency-Key,
 /// and the provider answers 502 after creating the invoice. The body never read the key, so it
 /// cannot have reached the provider: the 502 is not retried as a keyed write's would be; one
-/// invoice, `outcome_unknown`, and the crate says so (WARN, `stormguard_keys_not_delivered_total`).
+/// invoice, `missing_idempotency_key`, and the crate says so (WARN, `stormguard_keys_not_delivered_total`).
 #[test]
 fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
@@ -202,7 +202,7 @@ fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
             )
             .await
             .unwrap_err();
-            assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+            assert_eq!(err.code(), ErrorCode::MissingIdempotencyKey, "{err}");
             assert!(!err.retryable());
             let keys: Vec<Option<String>> = keys.lock().unwrap().clone();
             (sent.load(Ordering::SeqCst), keys)
@@ -289,8 +289,8 @@ fn keyless_body(
     })
 }
 
-/// A keyed write without receipts whose body never sends its key: the 502 ends `outcome_unknown`
-/// and is held, so the model's reissue at the next step is answered, not sent (one invoice).
+/// A keyed write without receipts whose body never sends its key: the 502 ends
+/// `missing_idempotency_key` and is held, so the model's reissue at the next step is answered, not sent (one invoice).
 #[tokio::test]
 async fn a_keyless_keyed_write_without_receipts_is_held_for_its_reissue() {
     let (addr, sent) = serve(|_| server::status(502, &[])).await;
@@ -310,7 +310,7 @@ async fn a_keyless_keyed_write_without_receipts_is_held_for_its_reissue() {
     let first = call(&mut invoice, Call::new("run-1", "step-1", args.clone()))
         .await
         .unwrap_err();
-    assert_eq!(first.code(), ErrorCode::OutcomeUnknown, "{first}");
+    assert_eq!(first.code(), ErrorCode::MissingIdempotencyKey, "{first}");
     let again = call(&mut invoice, Call::new("run-1", "step-2", args))
         .await
         .unwrap_err();
@@ -337,4 +337,55 @@ async fn a_422_to_a_key_never_sent_is_not_read_as_the_keys() {
     .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
     assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// "Never read the key" is one attempt's: a first attempt refused before the body read the key
+/// does not make the retry that reads and sends it unkeyed (its 502 is retried with the key).
+#[tokio::test]
+async fn an_attempt_refused_before_reading_the_key_leaves_the_retry_keyed() {
+    let (addr, sent, keys) = server::serve_keys(|n| match n {
+        0 => server::status(502, &[]),
+        _ => server::status(200, &[]),
+    })
+    .await;
+    let tools = invoice_tools();
+    let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let client = reqwest::Client::new();
+    let body = service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        let first = attempts.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                // Refused before any work, before the key was read.
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+            }
+            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
+            let resp = client
+                .post(url)
+                .header("Idempotency-Key", key)
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            Ok::<_, BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(String::new())?,
+            )
+        }
+    });
+    let mut invoice = tools.layer("send_invoice").unwrap().layer(body);
+    let answer = call(
+        &mut invoice,
+        Call::new("run-1", "step-2", json!({ "invoice_id": 9 })),
+    )
+    .await
+    .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        2,
+        "the 502 retried with its key"
+    );
+    let keys = keys.lock().unwrap().clone();
+    assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
 }

@@ -155,12 +155,13 @@ impl OpState {
         self.keyed
     }
 
-    /// The key the operation's requests carry does not reach the dependency (the tool's body
-    /// never read it): decided from here as the unkeyed write it is (an ambiguous failure ends
-    /// `outcome_unknown`; a 409 or 422 is not read as the key's).
+    /// The key the attempt under way carried did not reach the dependency (the tool's body never
+    /// read it): its failure is decided as a request without one (an ambiguous failure of a
+    /// keyed write ends `missing_idempotency_key`; a 409 or 422 is not read as the key's). For
+    /// this attempt only: the next one's key is noted again when it is stamped (a refusal that
+    /// returned before the body read the key must not make the retry that reads it unkeyed).
     pub(crate) fn key_not_delivered(&mut self) {
         self.keyed = false;
-        self.class = self.class.strictest(ToolClass::UnkeyedWrite);
     }
 
     pub(crate) fn closed(&self) -> Option<ErrorCode> {

@@ -174,7 +174,7 @@ impl Call {
     /// ```
     ///
     /// Reading it is how the stack knows the key can reach the provider: a keyed write whose
-    /// body never reads it is decided as the unkeyed write it then is (see
+    /// body never reads it is decided as one without its key (see
     /// [`ToolLayer`](super::ToolLayer)).
     pub fn key(&self) -> Option<&IdempotencyKey> {
         if let Some(read) = &self.key_read {

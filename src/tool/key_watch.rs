@@ -1,7 +1,7 @@
 //! [`KeyWatch`]: whether a keyed write's body read the key the stack stamped on its call. A body
 //! that never calls [`Call::key`] cannot have sent the key to the provider, so an ambiguous
-//! failure is not retried as though it had (it would be a second effect): the operation is
-//! decided as the unkeyed write it is, and the crate says so.
+//! failure is not retried as though it had (it would be a second effect): the attempt is
+//! decided as a keyed write without its key, and the crate says so.
 
 use super::call::Call;
 use crate::operation::ledger::with_current;
@@ -86,7 +86,7 @@ fn not_delivered(operation: Option<&crate::operation::Operation>, tool: &str, wa
             tool,
             "the keyed write's body never read the key the stack stamped (call.key()): it cannot \
              have reached the provider, so a failure that may have taken effect is not retried \
-             (outcome_unknown); send call.key() as the provider's Idempotency-Key, or declare \
+             (missing_idempotency_key); send call.key() as the provider's Idempotency-Key, or declare \
              the tool an unkeyed write"
         );
     }
