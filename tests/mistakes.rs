@@ -436,43 +436,26 @@ async fn a_tool_tables_deadline_cuts_off_a_hung_body() {
 /// once per layer).
 #[test]
 fn evidence_that_overrules_a_class_is_counted() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let tickets = metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let (addr, tickets) = serve(|_| server::status(502, &[])).await;
-            let client = reqwest::Client::new();
-            let mut svc = ServiceBuilder::new()
-                .layer(
-                    RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
-                        .classifier(HttpClassifier)
-                        .replay(HttpReplay),
-                )
-                .service(client.clone());
-            for _ in 0..2 {
-                let err = call(&mut svc, ticket_post(&client, addr))
-                    .await
-                    .unwrap_err();
-                assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
-            }
-            tickets.load(Ordering::SeqCst)
-        })
+    let (tickets, counted) = support::counted::counting(async {
+        let (addr, tickets) = serve(|_| server::status(502, &[])).await;
+        let client = reqwest::Client::new();
+        let mut svc = ServiceBuilder::new()
+            .layer(
+                RetryLayer::new(quick(ToolClass::Read), RetryBudget::default())
+                    .classifier(HttpClassifier)
+                    .replay(HttpReplay),
+            )
+            .service(client.clone());
+        for _ in 0..2 {
+            let err = call(&mut svc, ticket_post(&client, addr))
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), ErrorCode::OutcomeUnknown);
+        }
+        tickets.load(Ordering::SeqCst)
     });
     assert_eq!(tickets, 2, "one per call");
-    let counted: u64 = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "stormguard_class_from_evidence_total")
-        .map(|(.., value)| match value {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let counted: u64 = counted.total("stormguard_class_from_evidence_total");
     assert_eq!(counted, 2);
 }
 

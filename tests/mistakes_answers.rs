@@ -54,21 +54,14 @@ fn json_answer(code: u16, body: Value) -> http::Response<server::Body> {
 /// from that receipt. Counted once, on the call that was overruled.
 #[test]
 fn a_503_folded_into_json_is_retried_and_never_a_receipt() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let (addr, sent, keys) = serve_keys(|n| match n {
-                0 => json_answer(503, json!({ "error": "upstream reset" })),
-                _ => json_answer(200, json!({ "invoice": "in_4471" })),
-            })
-            .await;
-            let tools = Toolbox::from_json_str(
-                r#"{
+    let ((), counted) = support::counted::counting(async {
+        let (addr, sent, keys) = serve_keys(|n| match n {
+            0 => json_answer(503, json!({ "error": "upstream reset" })),
+            _ => json_answer(200, json!({ "invoice": "in_4471" })),
+        })
+        .await;
+        let tools = Toolbox::from_json_str(
+            r#"{
                 "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
                 "tools": [{
                     "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
@@ -77,51 +70,34 @@ fn a_503_folded_into_json_is_retried_and_never_a_receipt() {
                     "unknown_outcome": "escalate"
                 }]
             }"#,
-            )
+        )
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let mut invoice = tools
+            .layer("send_invoice")
             .unwrap()
-            .build(Stores::new())
+            .classifier(OkIsSuccess)
+            .layer(folding_body(addr, "/invoices"));
+        let args = json!({ "invoice_id": 4471 });
+        let first = call(&mut invoice, Call::new("run-9", "step-2", args.clone()))
+            .await
             .unwrap();
-            let mut invoice = tools
-                .layer("send_invoice")
-                .unwrap()
-                .classifier(OkIsSuccess)
-                .layer(folding_body(addr, "/invoices"));
-            let args = json!({ "invoice_id": 4471 });
-            let first = call(&mut invoice, Call::new("run-9", "step-2", args.clone()))
-                .await
-                .unwrap();
-            assert_eq!(first["status"], 200, "{first}");
-            assert_eq!(sent.load(Ordering::SeqCst), 2, "the 503 was retried once");
-            let keys = keys.lock().unwrap().clone();
-            assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
-            // The model reissues it: answered from the receipt of the 200, nothing sent.
-            let again = call(&mut invoice, Call::new("run-9", "step-5", args))
-                .await
-                .unwrap();
-            assert_eq!(again, first);
-            assert_eq!(sent.load(Ordering::SeqCst), 2);
-        })
+        assert_eq!(first["status"], 200, "{first}");
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "the 503 was retried once");
+        let keys = keys.lock().unwrap().clone();
+        assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
+        // The model reissues it: answered from the receipt of the 200, nothing sent.
+        let again = call(&mut invoice, Call::new("run-9", "step-5", args))
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(sent.load(Ordering::SeqCst), 2);
     });
-    let overruled: Vec<_> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "stormguard_answer_status_overruled_total")
-        .map(|(key, _, _, value)| {
-            let labels: Vec<String> = key
-                .key()
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            (labels, value)
-        })
-        .collect();
+    let overruled = counted.series("stormguard_answer_status_overruled_total");
     assert_eq!(overruled.len(), 1, "{overruled:?}");
     assert!(overruled[0].0.contains(&"status=503".to_string()));
-    assert!(matches!(
-        overruled[0].1,
-        metrics_util::debugging::DebugValue::Counter(1)
-    ));
+    assert_eq!(overruled[0].1, 1);
 }
 
 /// A spent quota folded into JSON on a chat tool: sent once, `quota_exhausted`, not retried as a

@@ -84,53 +84,36 @@ async fn a_naive_tower_retry_around_a_ticket_tool_creates_one_ticket() {
 /// `stormguard_unread_quota_bodies_total` on every such 429).
 #[test]
 fn a_model_429_read_without_its_body_is_said_out_loud() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let sent = metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let (addr, sent) = serve(|_| {
-                http::Response::builder()
-                    .status(429)
-                    .body(http_body_util::Full::new(bytes::Bytes::from(
-                        r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#,
-                    )))
-                    .unwrap()
-            })
-            .await;
-            let tools = Toolbox::from_json_str(
-                r#"{"tools": [{ "name": "chat", "class": "read", "retry": ["layer"],
+    let (sent, counted) = support::counted::counting(async {
+        let (addr, sent) = serve(|_| {
+            http::Response::builder()
+                .status(429)
+                .body(http_body_util::Full::new(bytes::Bytes::from(
+                    r#"{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}"#,
+                )))
+                .unwrap()
+        })
+        .await;
+        let tools = Toolbox::from_json_str(
+            r#"{"tools": [{ "name": "chat", "class": "read", "retry": ["layer"],
                                 "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
-            )
-            .unwrap()
-            .build(Stores::new())
-            .unwrap();
-            let client = reqwest::Client::new();
-            let body = service_fn(move |_call: Call| {
-                let (client, url) = (client.clone(), format!("http://{addr}/v1/chat/completions"));
-                async move { Ok::<_, BoxError>(client.post(url).body("{}").send().await?) }
-            });
-            let mut chat = tools.layer("chat").unwrap().layer(body);
-            let err = call(&mut chat, Call::new("run-1", "step-1", json!({})))
-                .await
-                .unwrap_err();
-            assert_eq!(err.code(), ErrorCode::RateLimited, "{err}");
-            sent.load(Ordering::SeqCst)
-        })
+        )
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let client = reqwest::Client::new();
+        let body = service_fn(move |_call: Call| {
+            let (client, url) = (client.clone(), format!("http://{addr}/v1/chat/completions"));
+            async move { Ok::<_, BoxError>(client.post(url).body("{}").send().await?) }
+        });
+        let mut chat = tools.layer("chat").unwrap().layer(body);
+        let err = call(&mut chat, Call::new("run-1", "step-1", json!({})))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RateLimited, "{err}");
+        sent.load(Ordering::SeqCst)
     });
-    let counted: u64 = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "stormguard_unread_quota_bodies_total")
-        .map(|(.., value)| match value {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let counted: u64 = counted.total("stormguard_unread_quota_bodies_total");
     assert!(sent > 1, "retried as a rate limit: {sent}");
     assert!(
         counted >= u64::from(sent),
@@ -163,63 +146,32 @@ fn invoice_tools() -> stormguard::tool::Tools {
 /// invoice, `missing_idempotency_key`, and the crate says so (WARN, `stormguard_keys_not_delivered_total`).
 #[test]
 fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
-    let recorder = metrics_util::debugging::DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sent, keys) = metrics::with_local_recorder(&recorder, || {
-        rt.block_on(async {
-            let (addr, sent, keys) = server::serve_keys(|n| match n {
-                0 => server::status(502, &[]),
-                _ => server::status(200, &[]),
-            })
-            .await;
-            let tools = invoice_tools();
-            let client = reqwest::Client::new();
-            let body = service_fn(move |call: Call| {
-                let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
-                async move {
-                    // The mistake: no `.header("Idempotency-Key", call.key()...)`.
-                    let resp = client
-                        .post(url)
-                        .body(call.args().to_string())
-                        .send()
-                        .await?;
-                    let status = resp.status().as_u16();
-                    Ok::<_, BoxError>(
-                        http::Response::builder()
-                            .status(status)
-                            .body(String::new())?,
-                    )
-                }
-            });
-            let mut invoice = tools.layer("send_invoice").unwrap().layer(body);
-            let err = call(
-                &mut invoice,
-                Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
-            )
-            .await
-            .unwrap_err();
-            assert_eq!(err.code(), ErrorCode::MissingIdempotencyKey, "{err}");
-            assert!(!err.retryable());
-            let keys: Vec<Option<String>> = keys.lock().unwrap().clone();
-            (sent.load(Ordering::SeqCst), keys)
+    let ((sent, keys), counted) = support::counted::counting(async {
+        let (addr, sent, keys) = server::serve_keys(|n| match n {
+            0 => server::status(502, &[]),
+            _ => server::status(200, &[]),
         })
+        .await;
+        let tools = invoice_tools();
+        // The mistake: the body sends no `Idempotency-Key` (see `keyless_body`).
+        let mut invoice = tools
+            .layer("send_invoice")
+            .unwrap()
+            .layer(keyless_body(addr));
+        let err = call(
+            &mut invoice,
+            Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::MissingIdempotencyKey, "{err}");
+        assert!(!err.retryable());
+        let keys: Vec<Option<String>> = keys.lock().unwrap().clone();
+        (sent.load(Ordering::SeqCst), keys)
     });
     assert_eq!(sent, 1, "one invoice");
     assert_eq!(keys, [None]);
-    let counted: u64 = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == "stormguard_keys_not_delivered_total")
-        .map(|(.., value)| match value {
-            metrics_util::debugging::DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum();
+    let counted: u64 = counted.total("stormguard_keys_not_delivered_total");
     assert_eq!(counted, 1);
 }
 

@@ -1,10 +1,10 @@
 use super::model_api::{classify_model_response, model_dependency_error};
 use super::{
     classify_error, classify_grpc_code, AsDynError, Classification, ClassifiedResponse, Classify,
-    FailureClass, KeyConflict, NeverClassifyEos, ServerHint,
+    FailureClass, NeverClassifyEos, ServerHint,
 };
 use crate::classify::hint::{parse_pushback_ms, parse_retry_after};
-use crate::error::{ErrorCode, ToolError};
+use crate::error::ToolError;
 use crate::peek::ErrorBody;
 use http::{HeaderMap, Response, StatusCode};
 use std::any::Any;
@@ -226,29 +226,7 @@ pub(super) fn server_hint(headers: &HeaderMap) -> ServerHint {
 /// assert_eq!(classify_status(http::StatusCode::NOT_FOUND).verdict(), Verdict::Empty);
 /// ```
 pub fn classify_status(status: StatusCode) -> Classification {
-    use FailureClass::*;
-    let (class, code) = match status.as_u16() {
-        100..=399 => return Classification::success(),
-        404 | 410 => return Classification::empty(),
-        408 => (Transient, ErrorCode::Timeout),
-        429 => (Transient, ErrorCode::RateLimited),
-        500 | 502 | 503 => (Ambiguous, ErrorCode::Unavailable),
-        504 => (Ambiguous, ErrorCode::Timeout),
-        401 => (Permanent, ErrorCode::Unauthenticated),
-        403 => (Permanent, ErrorCode::PermissionDenied),
-        409 => {
-            return Classification::failure(Permanent, ErrorCode::Conflict)
-                .with_key_conflict(KeyConflict::InProgress)
-        }
-        422 => {
-            return Classification::failure(ModelRecoverable, ErrorCode::InvalidArgument)
-                .with_key_conflict(KeyConflict::Reused)
-        }
-        451 => (Policy, ErrorCode::PolicyViolation),
-        400..=499 => (ModelRecoverable, ErrorCode::InvalidArgument),
-        _ => (Ambiguous, ErrorCode::Internal),
-    };
-    Classification::failure(class, code)
+    super::status_table::classify_status_code(status.as_u16())
 }
 
 /// The HTTP status of a response, for classifiers that look at it.

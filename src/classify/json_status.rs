@@ -46,23 +46,18 @@ pub fn answer_status(answer: &Value) -> Option<Classification> {
             .any(|f| error.and_then(|e| e.get(*f)).and_then(Value::as_str) == Some(what))
     };
     use FailureClass::*;
-    let (class, code) = match status {
-        429 if said("type", "insufficient_quota") => (Permanent, ErrorCode::QuotaExhausted),
-        529 => (Transient, ErrorCode::Unavailable),
-        _ if said("type", "overloaded_error") => (Transient, ErrorCode::Unavailable),
-        404 | 410 => return None,
-        408 => (Transient, ErrorCode::Timeout),
-        429 => (Transient, ErrorCode::RateLimited),
-        500 | 502 | 503 => (Ambiguous, ErrorCode::Unavailable),
-        504 => (Ambiguous, ErrorCode::Timeout),
-        401 => (Permanent, ErrorCode::Unauthenticated),
-        403 => (Permanent, ErrorCode::PermissionDenied),
-        409 => (Permanent, ErrorCode::Conflict),
-        451 => (Policy, ErrorCode::PolicyViolation),
-        400..=499 => (ModelRecoverable, ErrorCode::InvalidArgument),
-        _ => (Ambiguous, ErrorCode::Internal),
+    let signal = match status {
+        429 if said("type", "insufficient_quota") => Some((Permanent, ErrorCode::QuotaExhausted)),
+        529 => Some((Transient, ErrorCode::Unavailable)),
+        _ if said("type", "overloaded_error") => Some((Transient, ErrorCode::Unavailable)),
+        _ => None,
     };
-    Some(Classification::failure(class, code))
+    if let Some((class, code)) = signal {
+        return Some(Classification::failure(class, code));
+    }
+    // The HTTP table; 404 and 410 are "no such record", not a failure.
+    let c = super::status_table::classify_status_code(u16::try_from(status).ok()?);
+    matches!(c.verdict(), Verdict::Failure(_)).then_some(c)
 }
 
 /// A classifier that reads a `serde_json::Value` answer's own status ([`answer_status`]) before

@@ -42,6 +42,7 @@ mod error;
 mod grpc;
 pub mod hint;
 mod json_status;
+mod status_table;
 pub(crate) use hint::ServerHint;
 #[cfg(feature = "http")]
 mod http;

@@ -1,6 +1,7 @@
 //! Shared test helpers: a scripted dependency that counts its calls.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod counted;
 #[cfg(feature = "redis")]
 pub mod fleet;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
