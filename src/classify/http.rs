@@ -23,9 +23,9 @@ use std::time::SystemTime;
 /// | other 5xx | `Failure(Ambiguous)` | `internal` |
 /// | 401 | `Failure(Permanent)` | `unauthenticated` |
 /// | 403 | `Failure(Permanent)` | `permission_denied` |
-/// | 409 | `Failure(Permanent)`, [`KeyConflict::InProgress`] | `conflict` |
+/// | 409 | `Failure(Permanent)`, [`KeyConflict::InProgress`](super::KeyConflict::InProgress) | `conflict` |
 /// | 451 | `Failure(Policy)` | `policy_violation` |
-/// | 422 | `Failure(ModelRecoverable)`, [`KeyConflict::Reused`] | `invalid_argument` |
+/// | 422 | `Failure(ModelRecoverable)`, [`KeyConflict::Reused`](super::KeyConflict::Reused) | `invalid_argument` |
 /// | 400 and other 4xx | `Failure(ModelRecoverable)` | `invalid_argument` |
 ///
 /// **Provider signals without opting in.** Two answers of model APIs are told from their body
@@ -51,7 +51,7 @@ use std::time::SystemTime;
 /// **409 and 422 under an idempotency key.** A provider that checks keys (Stripe, the IETF
 /// `Idempotency-Key` draft) answers 409 while a request with the same key is still being
 /// processed and 422 when the key comes back with another payload. The classifier cannot tell
-/// whether the request carried a key; it marks both ([`KeyConflict`]) and the
+/// whether the request carried a key; it marks both ([`KeyConflict`](super::KeyConflict)) and the
 /// [`Retry`](crate::retry::Retry) decides: for a keyed write carrying its key a 409 is retried
 /// (with backoff, within its attempts), and a 422 under a key ends as `idempotency_key_reused`,
 /// not `invalid_argument` (which tells a model to reword and try again).
