@@ -18,6 +18,7 @@ pub(crate) const CLASS_FROM_EVIDENCE: &str = "stormguard_class_from_evidence_tot
 pub(crate) const UNREAD_QUOTA_BODIES: &str = "stormguard_unread_quota_bodies_total";
 pub(crate) const KEYS_NOT_DELIVERED: &str = "stormguard_keys_not_delivered_total";
 pub(crate) const ANSWER_STATUS_OVERRULED: &str = "stormguard_answer_status_overruled_total";
+pub(crate) const TOOLBOX_REBUILDS: &str = "stormguard_toolbox_rebuilds_total";
 pub(crate) const UNCARRIED: &str = "stormguard_operations_uncarried_total";
 pub(crate) const SAGA_EVENTS: &str = "stormguard_saga_events_total";
 pub(crate) const BREAKER_STATE: &str = "stormguard_breaker_state";
@@ -128,6 +129,11 @@ pub(crate) fn unread_quota_body() {
 /// A keyed write's body never read the key stamped on its call (label `tool`).
 pub(crate) fn key_not_delivered(tool: &str) {
     metrics::counter!(KEYS_NOT_DELIVERED, "tool" => tool.to_owned()).increment(1);
+}
+
+/// A toolbox declaration was built again in this process.
+pub(crate) fn toolbox_rebuilt() {
+    metrics::counter!(TOOLBOX_REBUILDS).increment(1);
 }
 
 /// A nested retry layer found no operation to join (label `layer`: its name).

@@ -340,7 +340,7 @@ fn saga_steps_without_receipts_or_compensation() {
     };
     let step = |name: &str| {
         Tool::new(name, ToolClass::KeyedWrite, RetryOwner::Layer)
-            .key(vec![KeyPart::Run, KeyPart::Tool])
+            .key(vec![KeyPart::Run, KeyPart::Tool, KeyPart::id("trip_id")])
             .receipt("pg", Some(86_400))
             .unknown_outcome(UnknownOutcome::Escalate)
     };
@@ -375,5 +375,44 @@ fn saga_steps_without_receipts_or_compensation() {
     assert_eq!(
         tb(bare, fixed),
         [("saga-step-without-receipt", "reserve".to_owned())]
+    );
+}
+
+#[test]
+fn key_without_argument_part() {
+    let mut t = keyed();
+    t.key = Some(vec![KeyPart::Run, KeyPart::Tool]);
+    assert_eq!(codes(vec![t]), ["key-without-argument-part"]);
+    assert!(!codes(vec![keyed()]).contains(&"key-without-argument-part"));
+}
+
+#[test]
+fn budget_across_dependencies() {
+    let tb = |second: &str| {
+        Toolbox::from_json_str(&format!(
+            r#"{{ "budgets": {{ "b": {{ "ratio": 0.1, "min_per_sec": 1 }} }},
+                 "tools": [
+                   {{ "name": "chat", "class": "read", "retry": ["layer"], "budget": "b", "dependency": "llm" }},
+                   {{ "name": "search", "class": "read", "retry": ["layer"], "budget": "b", "dependency": "{second}" }}
+                 ] }}"#
+        ))
+        .unwrap()
+        .audit()
+    };
+    let audit = tb("orders-api");
+    let f: Vec<_> = audit
+        .findings
+        .iter()
+        .map(|f| (f.code, f.tool.as_str()))
+        .collect();
+    assert_eq!(f, [("budget-across-dependencies", "budgets.b")]);
+    assert!(
+        audit.findings[0].message.contains("`llm`, `orders-api`"),
+        "{}",
+        audit.findings[0].message
+    );
+    assert!(
+        tb("llm").findings.is_empty(),
+        "one dependency's tools may share a budget"
     );
 }

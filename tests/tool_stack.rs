@@ -393,9 +393,12 @@ async fn a_body_that_spawns_its_inner_call_keeps_the_operation() {
     let client = tower::util::BoxCloneService::new(
         ServiceBuilder::new()
             .layer(
-                RetryLayer::new(ToolClass::Read, tools.default_budget().clone())
-                    .classifier(classifier as fn(&_) -> _)
-                    .nested(),
+                RetryLayer::new(
+                    ToolClass::Read,
+                    tools.budget_of("post_ticket").unwrap().clone(),
+                )
+                .classifier(classifier as fn(&_) -> _)
+                .nested(),
             )
             .service(dep.clone()),
     );

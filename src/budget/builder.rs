@@ -40,6 +40,8 @@ pub struct RetryBudgetBuilder {
     lease: Option<u32>,
     /// The acceptance rule's multiplier (0: off) and window (attempts).
     acceptance: (f64, u32),
+    /// What the budget is called in its refusals' hints (its dependency's name).
+    name: Option<Arc<str>>,
 }
 
 impl Default for RetryBudgetBuilder {
@@ -56,6 +58,7 @@ impl Default for RetryBudgetBuilder {
             shared: None,
             lease: None,
             acceptance: (2.0, 32),
+            name: None,
         }
     }
 }
@@ -146,6 +149,22 @@ impl RetryBudgetBuilder {
         self
     }
 
+    /// Names the budget after what draws on it (a dependency, a tool): a refusal's hint then
+    /// says whose budget is spent, so the model and the operator blame the dependency that
+    /// drained it, not the one whose call was refused. A toolbox names each budget it makes.
+    ///
+    /// ```
+    /// use stormguard::budget::RetryBudget;
+    /// let budget = RetryBudget::builder().name("orders-api").build()?;
+    /// assert_eq!(budget.name(), Some("orders-api"));
+    /// assert_eq!(RetryBudget::default().name(), None);
+    /// # Ok::<(), stormguard::error::ConfigError>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(Arc::from(name.into()));
+        self
+    }
+
     /// Gives the budget a run budget of its own.
     pub fn run_limits(mut self, limits: RunLimits) -> Self {
         self.run = Some(limits);
@@ -208,6 +227,7 @@ impl RetryBudgetBuilder {
             floor_window: self.floor_window,
         };
         let mut ratio = Ratio::new(&terms, seed);
+        ratio.name = self.name;
         match (self.shared, self.lease) {
             (Some(shared), lease) => {
                 let lease = lease.unwrap_or(2);

@@ -248,6 +248,16 @@ impl RetryBudget {
         self.ratio.shared.as_deref()
     }
 
+    /// The budget's name ([`RetryBudgetBuilder::name`]), if it was given one.
+    ///
+    /// ```
+    /// use stormguard::budget::RetryBudget;
+    /// assert_eq!(RetryBudget::default().name(), None);
+    /// ```
+    pub fn name(&self) -> Option<&str> {
+        self.ratio.name.as_deref()
+    }
+
     /// Retries the ratio balance allows now (without the floor).
     pub fn balance(&self) -> f64 {
         self.ratio.balance()

@@ -54,6 +54,8 @@ pub(super) struct Ratio {
     id: u32,
     /// The acceptance rule's multiplier (0: off) and window in attempts.
     pub(super) acceptance: (f64, u32),
+    /// The budget's name, for its refusals' hints.
+    pub(super) name: Option<std::sync::Arc<str>>,
 }
 
 impl Ratio {
@@ -74,6 +76,7 @@ impl Ratio {
             operations: AtomicU64::new(0),
             id: next_id(),
             acceptance: terms.acceptance,
+            name: None,
         }
     }
 

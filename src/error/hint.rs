@@ -50,6 +50,13 @@ pub(crate) fn throttled_budget(retry_after: Option<Duration>) -> String {
     )
 }
 
+/// The ratio budget `name` is spent: the dependency that draws on it keeps failing.
+pub(crate) fn budget_spent(name: &str) -> String {
+    format!(
+        "the dependency keeps failing and its retry budget (`{name}`) is spent; do not retry now, report the outage of `{name}`"
+    )
+}
+
 /// The deadline passed while the call waited to be sent (a quota, a pool): it was not sent.
 pub(crate) fn deadline_before_sending() -> &'static str {
     "the operation's deadline passed while the call waited to be sent (for a quota or a connection), so it was not sent; do not retry within this operation"

@@ -124,6 +124,11 @@ where
         GiveUp::Budget(Refusal::RetryBudget) if last == ErrorCode::RateLimited => {
             hint::throttled_budget(retry_after).into()
         }
+        // Whose budget is spent: the dependency that drained it, named.
+        GiveUp::Budget(Refusal::RetryBudget) => match retrier.budget.name() {
+            Some(name) => hint::budget_spent(name).into(),
+            None => hint::of(code),
+        },
         _ => hint::of(code),
     };
     // The class came from what the request showed, not from the declaration: say so.

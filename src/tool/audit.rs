@@ -9,6 +9,7 @@ use super::spec::Tool;
 use super::toolbox::Toolbox;
 use crate::class::ToolClass;
 
+mod budgets;
 mod build;
 mod evidence;
 mod saga;
@@ -234,6 +235,17 @@ fn tool_findings(tb: &Toolbox, t: &Tool, out: &mut Vec<Finding>) {
                 "key on identifier fields and the task's identity only");
         }
     }
+    // A saga's step runs once per saga run: its run is what tells two apart.
+    let in_saga = tb.sagas().values().any(|s| {
+        s.steps
+            .iter()
+            .any(|st| st.tool == t.name || st.compensation.as_deref() == Some(&t.name))
+    });
+    let tells_apart = |p: &KeyPart| matches!(p, KeyPart::Id(_) | KeyPart::Text(_));
+    if matches!(&t.key, Some(k) if !in_saga && !k.iter().any(tells_apart)) {
+        add(Severity::Warning, "key-without-argument-part", "the key names no argument field: two different calls in one run (two invoices) share a key, and the second is refused `idempotency_key_reused` by the receipts (or answered the first's result by the provider) instead of sent.".into(),
+            "add the identifier fields that tell two calls apart (`id:invoice_id`)");
+    }
     let auto = t
         .retry
         .iter()
@@ -408,6 +420,7 @@ impl Toolbox {
             }
         }
         saga::findings(self, &mut findings);
+        budgets::findings(self, &mut findings);
         build::findings(self, &mut findings);
         Audit {
             table: self.tools().iter().map(row).collect(),

@@ -62,8 +62,12 @@ fn config_error(field: &str, name: &str, err: &ConfigError) -> SpecError {
 }
 
 impl Toolbox {
-    /// Makes the toolbox live: its named budgets, breakers and quotas, and its receipt stores
-    /// (`stores` gives each one that is not of kind `memory`). A store missing or of another
+    /// Makes the toolbox live: its named budgets, breakers and quotas, the budget of each
+    /// dependency whose tools name none, and its receipt stores (`stores` gives each one that
+    /// is not of kind `memory`). Build it once at startup and clone the [`Tools`]: each build
+    /// starts its budgets, breakers, quotas and held calls empty, so the same declaration built
+    /// again in one process is said with a WARN (once) and counted in
+    /// `stormguard_toolbox_rebuilds_total`. A store missing or of another
     /// kind than declared, a store given that the toolbox does not declare, or a setting the
     /// layers refuse (a retention under one hour) is a [`SpecError`].
     ///
@@ -79,7 +83,9 @@ impl Toolbox {
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn build(&self, stores: Stores) -> Result<Tools, SpecError> {
-        self.build_seeded(stores, None)
+        let tools = self.build_seeded(stores, None)?;
+        super::rebuilds::note(self);
+        Ok(tools)
     }
 
     /// [`Toolbox::build`] with every budget's backoff and acceptance draws seeded from `seed`
@@ -99,12 +105,30 @@ impl Toolbox {
         let mut budgets = BTreeMap::new();
         for (n, (name, spec)) in self.budgets().iter().enumerate() {
             let builder = RetryBudget::builder()
+                .name(name.as_str())
                 .retry_ratio(spec.ratio)
                 .floor(spec.min_per_sec, Duration::from_secs(1));
             let budget = seeded(builder, n as u64 + 1)
                 .build()
                 .map_err(|e| config_error("budgets", name, &e))?;
             budgets.insert(name.clone(), budget);
+        }
+        // Each dependency whose tools name no budget has its own (a tool naming no dependency
+        // is one), named after it for the refusal's hint. The first takes seed stream 0.
+        let mut own_budgets = BTreeMap::new();
+        for tool in self.tools().iter().filter(|t| t.budget.is_none()) {
+            let owner = tool.budget_owner();
+            if own_budgets.contains_key(owner) {
+                continue;
+            }
+            let n = match own_budgets.len() as u64 {
+                0 => 0,
+                k => (1 << 32) + k,
+            };
+            let budget = seeded(RetryBudget::builder().name(owner), n)
+                .build()
+                .map_err(|e| config_error("budgets", owner, &e))?;
+            own_budgets.insert(owner.to_owned(), budget);
         }
         let mut breakers = BTreeMap::new();
         for (name, spec) in self.breakers() {
@@ -178,9 +202,8 @@ impl Toolbox {
         Ok(Tools {
             toolbox: self.clone(),
             budgets,
-            default_budget: seeded(RetryBudget::builder(), 0)
-                .build()
-                .map_err(|e| config_error("budgets", "default", &e))?,
+            own_budgets,
+            default_budget: None,
             breakers,
             quotas,
             stores: made,

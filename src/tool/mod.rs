@@ -22,6 +22,7 @@ mod key_watch;
 mod mcp;
 mod parts;
 mod read_back;
+mod rebuilds;
 mod router;
 mod scan;
 mod service;

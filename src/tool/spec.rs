@@ -60,7 +60,14 @@ pub struct Tool {
     /// What an unknown outcome does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unknown_outcome: Option<UnknownOutcome>,
-    /// The retry budget's name.
+    /// The dependency it calls (`"orders-api"`, `"openai"`): the tools that name the same one
+    /// and no `budget` share that dependency's retry budget. `None`: the tool is a dependency
+    /// of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependency: Option<String>,
+    /// The retry budget's name. `None`: its dependency's own budget (see `dependency`), never
+    /// one shared with unrelated dependencies, so that one dependency's outage cannot spend the
+    /// retries of another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
     /// The breaker's name.
@@ -117,6 +124,8 @@ pub(super) struct ToolFields {
     #[serde(default)]
     unknown_outcome: Option<UnknownOutcome>,
     #[serde(default)]
+    dependency: Option<String>,
+    #[serde(default)]
     budget: Option<String>,
     #[serde(default)]
     breaker: Option<String>,
@@ -150,6 +159,7 @@ impl TryFrom<ToolFields> for Tool {
             key: f.key,
             receipt: f.receipt,
             unknown_outcome: f.unknown_outcome,
+            dependency: f.dependency,
             budget: f.budget,
             breaker: f.breaker,
             quota: f.quota,
@@ -184,6 +194,7 @@ impl Tool {
             key: None,
             receipt: None,
             unknown_outcome: None,
+            dependency: None,
             budget: None,
             breaker: None,
             quota: None,
@@ -196,6 +207,11 @@ impl Tool {
             trust_class: false,
             annotations: None,
         }
+    }
+
+    /// Whose budget it draws on when it names none: its dependency, or itself.
+    pub(crate) fn budget_owner(&self) -> &str {
+        self.dependency.as_deref().unwrap_or(&self.name)
     }
 
     /// The checks deserialising also runs: a non-empty name, one or more retry owners, no zero
@@ -299,6 +315,7 @@ impl Tool {
             return err("key", "an empty key; leave it out for no key");
         }
         for (field, v) in [
+            ("dependency", &self.dependency),
             ("budget", &self.budget),
             ("breaker", &self.breaker),
             ("hedge", &self.hedge),

@@ -23,30 +23,43 @@ use std::time::Duration;
 /// shared by every tool that names it, and the stack of each tool
 /// ([`layer`](Self::layer)). Made by [`Toolbox::build`].
 ///
+/// A tool that names no budget draws on its dependency's own: the tools that name the same
+/// `dependency` share one, and a tool that names none has one of its own. Unrelated
+/// dependencies never share a budget by default, so a model API's outage cannot spend the
+/// retries of the orders API.
+///
 /// ```
 /// use stormguard::tool::{Stores, Toolbox};
 ///
 /// let toolbox = Toolbox::from_json_str(r#"{
 ///     "budgets": { "billing": { "ratio": 0.1, "min_per_sec": 1 } },
 ///     "tools": [
-///         { "name": "search", "class": "read", "retry": ["layer"] },
+///         { "name": "search", "class": "read", "retry": ["layer"], "dependency": "orders-api" },
+///         { "name": "status", "class": "read", "retry": ["layer"], "dependency": "orders-api" },
+///         { "name": "chat", "class": "read", "retry": ["layer"] },
 ///         { "name": "lookup", "class": "read", "retry": ["layer"], "budget": "billing" }
 ///     ]
 /// }"#)?;
 /// let tools = toolbox.build(Stores::new())?;
 /// assert!(tools.budget("billing").is_some());
-/// // A tool that names no budget draws on the toolbox's default one, shared by all such tools:
-/// // what one deposits, the other holds.
-/// assert_eq!(tools.default_budget().balance(), 0.0);
+/// // `search` and `status` share the orders API's budget: what one deposits, the other holds.
 /// tools.layer("search")?.budget().deposit();
-/// assert!(tools.default_budget().balance() > 0.0);
+/// assert!(tools.budget_of("status").unwrap().balance() > 0.0);
+/// assert_eq!(tools.budget_of("status").unwrap().name(), Some("orders-api"));
+/// // `chat` names no dependency: its budget is its own.
+/// assert_eq!(tools.budget_of("chat").unwrap().balance(), 0.0);
+/// assert_eq!(tools.budget_of("chat").unwrap().name(), Some("chat"));
 /// # Ok::<(), stormguard::tool::SpecError>(())
 /// ```
 #[derive(Clone)]
 pub struct Tools {
     pub(super) toolbox: Toolbox,
     pub(super) budgets: BTreeMap<String, RetryBudget>,
-    pub(super) default_budget: RetryBudget,
+    /// The budget of each dependency whose tools name no budget (a tool that names no
+    /// dependency is one of its own), by the dependency's name.
+    pub(super) own_budgets: BTreeMap<String, RetryBudget>,
+    /// The budget given to every tool that names none ([`Tools::with_default_budget`]).
+    pub(super) default_budget: Option<RetryBudget>,
     pub(super) breakers: BTreeMap<String, Breaker>,
     pub(super) quotas: BTreeMap<String, KeyedQuotaLayer<String, Call>>,
     pub(super) stores: BTreeMap<String, AnyStore>,
@@ -170,7 +183,10 @@ impl Tools {
                 .get(b)
                 .ok_or_else(|| unknown("budget"))?
                 .clone(),
-            None => self.default_budget.clone(),
+            None => self
+                .unnamed_budget(tool)
+                .ok_or_else(|| unknown("budget"))?
+                .clone(),
         };
         let breaker = match &tool.breaker {
             Some(b) => Some(
@@ -293,22 +309,38 @@ impl Tools {
         self.budgets.get(name)
     }
 
-    /// The budget of every tool that names none.
+    /// The budget the stack of the tool `name` draws on: the one it names, or its dependency's
+    /// own (see [`Tools`]); `None` for a tool the toolbox does not hold.
     ///
     /// ```
     /// use stormguard::tool::{Stores, Toolbox};
-    /// let tools = Toolbox::default().build(Stores::new())?;
-    /// assert_eq!(tools.default_budget().balance(), 0.0); // nothing deposited yet
+    /// let tools = Toolbox::from_json_str(r#"{"tools": [{"name": "search", "class": "read", "retry": ["layer"], "dependency": "orders-api"}]}"#)?
+    ///     .build(Stores::new())?;
+    /// assert_eq!(tools.budget_of("search").unwrap().name(), Some("orders-api"));
+    /// assert_eq!(tools.budget_of("search").unwrap().balance(), 0.0); // nothing deposited yet
+    /// assert!(tools.budget_of("nope").is_none());
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
-    pub fn default_budget(&self) -> &RetryBudget {
-        &self.default_budget
+    pub fn budget_of(&self, name: &str) -> Option<&RetryBudget> {
+        let tool = self.tool(name)?;
+        match &tool.budget {
+            Some(b) => self.budgets.get(b),
+            None => self.unnamed_budget(tool),
+        }
+    }
+
+    /// The budget of a tool that names none.
+    fn unnamed_budget(&self, tool: &Tool) -> Option<&RetryBudget> {
+        match &self.default_budget {
+            Some(budget) => Some(budget),
+            None => self.own_budgets.get(tool.budget_owner()),
+        }
     }
 
     /// The same tools with `budget` as the budget of every tool that names none (instead of
-    /// a fresh [`RetryBudget::default()`]): one the agent's other layers already draw on, a
-    /// run's handle ([`RetryBudget::for_run`]) for the stacks of that run, or a seeded one for
-    /// a simulation that must repeat exactly. Stacks built before keep the budget they had.
+    /// its dependency's own, so these tools share it whatever they call): one the agent's
+    /// other layers already draw on, a run's handle ([`RetryBudget::for_run`]) for the stacks
+    /// of that run, or a seeded one for a simulation that must repeat exactly. Stacks built before keep the budget they had.
     ///
     /// ```
     /// use stormguard::budget::{RetryBudget, RunLimits};
@@ -324,7 +356,7 @@ impl Tools {
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
     pub fn with_default_budget(mut self, budget: RetryBudget) -> Self {
-        self.default_budget = budget;
+        self.default_budget = Some(budget);
         self
     }
 

@@ -81,6 +81,19 @@ impl Tool {
         self
     }
 
+    /// Sets the dependency it calls: tools that name the same one (and no budget) share its
+    /// retry budget.
+    ///
+    /// ```
+    /// use stormguard::{class::ToolClass, tool::{RetryOwner, Tool}};
+    /// let t = Tool::new("search", ToolClass::Read, RetryOwner::Layer).dependency("orders-api");
+    /// assert_eq!(t.dependency.as_deref(), Some("orders-api"));
+    /// ```
+    pub fn dependency(mut self, name: impl Into<String>) -> Self {
+        self.dependency = Some(name.into());
+        self
+    }
+
     /// Sets the retry budget by name.
     ///
     /// ```

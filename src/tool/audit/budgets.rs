@@ -1,0 +1,31 @@
+//! The audit of budgets: a named budget drawn on by tools of different dependencies lets one
+//! dependency's outage spend the retries of the others (what a tool naming no budget never
+//! does: it draws on its dependency's own).
+
+use super::{Finding, Severity};
+use crate::tool::Toolbox;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One finding per named budget whose tools declare two or more dependencies.
+pub(super) fn findings(tb: &Toolbox, out: &mut Vec<Finding>) {
+    let mut dependencies: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for t in tb.tools() {
+        if let (Some(budget), Some(dependency)) = (&t.budget, &t.dependency) {
+            dependencies.entry(budget).or_default().insert(dependency);
+        }
+    }
+    for (budget, deps) in dependencies.into_iter().filter(|(_, d)| d.len() > 1) {
+        let named: Vec<String> = deps.iter().map(|d| format!("`{d}`")).collect();
+        out.push(Finding {
+            severity: Severity::Warning,
+            tool: format!("budgets.{budget}"),
+            code: "budget-across-dependencies",
+            message: format!(
+                "budget `{budget}` is drawn on by the tools of {} dependencies ({}): an outage of one spends the retries of the others, and the refusal blames `{budget}`.",
+                deps.len(),
+                named.join(", ")
+            ),
+            fix: "leave `budget` out (the tools of each dependency share that dependency's own), or declare a budget per dependency",
+        });
+    }
+}
