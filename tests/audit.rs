@@ -416,3 +416,29 @@ fn budget_across_dependencies() {
         "one dependency's tools may share a budget"
     );
 }
+
+#[test]
+fn scan_flags_clock_derived_keys_near_a_key() {
+    for maker in [
+        "SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis()",
+        "chrono::Utc::now().timestamp_millis()",
+        "Local::now().timestamp()",
+        "OffsetDateTime::now_utc().unix_timestamp()",
+        "Uuid::now_v7()",
+        "Ulid::new()",
+    ] {
+        let src = format!(
+            "let stamp = {maker};\nreq.header(\"idempotency-key\", format!(\"inv-{{stamp}}\"));"
+        );
+        assert_eq!(
+            stormguard::tool::scan(&[("a.rs", &src)], 3).len(),
+            1,
+            "{maker}"
+        );
+        let unrelated = format!("let started = {maker};\n");
+        assert!(
+            stormguard::tool::scan(&[("b.rs", &unrelated)], 3).is_empty(),
+            "{maker}"
+        );
+    }
+}
