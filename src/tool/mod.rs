@@ -16,6 +16,7 @@ mod audit;
 mod boxed;
 mod build;
 mod call;
+mod either;
 mod held;
 mod key_watch;
 #[cfg(feature = "rmcp")]

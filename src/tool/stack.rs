@@ -2,6 +2,7 @@
 
 use super::boxed::Boxed;
 use super::call::Call;
+use super::either::Either::{With, Without};
 use super::held::Book;
 use super::key_watch::KeyWatch;
 use super::parts::{KeyPart, RetryOwner, UnknownOutcome};
@@ -382,36 +383,49 @@ where
         if self.parts.receipt.is_some() && !self.codec.stores() {
             answer_not_stored(&self.parts.name);
         }
-        let mut below: Boxed<Call, S::Response> = Boxed::new(body);
-        if self.parts.policy.class() == crate::class::ToolClass::KeyedWrite
+        // The optional layers compose statically (a layer left out is a branch, not a box):
+        // the stack is boxed once, over the `Retry`.
+        let below = if self.parts.policy.class() == crate::class::ToolClass::KeyedWrite
             && self.parts.key.is_some()
         {
             // Whether the body reads the key it is given: one that never does cannot send it.
-            below = Boxed::new(KeyWatch {
-                inner: below,
+            With(KeyWatch {
+                inner: body,
                 tool: self.parts.name.clone(),
                 warned: Default::default(),
-            });
-        }
-        if let Some(quota) = &self.parts.quota {
-            below = Boxed::new(quota.layer(below));
-        }
-        if let Some(breaker) = &self.parts.breaker {
-            let layer = CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone());
-            below = Boxed::new(layer.layer(below));
-        }
-        if let Some(hedge) = &self.hedge {
-            let hedge = hedge.clone().with_classifier(classifier.clone());
-            below = Boxed::new(hedge.layer(below));
-        }
-        match (&self.parts.receipt, &self.parts.key) {
+            })
+        } else {
+            Without(body)
+        };
+        let below = match &self.parts.quota {
+            Some(quota) => With(quota.layer(below)),
+            None => Without(below),
+        };
+        let below = match &self.parts.breaker {
+            Some(breaker) => {
+                let layer =
+                    CircuitBreakerLayer::new(breaker.clone()).classifier(classifier.clone());
+                With(layer.layer(below))
+            }
+            None => Without(below),
+        };
+        let below = match &self.hedge {
+            Some(hedge) => With(
+                hedge
+                    .clone()
+                    .with_classifier(classifier.clone())
+                    .layer(below),
+            ),
+            None => Without(below),
+        };
+        let below = match (&self.parts.receipt, &self.parts.key) {
             (Some((store, config)), Some(key)) => {
                 let layer =
                     ReceiptGuardLayer::new(store.clone(), self.parts.policy.class(), key.clone())
                         .config(*config)
                         .classifier(classifier.clone())
                         .codec(self.codec.clone());
-                below = match self.parts.read_back {
+                With(match self.parts.read_back {
                     Some((attempts, within)) => {
                         let read_back = Bounded {
                             inner: self.read_back.clone(),
@@ -419,16 +433,16 @@ where
                             within,
                         };
                         let layer = layer.read_back(read_back, Consistency::Immediate);
-                        Boxed::new(layer.layer(below))
+                        With(layer.layer(below))
                     }
-                    None => Boxed::new(layer.layer(below)),
-                };
+                    None => Without(layer.layer(below)),
+                })
             }
             (None, Some(key)) => {
-                below = Boxed::new(SetIdempotencyKeyLayer::new(key.clone()).layer(below));
+                Without(With(SetIdempotencyKeyLayer::new(key.clone()).layer(below)))
             }
-            _ => {}
-        }
+            _ => Without(Without(below)),
+        };
         let retry = RetryLayer::new(self.parts.policy, self.parts.budget.clone())
             .name(self.parts.name.to_string())
             .classifier(says)
