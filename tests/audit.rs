@@ -442,3 +442,20 @@ fn scan_flags_clock_derived_keys_near_a_key() {
         );
     }
 }
+
+#[test]
+fn receipt_without_key() {
+    let mut t = keyed().receipt("pg", Some(86_400));
+    t.key = None;
+    let found = codes(vec![t]);
+    assert!(found.contains(&"receipt-without-key"), "{found:?}");
+    assert!(!codes(vec![keyed().receipt("pg", Some(86_400))]).contains(&"receipt-without-key"));
+}
+
+#[test]
+fn attempts_without_layer_retry() {
+    let t = Tool::new("search", ToolClass::Read, RetryOwner::Model).max_attempts(3);
+    assert_eq!(codes(vec![t]), ["attempts-without-layer-retry"]);
+    let layer = Tool::new("search", ToolClass::Read, RetryOwner::Layer).max_attempts(3);
+    assert!(codes(vec![layer]).is_empty());
+}

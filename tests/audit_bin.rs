@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-const CODES: [&str; 14] = [
+const CODES: [&str; 15] = [
     "keyed-write-without-key-source",
     "key-includes-free-text",
     "unkeyed-write-with-retries",
@@ -18,6 +18,7 @@ const CODES: [&str; 14] = [
     "step-in-key-of-reissued-write",
     "store-kind-not-built",
     "read-back-without-receipt",
+    "receipt-without-key",
 ];
 
 /// How often each code fires on the defective table (once unless listed).

@@ -984,7 +984,7 @@ fn tools_audit_your_tool_table() -> Result<(), stormguard::tool::SpecError> {
     let toolbox = Toolbox::from_toml_str(include_str!("../examples/tools.toml"))?;
     let audit = toolbox.audit();
     assert!(audit.has_errors());
-    assert_eq!(audit.findings.len(), 15);
+    assert_eq!(audit.findings.len(), 16);
     Ok(())
 }
 

@@ -116,35 +116,89 @@ impl<C> AnswerStatus<C> {
         }
     }
 
-    /// The failure a JSON answer says, where `said` (the wrapped classifier's reading) calls it
-    /// a success.
+    /// The failure an answer says (a JSON answer's status field, an HTTP response's status),
+    /// where `said` (the wrapped classifier's reading) calls it a success.
     fn overrules<Res: 'static>(&self, res: &Res, said: &Classification) -> Option<Classification> {
         if !matches!(said.verdict(), Verdict::Success | Verdict::Empty) {
             return None;
         }
-        let answer = (res as &dyn Any).downcast_ref::<Value>()?;
-        let c = answer_status(answer)?;
+        let (c, status) = answer_says(res as &dyn Any)?;
         if self.reports {
-            self.report(answer);
+            self.report(status);
         }
         Some(c)
     }
 
     #[cold]
-    fn report(&self, answer: &Value) {
-        let status = status_of(answer).unwrap_or(0);
+    fn report(&self, status: u16) {
         crate::telemetry::answer_status_overruled(&self.layer, status);
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 layer = %self.layer,
                 status,
-                "the tool's JSON answer says it failed (status {status}) and its classifier called \
+                "the tool's answer says it failed (status {status}) and its classifier called \
                  it a success: it is read as the failure it says (retried as one, no receipt \
-                 recorded); turn the HTTP response into JSON above the stormguard layers, or \
-                 give a classifier that reads the status"
+                 recorded); leave the layer on its default classifier (it reads the status), \
+                 or give one that reads it"
             );
         }
     }
+}
+
+/// What an answer says of itself: a JSON answer's status field ([`answer_status`]), an
+/// in-memory HTTP response's status and body (`http::Response` of `String`, `Vec<u8>`, `Bytes`,
+/// `()`, `Value`; a `reqwest::Response`'s status), as the default classifier reads them; with
+/// the status, for the report. `None` where it says no failure.
+fn answer_says(res: &dyn Any) -> Option<(Classification, u16)> {
+    if let Some(answer) = res.downcast_ref::<Value>() {
+        return Some((answer_status(answer)?, status_of(answer).unwrap_or(0)));
+    }
+    #[cfg(feature = "http")]
+    {
+        macro_rules! http_answers {
+            ($($body:ty),*) => {$(
+                if let Some(resp) = res.downcast_ref::<http::Response<$body>>() {
+                    let c = super::http::classify_answer(resp);
+                    return matches!(c.verdict(), Verdict::Failure(_))
+                        .then(|| (c, resp.status().as_u16()));
+                }
+            )*};
+        }
+        http_answers!(String, Vec<u8>, bytes::Bytes, (), Value);
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(resp) = res.downcast_ref::<reqwest::Response>() {
+        let c = super::http::classify_response(resp.status(), resp.headers());
+        return matches!(c.verdict(), Verdict::Failure(_)).then(|| (c, resp.status().as_u16()));
+    }
+    None
+}
+
+/// The dependency's own error in an answer [`answer_says`] reads as a failure.
+fn answer_says_error(res: &dyn Any) -> Option<ToolError> {
+    #[cfg(feature = "http")]
+    {
+        macro_rules! http_errors {
+            ($($body:ty),*) => {$(
+                if let Some(resp) = res.downcast_ref::<http::Response<$body>>() {
+                    return super::http::answer_error(resp);
+                }
+            )*};
+        }
+        http_errors!(String, Vec<u8>, bytes::Bytes, (), Value);
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(resp) = res.downcast_ref::<reqwest::Response>() {
+        return super::http::status_error(resp.status(), resp.headers());
+    }
+    let (c, status) = answer_says(res)?;
+    Some(
+        ToolError::new(c.code()?)
+            .with_class(c.failure_class()?)
+            .with_hint(format!(
+                "the tool's answer says status {status}, though its classifier called it a success"
+            )),
+    )
 }
 
 fn status_of(answer: &Value) -> Option<u16> {
@@ -176,16 +230,7 @@ where
         if let Some(theirs) = self.inner.dependency_error(response) {
             return Some(theirs);
         }
-        let answer = (response as &dyn Any).downcast_ref::<Value>()?;
-        let c = answer_status(answer)?;
-        let status = status_of(answer).unwrap_or(0);
-        Some(
-            ToolError::new(c.code()?)
-                .with_class(c.failure_class()?)
-                .with_hint(format!(
-                "the tool's answer says status {status}, though its classifier called it a success"
-            )),
-        )
+        answer_says_error(response as &dyn Any)
     }
 }
 

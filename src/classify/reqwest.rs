@@ -77,11 +77,18 @@ macro_rules! reqwest_classifiers {
                 result: &Result<$r::Response, E>,
             ) -> ClassifiedResponse<NeverClassifyEos> {
                 match result {
-                    Ok(resp) => ClassifiedResponse::Ready(classify_model_response(
-                        resp.status(),
-                        resp.headers(),
-                        resp.extensions().get::<ErrorBody>(),
-                    )),
+                    Ok(resp) => {
+                        let body = resp.extensions().get::<ErrorBody>();
+                        // Declared a model API, and its 429's body not read: on any path.
+                        if body.is_none() && resp.status() == http::StatusCode::TOO_MANY_REQUESTS {
+                            unread_quota_body(resp.url().path());
+                        }
+                        ClassifiedResponse::Ready(classify_model_response(
+                            resp.status(),
+                            resp.headers(),
+                            body,
+                        ))
+                    }
                     // A failure status a client turned into an error: this table reads it.
                     Err(e) => match model_status_error(e.as_dyn_error()) {
                         Some(c) => ClassifiedResponse::Ready(c),
@@ -133,7 +140,8 @@ reqwest_classifiers!(reqwest013);
 /// A 429 from a model API's answer path, read without its body: a spent quota
 /// (`insufficient_quota`, no wait fixes it) cannot be told from a rate limit, so it is retried
 /// as one. Said once per process (WARN) and counted (`stormguard_unread_quota_bodies_total`),
-/// with the fix: a `PeekErrorBodyLayer` under the retry, or the body read into memory.
+/// with the fix: a `PeekErrorBodyLayer` under the retry, or the body read into memory. Under
+/// `ModelApiClassifier`, a 429 on any path.
 #[inline]
 pub(crate) fn unread_model_429(status: http::StatusCode, path: &str) {
     if status == http::StatusCode::TOO_MANY_REQUESTS && crate::class::answer_path(path) {

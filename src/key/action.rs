@@ -108,9 +108,11 @@ impl Action {
         })
     }
 
-    /// [`task`](Self::task) for arguments that are JSON already, with one list of fields for
-    /// the key and the fingerprint (a declared tool's): the arguments are not written out and
-    /// read back, and the one digest is both.
+    /// [`task`](Self::task) for arguments that are JSON already (a declared tool's): the key
+    /// covers `fields`, the fingerprint every argument, so a repeat with other arguments (an
+    /// amount corrected, a second ticket for the same order) is refused
+    /// `idempotency_key_reused`, never answered with the first's receipt. The arguments are not
+    /// written out and read back.
     pub(crate) fn task_value(
         run: &str,
         step: &str,
@@ -119,10 +121,10 @@ impl Action {
         fields: &[&str],
     ) -> Result<Action, KeyError> {
         super::canonical::check_value(args)?;
-        let fingerprint = fingerprint_of(&pick(args, fields)?)?;
+        let identity = fingerprint_of(&pick(args, fields)?)?;
         Ok(Action {
-            key: IdempotencyKey::from_hash(run, step, tool, &fingerprint)?,
-            fingerprint,
+            key: IdempotencyKey::from_hash(run, step, tool, &identity)?,
+            fingerprint: fingerprint_of(args)?,
         })
     }
 
@@ -190,13 +192,14 @@ mod value_tests {
     }
 
     proptest! {
-        /// A declared tool's action from its JSON arguments is the one `Action::task` makes.
+        /// A declared tool's action from its JSON arguments is the one `Action::task` makes with
+        /// its key fields as the identity and every argument as the material.
         #[test]
         fn task_value_is_task(id in leaf(), other in leaf(), nested in proptest::collection::vec(leaf(), 0..4)) {
             let args = json!({ "id": id, "other": other, "nested": nested });
             for fields in [&["id"][..], &["id", "nested"][..], &["other", "id"][..]] {
                 let a = Action::task_value("run-1", "-", "t", &args, fields);
-                let b = Action::task("run-1", "-", "t", &args, fields, fields);
+                let b = Action::task("run-1", "-", "t", &args, fields, &["id", "other", "nested"]);
                 prop_assert_eq!(a, b);
             }
         }

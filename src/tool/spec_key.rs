@@ -6,8 +6,9 @@ use crate::key::{Action, KeyError};
 use std::sync::Arc;
 
 /// The idempotency key a declaration says: the run and the step if its parts name them (`-`
-/// where they do not), the tool's name always, and the named argument fields (a key of the
-/// run and the tool alone covers no argument; its fingerprint covers them all).
+/// where they do not), the tool's name always, and the named argument fields. Its fingerprint
+/// covers every argument: the same key with other arguments is refused
+/// `idempotency_key_reused` by the receipts, not answered with the first's result.
 #[derive(Clone, Debug)]
 pub(super) struct SpecKey {
     pub(super) tool: Arc<str>,
