@@ -98,12 +98,16 @@ async fn a_409_in_flight_is_waited_out_as_a_response_or_a_status_error() {
     }
 }
 
-/// A 422 to a key the body sent is the key's (used for other arguments): `idempotency_key_reused`,
-/// not retried, in both shapes.
+/// A 422 to a key sent before (the retry after a 502 that may have landed) is the key's (used
+/// for other arguments): `idempotency_key_reused`, not retried, in both shapes.
 #[tokio::test]
-async fn a_422_to_a_sent_key_is_the_keys_as_a_response_or_a_status_error() {
+async fn a_422_to_a_key_sent_before_is_the_keys_as_a_response_or_a_status_error() {
     for as_error in [false, true] {
-        let (addr, sent, _) = server::serve_keys(|_| server::status(422, &[])).await;
+        let (addr, sent, _) = server::serve_keys(|n| match n {
+            0 => server::status(502, &[]),
+            _ => server::status(422, &[]),
+        })
+        .await;
         let tools = invoice_tools();
         let mut invoice = tools
             .layer("send_invoice")
@@ -120,6 +124,39 @@ async fn a_422_to_a_sent_key_is_the_keys_as_a_response_or_a_status_error() {
             ErrorCode::IdempotencyKeyReused,
             "as_error {as_error}: {err}"
         );
-        assert_eq!(sent.load(Ordering::SeqCst), 1, "as_error {as_error}");
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "as_error {as_error}");
+    }
+}
+
+/// Mistake (the provider's, seen by the newcomer probe): a 409 "invoice already sent" or a 422
+/// "amount must be positive" answered to the key's first send is about the request, not an
+/// earlier one with the key: `conflict` and `invalid_argument`, sent once, never `in_progress`
+/// after three sends or `idempotency_key_reused`.
+#[tokio::test]
+async fn a_409_or_422_to_a_keys_first_send_is_the_requests_own() {
+    for (status, code) in [
+        (409, ErrorCode::Conflict),
+        (422, ErrorCode::InvalidArgument),
+    ] {
+        for as_error in [false, true] {
+            let (addr, sent, _) = server::serve_keys(move |_| server::status(status, &[])).await;
+            let tools = invoice_tools();
+            let mut invoice = tools
+                .layer("send_invoice")
+                .unwrap()
+                .layer(body(addr, as_error));
+            let err = call(
+                &mut invoice,
+                Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+            )
+            .await
+            .unwrap_err();
+            assert_eq!(err.code(), code, "{status} as_error {as_error}: {err}");
+            assert_eq!(
+                sent.load(Ordering::SeqCst),
+                1,
+                "{status} as_error {as_error}"
+            );
+        }
     }
 }

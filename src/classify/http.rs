@@ -54,7 +54,9 @@ use std::time::SystemTime;
 /// whether the request carried a key; it marks both ([`KeyConflict`](super::KeyConflict)) and the
 /// [`Retry`](crate::retry::Retry) decides: for a keyed write carrying its key a 409 is retried
 /// (with backoff, within its attempts), and a 422 under a key ends as `idempotency_key_reused`,
-/// not `invalid_argument` (which tells a model to reword and try again).
+/// not `invalid_argument` (which tells a model to reword and try again). Under receipts, the
+/// key's first send (no earlier request of the key recorded) is answered for itself: a 409 is
+/// `conflict`, a 422 `invalid_argument` (a provider's "already sent", "amount must be positive").
 ///
 /// **503 is ambiguous.** A provider may document 503 as "not processed", but a proxy in front of
 /// it (Envoy, a load balancer) answers 503 after an upstream reset on a request it had already

@@ -10,11 +10,22 @@ use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// The top-level fields a JSON answer carries an HTTP status in.
-const STATUS_FIELDS: &[&str] = &["status", "status_code", "statusCode", "http_status"];
+/// The top-level fields a JSON answer carries an HTTP status in, in the order they are read.
+const STATUS_FIELDS: &[&str] = &["status", "status_code", "statusCode", "http_status", "code"];
+
+/// The HTTP status a JSON object states: the first of [`STATUS_FIELDS`] holding an integer, or a
+/// string of three digits (`"503"`).
+fn stated_status(object: &serde_json::Map<String, Value>) -> Option<u64> {
+    STATUS_FIELDS.iter().find_map(|f| match object.get(*f)? {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) if s.len() == 3 && s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
+        _ => None,
+    })
+}
 
 /// What a JSON answer says of itself: the failure its HTTP status field (`status`,
-/// `status_code`, `statusCode` or `http_status`, an integer from 400 to 599) stands for, by the
+/// `status_code`, `statusCode`, `http_status` or `code`, the first that holds an integer or a
+/// three-digit string, from 400 to 599) stands for, by the
 /// table of [`HttpClassifier`](super::HttpClassifier) (404 and 410 stay "no such record"), with
 /// the two provider signals it reads from a body: a 429 whose `error.type` or `error.code` is
 /// `insufficient_quota` is a spent quota, and a 529 or an `overloaded_error` an overload. `None`
@@ -30,15 +41,16 @@ const STATUS_FIELDS: &[&str] = &["status", "status_code", "statusCode", "http_st
 /// let spent = json!({ "status_code": 429, "error": { "type": "insufficient_quota" } });
 /// assert_eq!(answer_status(&spent).unwrap().code(), Some(ErrorCode::QuotaExhausted));
 /// assert!(answer_status(&json!({ "status": "active", "id": 7 })).is_none());
+/// // A status folded as a string, or under `code`, says the same.
+/// assert_eq!(answer_status(&json!({ "status": "503" })).unwrap().code(), Some(ErrorCode::Unavailable));
+/// assert_eq!(answer_status(&json!({ "code": 502, "body": {} })).unwrap().code(), Some(ErrorCode::Unavailable));
+/// assert!(answer_status(&json!({ "code": "E1001" })).is_none());
 /// assert!(answer_status(&json!({ "status": 201 })).is_none());
 /// assert!(answer_status(&json!({ "status": 404 })).is_none()); // "no such record", not a failure
 /// ```
 pub fn answer_status(answer: &Value) -> Option<Classification> {
     let object = answer.as_object()?;
-    let status = STATUS_FIELDS
-        .iter()
-        .find_map(|f| object.get(*f)?.as_u64())
-        .filter(|s| (400..=599).contains(s))?;
+    let status = stated_status(object).filter(|s| (400..=599).contains(s))?;
     let said = |field: &str, what: &str| {
         let error = object.get("error");
         [field, "code"]
@@ -202,11 +214,7 @@ fn answer_says_error(res: &dyn Any) -> Option<ToolError> {
 }
 
 fn status_of(answer: &Value) -> Option<u16> {
-    let object = answer.as_object()?;
-    STATUS_FIELDS
-        .iter()
-        .find_map(|f| object.get(*f)?.as_u64())
-        .and_then(|s| u16::try_from(s).ok())
+    stated_status(answer.as_object()?).and_then(|s| u16::try_from(s).ok())
 }
 
 impl<Res: 'static, E, C> Classify<Res, E> for AnswerStatus<C>

@@ -164,6 +164,13 @@ impl OpState {
         self.keyed = false;
     }
 
+    /// The attempt under way was its key's first send (a fresh intent in the receipt store),
+    /// so a 409 or 422 it was answered is the request's own, not the key's: decided as a
+    /// request without a key, for this attempt only (as [`key_not_delivered`](Self::key_not_delivered)).
+    pub(crate) fn conflict_not_the_keys(&mut self) {
+        self.keyed = false;
+    }
+
     pub(crate) fn closed(&self) -> Option<ErrorCode> {
         self.closed
     }

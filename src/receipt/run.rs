@@ -289,8 +289,18 @@ where
         };
         // A 409 or 422 is the key's only if the key reached the provider: a declared tool's body
         // that never read it did not send it (the operation says so), and the answer is its own.
+        // Nor is it the key's on the key's first send (a fresh intent: no request of this key
+        // was ever recorded): a provider's 409 "already sent" or 422 "amount must be positive"
+        // to a first request is about the request, not an earlier one with the key.
         let conflict =
             conflict.filter(|_| self.op.as_ref().is_none_or(|op| op.with(|s| s.keyed())));
+        let conflict = match conflict {
+            Some(_) if !resumed => {
+                first_send_conflict(self.op.as_ref());
+                None
+            }
+            conflict => conflict,
+        };
         match plan(&result, verdict, conflict, &self.shared.codec) {
             Plan::Record(bytes) => {
                 if record(intent, &key, &bytes).await {
@@ -381,4 +391,16 @@ async fn not_stored<St: ReceiptStore>(intent: Intent<St>, key: &IdempotencyKey, 
     counted("receipt_not_stored");
     tracing::error!(key = %key, error = %why, "the result could not be encoded as a receipt; the intent stays pending");
     intent.release().await;
+}
+
+/// A 409 or 422 answered to its key's first send: the request's own answer. The retry above
+/// decides it as a request without a key (a conflict, invalid arguments), not as the key's.
+#[cold]
+fn first_send_conflict(op: Option<&crate::operation::Operation>) {
+    match op {
+        Some(op) => op.with(|s| s.conflict_not_the_keys()),
+        None => {
+            crate::operation::ledger::with_current(|s| s.conflict_not_the_keys());
+        }
+    }
 }

@@ -97,6 +97,9 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
             return ToolFuture::refused(err);
         }
         call.set_tool(&self.name);
+        if let Some(err) = arguments_as_a_string(call.args(), &self.name) {
+            return ToolFuture::refused(err);
+        }
         if let Some(field) = self
             .key_fields
             .iter()
@@ -238,4 +241,28 @@ impl Drop for Guard {
         };
         self.end(ending);
     }
+}
+
+/// A call whose arguments are a JSON string holding an object (`"{\"q\": \"x\"}"`, as a model
+/// API's tool call carries them, unparsed): sent as is, every field would be missing. Refused,
+/// naming the fix, and said once per tool.
+#[cold]
+fn string_arguments(tool: &str) -> ToolError {
+    tracing::warn!(
+        tool,
+        "a call's arguments are a JSON string, not an object (a model API's tool-call arguments, \
+         unparsed): refused; parse them with serde_json::from_str before Call::new"
+    );
+    ToolError::new(ErrorCode::InvalidArgument)
+        .with_retryable(false)
+        .with_hint(
+            "the arguments arrived as a JSON string, not an object: the caller must parse them (serde_json::from_str) before calling the tool",
+        )
+}
+
+fn arguments_as_a_string(args: &serde_json::Value, tool: &str) -> Option<ToolError> {
+    let text = args.as_str()?.trim_start();
+    let object = text.starts_with('{')
+        && serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object());
+    object.then(|| string_arguments(tool))
 }
