@@ -1,0 +1,248 @@
+//! The silent mistakes a newcomer probe found (issue 37), each against a real HTTP server on
+//! 127.0.0.1, with the remedy asserted: the crate reads what it can see (a status, the
+//! arguments, the shape of the call) over what it was told.
+#![cfg(feature = "reqwest")]
+
+mod support;
+
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use stormguard::classify::{ModelApiClassifier, OkIsSuccess};
+use stormguard::error::{BoxError, ErrorCode};
+use stormguard::tool::{Call, Stores, Toolbox, Tools};
+use support::call;
+use support::server::{self, serve_keys};
+use tower::{service_fn, Layer, Service};
+
+fn invoice_tools() -> Tools {
+    Toolbox::from_json_str(
+        r#"{
+        "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
+        "tools": [{
+            "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
+            "key": ["run", "tool", "id:invoice_id"],
+            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
+            "unknown_outcome": "escalate",
+            "backoff": { "base_ms": 1, "cap_ms": 2 }
+        }]
+    }"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap()
+}
+
+/// The invoice body: POSTs with the call's key, answers the status and body as read.
+fn invoice_body(
+    addr: SocketAddr,
+) -> impl Service<Call, Response = http::Response<String>, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    let client = reqwest::Client::new();
+    service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        async move {
+            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
+            let resp = client
+                .post(url)
+                .header("Idempotency-Key", key)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            Ok::<_, BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(resp.text().await?)?,
+            )
+        }
+    })
+}
+
+/// Mistake: `.classifier(OkIsSuccess)` (the docs' advice for JSON) on a body that answers an
+/// `http::Response`. A 503 before the work is the failure its status says: retried with the
+/// key, never stored as the receipt (before: the 503 became the receipt, every reissue was
+/// answered 503, and no invoice was ever sent). Said (WARN once) and counted.
+#[test]
+fn an_http_failure_under_ok_is_success_is_retried_not_a_receipt() {
+    let ((sent, reissue), counted) = support::counted::counting(async {
+        let (addr, sent, _) = serve_keys(|n| match n {
+            0 => server::status(503, &[]),
+            _ => server::status(201, &[]),
+        })
+        .await;
+        let tools = invoice_tools();
+        let mut invoice = tools
+            .layer("send_invoice")
+            .unwrap()
+            .classifier(OkIsSuccess)
+            .layer(invoice_body(addr));
+        let first = call(
+            &mut invoice,
+            Call::new("run-1", "step-2", json!({ "invoice_id": 7 })),
+        )
+        .await
+        .unwrap();
+        assert_eq!(first.status(), 201);
+        let again = call(
+            &mut invoice,
+            Call::new("run-1", "step-5", json!({ "invoice_id": 7 })),
+        )
+        .await
+        .unwrap();
+        (sent.load(Ordering::SeqCst), again.status())
+    });
+    assert_eq!(
+        sent, 2,
+        "the 503, then the invoice; the reissue is answered from its receipt"
+    );
+    assert_eq!(reissue, 201, "the receipt is the invoice, not the 503");
+    assert_eq!(counted.total("stormguard_answer_status_overruled_total"), 1);
+}
+
+/// Mistake: the model corrects the amount and reissues the invoice under the same key (or asks
+/// for a second, different invoice of the same id). The key is the same, the arguments are not:
+/// refused `idempotency_key_reused` (before: answered with the first invoice's receipt, "success").
+#[tokio::test]
+async fn other_arguments_under_one_key_are_refused_not_answered_from_the_receipt() {
+    let (addr, sent, _) = serve_keys(|_| server::status(201, &[])).await;
+    let tools = invoice_tools();
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .layer(invoice_body(addr));
+    let args = |amount: u32| json!({ "invoice_id": 7, "amount": amount });
+    call(&mut invoice, Call::new("run-1", "step-2", args(100)))
+        .await
+        .unwrap();
+    let err = call(&mut invoice, Call::new("run-1", "step-5", args(250)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused, "{err}");
+    assert!(err.hint().contains("other arguments"), "{}", err.hint());
+    // The same arguments, reissued (numbers as the model may write them): the receipt.
+    let same = json!({ "amount": 100.0, "invoice_id": 7 });
+    assert_eq!(
+        call(&mut invoice, Call::new("run-1", "step-6", same))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// Mistake: `ModelApiClassifier` over a body that answers `reqwest::Response`, without a
+/// `PeekErrorBodyLayer`: a spent quota's 429 cannot be read, and is retried as a rate limit. The
+/// crate says so (WARN once, `stormguard_unread_quota_bodies_total`), on any path.
+#[test]
+fn a_model_api_classifier_over_an_unread_429_says_so() {
+    let (sent, counted) = support::counted::counting(async {
+        let (addr, sent, _) =
+            serve_keys(|_| server::status(429, &[("content-type", "application/json")])).await;
+        let tools = Toolbox::from_json_str(
+            r#"{"tools": [{ "name": "model_chat", "class": "read", "retry": ["layer"],
+                            "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+        )
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let client = reqwest::Client::new();
+        let body = service_fn(move |_call: Call| {
+            let (client, url) = (client.clone(), format!("http://{addr}/proxy/llm"));
+            async move { Ok::<_, BoxError>(client.post(url).body("{}").send().await?) }
+        });
+        let mut chat = tools
+            .layer("model_chat")
+            .unwrap()
+            .classifier(ModelApiClassifier)
+            .layer(body);
+        let err = call(&mut chat, Call::new("run-1", "s1", json!({})))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::RateLimited, "{err}");
+        sent.load(Ordering::SeqCst)
+    });
+    assert!(sent > 1);
+    assert_eq!(
+        counted.total("stormguard_unread_quota_bodies_total"),
+        u64::from(sent)
+    );
+}
+
+/// Mistake: a model API's tool-call arguments passed on unparsed (a JSON string). Refused
+/// `invalid_argument` with the fix, nothing sent (before: sent with every field missing).
+#[tokio::test]
+async fn arguments_as_an_unparsed_json_string_are_refused() {
+    let (addr, sent, _) = serve_keys(|_| server::status(200, &[])).await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "search", "class": "read", "retry": ["layer"] }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let mut search = tools.layer("search").unwrap().layer(invoice_body(addr));
+    let args = Value::String(r#"{"q": "refund policy"}"#.into());
+    let err = call(&mut search, Call::new("run-1", "s1", args))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(
+        err.hint().contains("serde_json::from_str"),
+        "{}",
+        err.hint()
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 0);
+    // A plain string argument is not refused.
+    call(
+        &mut search,
+        Call::new("run-1", "s2", json!("refund policy")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+}
+
+/// Mistake: the status folded into JSON as `{"code": 503}` or `{"status": "503"}`: read as the
+/// failure it says, retried (before: the 503 was a success).
+#[tokio::test]
+async fn a_status_folded_as_code_or_as_a_string_is_read() {
+    for folded in [json!({ "code": 503 }), json!({ "status": "503" })] {
+        let (addr, sent, _) = serve_keys(|n| match n {
+            0 => server::status(503, &[]),
+            _ => server::status(200, &[]),
+        })
+        .await;
+        let tools = Toolbox::from_json_str(
+            r#"{"tools": [{ "name": "search", "class": "read", "retry": ["layer"],
+                            "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+        )
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let client = reqwest::Client::new();
+        let shape = folded.clone();
+        let body = service_fn(move |_call: Call| {
+            let (client, url, shape) = (client.clone(), format!("http://{addr}/"), shape.clone());
+            async move {
+                let status = client.get(url).send().await?.status().as_u16();
+                Ok::<_, BoxError>(if status == 200 {
+                    json!({ "hits": [] })
+                } else {
+                    shape
+                })
+            }
+        });
+        let mut search = tools
+            .layer("search")
+            .unwrap()
+            .classifier(OkIsSuccess)
+            .layer(body);
+        let answer = call(&mut search, Call::new("run-1", "s1", json!({})))
+            .await
+            .unwrap();
+        assert_eq!(answer, json!({ "hits": [] }), "{folded}");
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "{folded}");
+    }
+}
