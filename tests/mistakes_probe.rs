@@ -246,3 +246,49 @@ async fn a_status_folded_as_code_or_as_a_string_is_read() {
         assert_eq!(sent.load(Ordering::SeqCst), 2, "{folded}");
     }
 }
+
+/// Mistake: a ticket tool declared `read`, named without a write verb, its POST inside the body
+/// (where no layer sees the method). Its first answer, `201 Created`, says it creates: said (WARN
+/// once, `stormguard_class_from_evidence_total{evidence="created_answer"}`), and from then on its
+/// ambiguous failure is not resent: `outcome_unknown`, one ticket (before: three, "success").
+/// The call that taught it could not be told: the first answer is the evidence.
+#[test]
+fn a_read_that_answers_201_created_decides_as_a_write_from_then_on() {
+    let ((tickets, err), counted) = support::counted::counting(async {
+        let (addr, sent, _) = serve_keys(|n| match n {
+            0 => server::status(201, &[]),
+            1 => server::status(502, &[]),
+            _ => server::status(201, &[]),
+        })
+        .await;
+        let tools = Toolbox::from_json_str(
+            r#"{"tools": [{ "name": "support_ticket", "class": "read", "retry": ["layer"],
+                            "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+        )
+        .unwrap()
+        .build(Stores::new())
+        .unwrap();
+        let mut ticket = tools
+            .layer("support_ticket")
+            .unwrap()
+            .layer(invoice_body(addr));
+        let first = call(&mut ticket, Call::new("run-1", "s1", json!({ "order": 1 })))
+            .await
+            .unwrap();
+        assert_eq!(first.status(), 201);
+        let err = call(&mut ticket, Call::new("run-1", "s2", json!({ "order": 2 })))
+            .await
+            .unwrap_err();
+        (sent.load(Ordering::SeqCst), err)
+    });
+    assert_eq!(err.code(), ErrorCode::OutcomeUnknown, "{err}");
+    assert!(err.hint().contains("201 Created"), "{}", err.hint());
+    assert_eq!(tickets, 2, "the 502 after the second ticket is not resent");
+    let series = counted.series("stormguard_class_from_evidence_total");
+    assert!(
+        series
+            .iter()
+            .any(|(labels, _)| labels.contains(&"evidence=created_answer".to_owned())),
+        "{series:?}"
+    );
+}

@@ -44,6 +44,8 @@ enum Seen {
     KeyedMethod,
     /// A tool name that begins with the verb `WRITE_VERBS[i]`.
     WriteVerb(u8),
+    /// The tool answered `201 Created` (RFC 9110 §15.3.2): its calls create something.
+    CreatedAnswer,
 }
 
 /// The verbs whose tools create, send or pay for something: doing one twice does it twice.
@@ -102,6 +104,11 @@ impl Evidence {
         Some(Evidence(Seen::WriteVerb(u8::try_from(i).ok()?)))
     }
 
+    /// The evidence of a tool that answered `201 Created`: each call creates something.
+    pub(crate) fn created_answer() -> Evidence {
+        Evidence(Seen::CreatedAnswer)
+    }
+
     /// The verb of a tool name's evidence (`"create"`), `None` for a request's.
     pub fn verb(self) -> Option<&'static str> {
         match self.0 {
@@ -113,7 +120,9 @@ impl Evidence {
     /// The class the evidence implies.
     pub fn class(self) -> ToolClass {
         match self.0 {
-            Seen::UnkeyedMethod | Seen::WriteVerb(_) => ToolClass::UnkeyedWrite,
+            Seen::UnkeyedMethod | Seen::WriteVerb(_) | Seen::CreatedAnswer => {
+                ToolClass::UnkeyedWrite
+            }
             Seen::KeyedMethod => ToolClass::KeyedWrite,
         }
     }
@@ -137,7 +146,7 @@ impl Evidence {
             return declared;
         }
         let seen = match self.0 {
-            Seen::WriteVerb(_) if keyed => ToolClass::KeyedWrite,
+            Seen::WriteVerb(_) | Seen::CreatedAnswer if keyed => ToolClass::KeyedWrite,
             _ => self.class(),
         };
         declared.strictest(seen)
@@ -165,12 +174,14 @@ impl Evidence {
         (!alike).then_some(seen)
     }
 
-    /// A short label for metrics and logs: `unkeyed_method`, `keyed_method`, `write_verb`.
+    /// A short label for metrics and logs: `unkeyed_method`, `keyed_method`, `write_verb`,
+    /// `created_answer`.
     pub fn as_str(self) -> &'static str {
         match self.0 {
             Seen::UnkeyedMethod => "unkeyed_method",
             Seen::KeyedMethod => "keyed_method",
             Seen::WriteVerb(_) => "write_verb",
+            Seen::CreatedAnswer => "created_answer",
         }
     }
 
@@ -189,6 +200,7 @@ impl Evidence {
                     self.verb().unwrap_or("?")
                 )
             }
+            Seen::CreatedAnswer => "a tool that answered 201 Created (it creates)".to_owned(),
         }
     }
 }

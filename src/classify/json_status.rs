@@ -102,6 +102,9 @@ pub struct AnswerStatus<C> {
     /// Whether this copy reports (one per stack, so that a call counts once).
     reports: bool,
     warned: Arc<AtomicBool>,
+    /// A declared read's flag, set when it answers `201 Created` (the tool's `Retry` then
+    /// weighs its calls as a write's), with the declared class.
+    creates: Option<(Arc<AtomicBool>, crate::class::ToolClass)>,
 }
 
 impl<C> AnswerStatus<C> {
@@ -113,6 +116,32 @@ impl<C> AnswerStatus<C> {
             layer: layer.into(),
             reports: true,
             warned: Arc::new(AtomicBool::new(false)),
+            creates: None,
+        }
+    }
+
+    /// Sets `creates` when an answer says `201 Created` (a tool declared `declared`, a read,
+    /// that creates something), said once and counted.
+    pub(crate) fn watching_creates(
+        mut self,
+        creates: Arc<AtomicBool>,
+        declared: crate::class::ToolClass,
+    ) -> Self {
+        self.creates = Some((creates, declared));
+        self
+    }
+
+    /// Notes a `201 Created` answer of a tool that is not declared to create.
+    #[inline]
+    fn watch_created<Res: 'static>(&self, res: &Res) {
+        let Some((creates, declared)) = &self.creates else {
+            return;
+        };
+        if creates.load(Ordering::Relaxed) || http_status(res as &dyn Any) != Some(201) {
+            return;
+        }
+        if !creates.swap(true, Ordering::Relaxed) {
+            created(&self.layer, *declared);
         }
     }
 
@@ -213,6 +242,43 @@ fn answer_says_error(res: &dyn Any) -> Option<ToolError> {
     )
 }
 
+/// A tool declared `declared` answered `201 Created`: from now on it decides as a write.
+#[cold]
+fn created(layer: &str, declared: crate::class::ToolClass) {
+    let to = crate::class::ToolClass::UnkeyedWrite;
+    crate::telemetry::class_from_evidence(declared, to, "created_answer");
+    tracing::warn!(
+        layer,
+        declared = declared.as_str(),
+        "the tool answered 201 Created, so its calls create something, and it is declared \
+         {declared}: from now on an ambiguous failure of it is not resent (decided as an unkeyed \
+         write); declare its class (a keyed write with a key the provider dedupes), or \
+         trust_class = true if resending it is safe",
+        declared = declared.as_str()
+    );
+}
+
+/// The HTTP status of an in-memory HTTP answer (the types [`answer_says`] reads).
+fn http_status(res: &dyn Any) -> Option<u16> {
+    #[cfg(feature = "http")]
+    {
+        macro_rules! statuses {
+            ($($body:ty),*) => {$(
+                if let Some(resp) = res.downcast_ref::<http::Response<$body>>() {
+                    return Some(resp.status().as_u16());
+                }
+            )*};
+        }
+        statuses!(String, Vec<u8>, bytes::Bytes, (), Value);
+    }
+    #[cfg(feature = "reqwest")]
+    if let Some(resp) = res.downcast_ref::<reqwest::Response>() {
+        return Some(resp.status().as_u16());
+    }
+    let _ = res;
+    None
+}
+
 fn status_of(answer: &Value) -> Option<u16> {
     stated_status(answer.as_object()?).and_then(|s| u16::try_from(s).ok())
 }
@@ -228,7 +294,10 @@ where
         match result {
             Ok(res) => match self.overrules(res, &said) {
                 Some(c) => ClassifiedResponse::Ready(c),
-                None => ClassifiedResponse::Ready(said),
+                None => {
+                    self.watch_created(res);
+                    ClassifiedResponse::Ready(said)
+                }
             },
             Err(_) => ClassifiedResponse::Ready(said),
         }

@@ -36,6 +36,9 @@ pub struct RetryLayer<C = DefaultClassifier, R = DefaultReplay> {
     answers_as_errors: bool,
     /// What the tool's name shows (a toolbox's layer), weighed when the request shows nothing.
     named: Option<Evidence>,
+    /// Set once the tool answered `201 Created` (a toolbox's read or idempotent write): from
+    /// then on its calls are weighed as a write's.
+    creates: Option<Arc<AtomicBool>>,
 }
 
 /// How a layer takes part in the operation it is called in.
@@ -84,6 +87,7 @@ impl RetryLayer {
             trust: false,
             answers_as_errors: false,
             named: None,
+            creates: None,
         }
     }
 }
@@ -217,6 +221,13 @@ impl<C, R> RetryLayer<C, R> {
         self
     }
 
+    /// Weighs the tool's calls as a write's once `creates` is set (by the stack's classifier,
+    /// when the tool answered `201 Created`).
+    pub(crate) fn learns_creates(mut self, creates: Arc<AtomicBool>) -> Self {
+        self.creates = Some(creates);
+        self
+    }
+
     /// Sets how the layer takes part in operations (for the tool stack).
     pub(crate) fn role(mut self, role: Role) -> Self {
         self.role = role;
@@ -235,6 +246,7 @@ impl<C, R> RetryLayer<C, R> {
             trust: self.trust,
             answers_as_errors: self.answers_as_errors,
             named: self.named,
+            creates: self.creates,
         }
     }
 
@@ -250,6 +262,7 @@ impl<C, R> RetryLayer<C, R> {
             trust: self.trust,
             answers_as_errors: self.answers_as_errors,
             named: self.named,
+            creates: self.creates,
         }
     }
 }
@@ -269,6 +282,7 @@ impl<S: Clone, C: Clone, R: Clone> Layer<S> for RetryLayer<C, R> {
             trust: self.trust,
             answers_as_errors: self.answers_as_errors,
             named: self.named,
+            creates: self.creates.clone(),
             warned: AtomicBool::new(false),
             acceptance: Arc::new(Acceptance::new(
                 self.budget.next_seed(),

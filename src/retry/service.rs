@@ -93,6 +93,8 @@ pub(crate) struct Retrier<S, C, R> {
     pub(crate) answers_as_errors: bool,
     /// What the tool's name shows, weighed when the request shows nothing.
     pub(crate) named: Option<Evidence>,
+    /// Set once the tool answered `201 Created` (see `RetryLayer::learns_creates`).
+    pub(crate) creates: Option<Arc<AtomicBool>>,
     /// The WARN that evidence overruled the declared class has been logged.
     pub(crate) warned: AtomicBool,
     /// How much of its recent traffic the dependency below answered (see
@@ -112,7 +114,10 @@ impl<S, C, R> Retrier<S, C, R> {
         if self.trust {
             return None;
         }
-        self.replay.evidence(req).or(self.named)
+        self.replay.evidence(req).or(self.named).or_else(|| {
+            let creates = self.creates.as_ref()?.load(Ordering::Relaxed);
+            creates.then(Evidence::created_answer)
+        })
     }
 
     /// The evidence overruled the declared class: said out loud, once per layer, and counted.
@@ -406,6 +411,7 @@ impl<S: Clone, C: Clone, R: Clone> Retry<S, C, R> {
             trust: retrier.trust,
             answers_as_errors: retrier.answers_as_errors,
             named: retrier.named,
+            creates: retrier.creates.clone(),
             warned: AtomicBool::new(retrier.warned.load(Ordering::Relaxed)),
             acceptance: retrier.acceptance.clone(),
         });

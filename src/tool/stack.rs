@@ -379,6 +379,16 @@ where
         // that folds a 503 into `{"status": 503}` under `OkIsSuccess` is a 503, not a receipt.
         // The retry's copy reports; the others overrule silently (one call counts once).
         let says = AnswerStatus::new(self.classifier.clone(), self.parts.name.clone());
+        // A read that answers `201 Created` creates something: from then on its `Retry` weighs
+        // its calls as a write's (unless the table trusts its class). An idempotent write may
+        // answer 201 (a PUT that made the resource): no disagreement there.
+        let declared = self.parts.policy.class();
+        let creates = (declared == crate::class::ToolClass::Read && !self.parts.tool.trust_class)
+            .then(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        let says = match &creates {
+            Some(flag) => says.watching_creates(flag.clone(), declared),
+            None => says,
+        };
         let classifier = says.silent();
         if self.parts.receipt.is_some() && !self.codec.stores() {
             answer_not_stored(&self.parts.name);
@@ -448,6 +458,10 @@ where
             .classifier(says)
             .role(self.parts.role)
             .answers_as_errors();
+        let retry = match creates {
+            Some(flag) => retry.learns_creates(flag),
+            None => retry,
+        };
         // The tool's name is evidence too: a `create_ticket` declared a read decides as the
         // write it says it is, unless the table trusts its class.
         let retry = match self.parts.tool.trust_class {
