@@ -101,9 +101,10 @@ fn an_http_failure_under_ok_is_success_is_retried_not_a_receipt() {
     assert_eq!(counted.total("stormguard_answer_status_overruled_total"), 1);
 }
 
-/// Mistake: the model corrects the amount and reissues the invoice under the same key (or asks
-/// for a second, different invoice of the same id). The key is the same, the arguments are not:
-/// refused `idempotency_key_reused` (before: answered with the first invoice's receipt, "success").
+/// Mistake: the model corrects the amount and reissues the invoice under the same key. The key
+/// is the same, the amount is not: refused `idempotency_key_reused` (before: answered with the
+/// first invoice's receipt, "success"). Reworded free text is the same action (a resume's model
+/// writes the email again): answered from the receipt.
 #[tokio::test]
 async fn other_arguments_under_one_key_are_refused_not_answered_from_the_receipt() {
     let (addr, sent, _) = serve_keys(|_| server::status(201, &[])).await;
@@ -121,8 +122,8 @@ async fn other_arguments_under_one_key_are_refused_not_answered_from_the_receipt
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::IdempotencyKeyReused, "{err}");
     assert!(err.hint().contains("other arguments"), "{}", err.hint());
-    // The same arguments, reissued (numbers as the model may write them): the receipt.
-    let same = json!({ "amount": 100.0, "invoice_id": 7 });
+    // The same amount, reissued (as the model may write it, with a note reworded): the receipt.
+    let same = json!({ "amount": 100.0, "invoice_id": 7, "note": "reworded" });
     assert_eq!(
         call(&mut invoice, Call::new("run-1", "step-6", same))
             .await
@@ -291,4 +292,31 @@ fn a_read_that_answers_201_created_decides_as_a_write_from_then_on() {
             .any(|(labels, _)| labels.contains(&"evidence=created_answer".to_owned())),
         "{series:?}"
     );
+}
+
+/// Mistake (the model's): the invoice id written `4471`, then `"4471"` at a later step. An
+/// identifier is read as one: one key, the reissue answered from the receipt, one invoice
+/// (before: two keys, two invoices).
+#[tokio::test]
+async fn an_id_written_as_a_number_then_a_string_is_one_action() {
+    let (addr, sent, keys) = serve_keys(|_| server::status(201, &[])).await;
+    let tools = invoice_tools();
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .layer(invoice_body(addr));
+    for (step, id) in [
+        ("step-2", json!(4471)),
+        ("step-5", json!("4471")),
+        ("step-6", json!(" 4471 ")),
+    ] {
+        let answer = call(
+            &mut invoice,
+            Call::new("run-1", step, json!({ "invoice_id": id })),
+        )
+        .await
+        .unwrap();
+        assert_eq!(answer.status(), 201);
+    }
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "{:?}", keys.lock().unwrap());
 }

@@ -28,6 +28,54 @@ fn fingerprint_of(value: &serde_json::Value) -> Result<String, KeyError> {
     digest_hex(value)
 }
 
+/// An identifier as the key reads it, where that differs from how it was written: a string
+/// holding an integer is that integer (`"4471"` is `4471`: the model writes an id either way),
+/// and surrounding whitespace is not part of an identifier (`" 4471"`). `None`: as written.
+pub(super) fn normalized_id(value: &serde_json::Value) -> Option<serde_json::Value> {
+    let serde_json::Value::String(s) = value else {
+        return None;
+    };
+    let t = s.trim();
+    if let Ok(n) = t.parse::<u64>() {
+        return Some(n.into());
+    }
+    if let Ok(n) = t.parse::<i64>() {
+        return Some(n.into());
+    }
+    (t.len() != s.len()).then(|| t.into())
+}
+
+/// `args` with its identifier fields `fields` normalized ([`normalized_id`]); `None` where none
+/// changes (the common case: no copy).
+fn with_ids_normalized(args: &serde_json::Value, fields: &[&str]) -> Option<serde_json::Value> {
+    let object = args.as_object()?;
+    if !fields
+        .iter()
+        .any(|f| object.get(*f).and_then(normalized_id).is_some())
+    {
+        return None;
+    }
+    let mut copy = object.clone();
+    for f in fields {
+        if let Some(v) = copy.get_mut(*f) {
+            if let Some(n) = normalized_id(v) {
+                *v = n;
+            }
+        }
+    }
+    Some(serde_json::Value::Object(copy))
+}
+
+/// The named identifier fields of `args` ([`pick`]), each normalized ([`normalized_id`]):
+/// what a key covers.
+pub(super) fn pick_ids(
+    args: &serde_json::Value,
+    fields: &[&str],
+) -> Result<serde_json::Value, KeyError> {
+    let picked = pick(args, fields)?;
+    Ok(with_ids_normalized(&picked, fields).unwrap_or(picked))
+}
+
 /// The named top-level fields of `args`, each required (a missing field is an error, never
 /// `null`).
 pub(super) fn pick(
@@ -102,17 +150,20 @@ impl Action {
         material: &[&str],
     ) -> Result<Action, KeyError> {
         let value = to_value(args)?;
+        let material = pick(&value, material)?;
+        let material = with_ids_normalized(&material, identity).unwrap_or(material);
         Ok(Action {
             key: IdempotencyKey::derive_fields(run, step, tool, &value, identity)?,
-            fingerprint: fingerprint_of(&pick(&value, material)?)?,
+            fingerprint: fingerprint_of(&material)?,
         })
     }
 
     /// [`task`](Self::task) for arguments that are JSON already (a declared tool's): the key
-    /// covers `fields`, the fingerprint every argument, so a repeat with other arguments (an
-    /// amount corrected, a second ticket for the same order) is refused
-    /// `idempotency_key_reused`, never answered with the first's receipt. The arguments are not
-    /// written out and read back.
+    /// covers `fields`, the fingerprint those and every top-level number and boolean (an
+    /// amount, a quantity, a flag), so a repeat that changes one (an amount corrected) is
+    /// refused `idempotency_key_reused`, never answered with the first's receipt, while free
+    /// text the model rewords on a resume (a string) is neither. The arguments are not written
+    /// out and read back.
     pub(crate) fn task_value(
         run: &str,
         step: &str,
@@ -121,10 +172,22 @@ impl Action {
         fields: &[&str],
     ) -> Result<Action, KeyError> {
         super::canonical::check_value(args)?;
-        let identity = fingerprint_of(&pick(args, fields)?)?;
+        let ids = pick_ids(args, fields)?;
+        let identity = fingerprint_of(&ids)?;
+        let mut material = match ids {
+            serde_json::Value::Object(ids) => ids,
+            _ => serde_json::Map::new(),
+        };
+        if let Some(object) = args.as_object() {
+            for (k, v) in object {
+                if (v.is_number() || v.is_boolean()) && !material.contains_key(k) {
+                    material.insert(k.clone(), v.clone());
+                }
+            }
+        }
         Ok(Action {
             key: IdempotencyKey::from_hash(run, step, tool, &identity)?,
-            fingerprint: fingerprint_of(args)?,
+            fingerprint: fingerprint_of(&serde_json::Value::Object(material))?,
         })
     }
 
@@ -193,13 +256,16 @@ mod value_tests {
 
     proptest! {
         /// A declared tool's action from its JSON arguments is the one `Action::task` makes with
-        /// its key fields as the identity and every argument as the material.
+        /// its key fields as the identity and those, the numbers and the booleans as the material.
         #[test]
         fn task_value_is_task(id in leaf(), other in leaf(), nested in proptest::collection::vec(leaf(), 0..4)) {
             let args = json!({ "id": id, "other": other, "nested": nested });
             for fields in [&["id"][..], &["id", "nested"][..], &["other", "id"][..]] {
                 let a = Action::task_value("run-1", "-", "t", &args, fields);
-                let b = Action::task("run-1", "-", "t", &args, fields, &["id", "other", "nested"]);
+                let scalars = ["id", "other"].into_iter().filter(|f| args[*f].is_number() || args[*f].is_boolean());
+                let mut material: Vec<&str> = fields.to_vec();
+                material.extend(scalars.filter(|f| !fields.contains(f)));
+                let b = Action::task("run-1", "-", "t", &args, fields, &material);
                 prop_assert_eq!(a, b);
             }
         }

@@ -204,14 +204,19 @@ impl IdempotencyKey {
     /// The key covering only the named top-level fields of `args`: for task-shaped tools whose
     /// other fields (free text) may be reworded. `args` must be a JSON object holding every named
     /// field (a field that is there with the value `null` counts); a missing or misspelled field
-    /// is an error, never `null`, so two actions that lack it cannot share a key.
+    /// is an error, never `null`, so two actions that lack it cannot share a key. The fields are
+    /// identifiers, read as such: a string holding an integer is that integer and surrounding
+    /// whitespace is dropped, so the model writing `"4471"` one time and `4471` the next is one
+    /// action, not two.
     ///
     /// ```
     /// use serde_json::json;
     /// use stormguard::key::IdempotencyKey;
     ///
     /// let args = json!({"invoice_id": 4471, "body": "Dear customer"});
-    /// assert!(IdempotencyKey::derive_fields("run-1", "step-2", "send", &args, &["invoice_id"]).is_ok());
+    /// let key = IdempotencyKey::derive_fields("run-1", "step-2", "send", &args, &["invoice_id"]).unwrap();
+    /// let drifted = json!({"invoice_id": " 4471", "body": "Hello"});
+    /// assert_eq!(IdempotencyKey::derive_fields("run-1", "step-2", "send", &drifted, &["invoice_id"]).unwrap(), key);
     /// let err = IdempotencyKey::derive_fields("run-1", "step-2", "send", &args, &["invoice"]).unwrap_err();
     /// assert_eq!(err.part(), "args");
     /// assert!(IdempotencyKey::derive_fields("run-1", "step-2", "send", &4471, &["invoice_id"]).is_err());
@@ -224,7 +229,7 @@ impl IdempotencyKey {
         fields: &[&str],
     ) -> Result<IdempotencyKey, KeyError> {
         let value = to_value(args)?;
-        Self::from_value(run, step, tool, &action::pick(&value, fields)?)
+        Self::from_value(run, step, tool, &action::pick_ids(&value, fields)?)
     }
 
     /// Wraps a key made elsewhere (for example read back from a header): 1 to 255 bytes of

@@ -6,9 +6,10 @@ use crate::key::{Action, KeyError};
 use std::sync::Arc;
 
 /// The idempotency key a declaration says: the run and the step if its parts name them (`-`
-/// where they do not), the tool's name always, and the named argument fields. Its fingerprint
-/// covers every argument: the same key with other arguments is refused
-/// `idempotency_key_reused` by the receipts, not answered with the first's result.
+/// where they do not), the tool's name always, and the named argument fields (identifiers:
+/// `"4471"` is `4471`). Its fingerprint covers those and every top-level number and boolean:
+/// the same key with another amount is refused `idempotency_key_reused` by the receipts, not
+/// answered with the first's result; reworded free text (a string) is the same action.
 #[derive(Clone, Debug)]
 pub(super) struct SpecKey {
     pub(super) tool: Arc<str>,
