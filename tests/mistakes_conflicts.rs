@@ -10,28 +10,10 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use stormguard::error::{BoxError, ErrorCode};
-use stormguard::tool::{Call, Stores, Toolbox, Tools};
+use stormguard::tool::Call;
 use support::call;
 use support::server;
 use tower::{service_fn, Layer, Service};
-
-fn invoice_tools() -> Tools {
-    Toolbox::from_json_str(
-        r#"{
-        "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
-        "tools": [{
-            "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
-            "key": ["run", "tool", "id:invoice_id"], "max_attempts": 4,
-            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
-            "unknown_outcome": "escalate",
-            "backoff": { "base_ms": 1, "cap_ms": 2 }
-        }]
-    }"#,
-    )
-    .unwrap()
-    .build(Stores::new())
-    .unwrap()
-}
 
 /// The invoice body: POSTs with the call's key; `as_error` turns a failure status into an `Err`
 /// first (`error_for_status()`), else it answers the status.
@@ -77,7 +59,7 @@ async fn a_409_in_flight_is_waited_out_as_a_response_or_a_status_error() {
             _ => server::status(200, &[]),
         })
         .await;
-        let tools = invoice_tools();
+        let tools = support::invoice::invoice_tools(Some(4));
         let mut invoice = tools
             .layer("send_invoice")
             .unwrap()
@@ -108,7 +90,7 @@ async fn a_422_to_a_key_sent_before_is_the_keys_as_a_response_or_a_status_error(
             _ => server::status(422, &[]),
         })
         .await;
-        let tools = invoice_tools();
+        let tools = support::invoice::invoice_tools(Some(4));
         let mut invoice = tools
             .layer("send_invoice")
             .unwrap()
@@ -140,7 +122,7 @@ async fn a_409_or_422_to_a_keys_first_send_is_the_requests_own() {
     ] {
         for as_error in [false, true] {
             let (addr, sent, _) = server::serve_keys(move |_| server::status(status, &[])).await;
-            let tools = invoice_tools();
+            let tools = support::invoice::invoice_tools(Some(4));
             let mut invoice = tools
                 .layer("send_invoice")
                 .unwrap()

@@ -10,28 +10,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use stormguard::classify::{ModelApiClassifier, OkIsSuccess};
 use stormguard::error::{BoxError, ErrorCode};
-use stormguard::tool::{Call, Stores, Toolbox, Tools};
+use stormguard::tool::{Call, Stores, Toolbox};
 use support::call;
 use support::server::{self, serve_keys};
 use tower::{service_fn, Layer, Service};
-
-fn invoice_tools() -> Tools {
-    Toolbox::from_json_str(
-        r#"{
-        "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
-        "tools": [{
-            "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
-            "key": ["run", "tool", "id:invoice_id"],
-            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
-            "unknown_outcome": "escalate",
-            "backoff": { "base_ms": 1, "cap_ms": 2 }
-        }]
-    }"#,
-    )
-    .unwrap()
-    .build(Stores::new())
-    .unwrap()
-}
 
 /// The invoice body: POSTs with the call's key, answers the status and body as read.
 fn invoice_body(
@@ -72,7 +54,7 @@ fn an_http_failure_under_ok_is_success_is_retried_not_a_receipt() {
             _ => server::status(201, &[]),
         })
         .await;
-        let tools = invoice_tools();
+        let tools = support::invoice::invoice_tools(None);
         let mut invoice = tools
             .layer("send_invoice")
             .unwrap()
@@ -108,7 +90,7 @@ fn an_http_failure_under_ok_is_success_is_retried_not_a_receipt() {
 #[tokio::test]
 async fn other_arguments_under_one_key_are_refused_not_answered_from_the_receipt() {
     let (addr, sent, _) = serve_keys(|_| server::status(201, &[])).await;
-    let tools = invoice_tools();
+    let tools = support::invoice::invoice_tools(None);
     let mut invoice = tools
         .layer("send_invoice")
         .unwrap()
@@ -300,7 +282,7 @@ fn a_read_that_answers_201_created_decides_as_a_write_from_then_on() {
 #[tokio::test]
 async fn an_id_written_as_a_number_then_a_string_is_one_action() {
     let (addr, sent, keys) = serve_keys(|_| server::status(201, &[])).await;
-    let tools = invoice_tools();
+    let tools = support::invoice::invoice_tools(None);
     let mut invoice = tools
         .layer("send_invoice")
         .unwrap()

@@ -121,25 +121,6 @@ fn a_model_429_read_without_its_body_is_said_out_loud() {
     );
 }
 
-/// The invoice tool of the two tests below: a keyed write with receipts, retried by the layer.
-fn invoice_tools() -> stormguard::tool::Tools {
-    Toolbox::from_json_str(
-        r#"{
-        "stores": { "receipts": { "kind": "memory", "retention_secs": 604800 } },
-        "tools": [{
-            "name": "send_invoice", "class": "keyed_write", "retry": ["layer"],
-            "key": ["run", "tool", "id:invoice_id"],
-            "receipt": { "store": "receipts", "provider_key_window_secs": 86400 },
-            "unknown_outcome": "escalate",
-            "backoff": { "base_ms": 1, "cap_ms": 2 }
-        }]
-    }"#,
-    )
-    .unwrap()
-    .build(Stores::new())
-    .unwrap()
-}
-
 /// Mistake: the invoice's body forgets to send `call.key()` as the provider's Idempotency-Key,
 /// and the provider answers 502 after creating the invoice. The body never read the key, so it
 /// cannot have reached the provider: the 502 is not retried as a keyed write's would be; one
@@ -152,7 +133,7 @@ fn a_keyed_write_whose_body_never_reads_its_key_is_not_retried() {
             _ => server::status(200, &[]),
         })
         .await;
-        let tools = invoice_tools();
+        let tools = support::invoice::invoice_tools(None);
         // The mistake: the body sends no `Idempotency-Key` (see `keyless_body`).
         let mut invoice = tools
             .layer("send_invoice")
@@ -183,7 +164,7 @@ async fn a_keyed_write_whose_body_sends_its_key_is_retried_with_it() {
         _ => server::status(200, &[]),
     })
     .await;
-    let tools = invoice_tools();
+    let tools = support::invoice::invoice_tools(None);
     let client = reqwest::Client::new();
     let body = service_fn(move |call: Call| {
         let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
@@ -276,7 +257,7 @@ async fn a_keyless_keyed_write_without_receipts_is_held_for_its_reissue() {
 #[tokio::test]
 async fn a_422_to_a_key_never_sent_is_not_read_as_the_keys() {
     let (addr, sent) = serve(|_| server::status(422, &[])).await;
-    let tools = invoice_tools();
+    let tools = support::invoice::invoice_tools(None);
     let mut invoice = tools
         .layer("send_invoice")
         .unwrap()
@@ -300,7 +281,7 @@ async fn an_attempt_refused_before_reading_the_key_leaves_the_retry_keyed() {
         _ => server::status(200, &[]),
     })
     .await;
-    let tools = invoice_tools();
+    let tools = support::invoice::invoice_tools(None);
     let attempts = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let client = reqwest::Client::new();
     let body = service_fn(move |call: Call| {

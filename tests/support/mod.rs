@@ -4,6 +4,7 @@
 pub mod counted;
 #[cfg(feature = "redis")]
 pub mod fleet;
+pub mod invoice;
 pub mod logs;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod receipts;
