@@ -115,3 +115,96 @@ fn the_readme_shows_the_binarys_own_output() {
         );
     }
 }
+
+/// The codes the audit gives one tool, in a JSON audit.
+fn codes_of(v: &serde_json::Value, tool: &str) -> Vec<String> {
+    v["audit"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["tool"] == tool)
+        .map(|f| f["code"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_clean_table_against_the_servers_tools_list_finds_the_renamed_and_the_undeclared() {
+    // The server renamed `book_shipment` to `book_shipments` and added `delete_customer`: the
+    // table alone passes, the table against the server's answer does not.
+    let (code, json) = run(&[
+        "examples/tools-clean.toml",
+        "--mcp",
+        "examples/mcp-tools-list.json",
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(codes_of(&v, "book_shipment"), ["declared-not-listed"]);
+    let renamed = codes_of(&v, "book_shipments");
+    assert!(
+        renamed.contains(&"listed-not-declared".to_owned())
+            && renamed.contains(&"write-without-receipt".to_owned()),
+        "{renamed:?}"
+    );
+    let undeclared = codes_of(&v, "delete_customer");
+    assert!(
+        undeclared.contains(&"write-without-receipt".to_owned()),
+        "{undeclared:?}"
+    );
+    // Every tool the server lists under its declared name adds nothing.
+    for tool in [
+        "search_docs",
+        "fetch_invoice",
+        "send_invoice",
+        "charge_card",
+    ] {
+        assert_eq!(codes_of(&v, tool), Vec::<String>::new(), "{tool}");
+    }
+}
+
+#[test]
+fn the_servers_annotations_overrule_the_tables_and_a_bad_answer_exits_2() {
+    let dir = std::env::temp_dir().join(format!("sg-audit-mcp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The table calls fetch_invoice a read; the server's own answer says it is destructive.
+    let list = dir.join("list.json");
+    std::fs::write(
+        &list,
+        r#"{"tools": [{"name": "fetch_invoice", "annotations": {"destructiveHint": true}}]}"#,
+    )
+    .unwrap();
+    let (code, json) = run(&[
+        "examples/tools-clean.toml",
+        "--mcp",
+        list.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 1, "{json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        codes_of(&v, "fetch_invoice"),
+        ["annotation-destructive-on-read"]
+    );
+    assert_eq!(codes_of(&v, "search_docs"), ["declared-not-listed"]);
+    // Not a tools/list answer, a hint that is not a boolean, a missing file, a missing path.
+    for (text, says) in [
+        (r#"{"error": {"code": -32601}}"#, "not a tools/list answer"),
+        (
+            r#"{"tools": [{"name": "t", "annotations": {"readOnlyHint": "yes"}}]}"#,
+            "true or false",
+        ),
+    ] {
+        std::fs::write(&list, text).unwrap();
+        let (code, out) = run(&["examples/tools-clean.toml", "--mcp", list.to_str().unwrap()]);
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains(says), "{out}");
+    }
+    assert_eq!(
+        run(&["examples/tools-clean.toml", "--mcp", "no/such.json"]).0,
+        2
+    );
+    let (code, out) = run(&["examples/tools-clean.toml", "--mcp"]);
+    assert_eq!(code, 2);
+    assert!(out.contains("--mcp needs a path"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

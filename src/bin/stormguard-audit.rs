@@ -1,10 +1,15 @@
-//! `stormguard-audit TOOLS.toml [--json] [--scan DIR]`: prints the tool table and its findings.
-//! Exits 1 on any error finding, 2 on a file that cannot be read or checked, 0 otherwise.
+//! `stormguard-audit TOOLS.toml [--json] [--scan DIR] [--mcp TOOLS_LIST.json]`: prints the tool
+//! table and its findings. `--mcp` audits the table against an MCP server's `tools/list` answer
+//! (its names and annotations). Exits 1 on any error finding, 2 on a file that cannot be read or
+//! checked, 0 otherwise.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use stormguard::tool::{scan, Toolbox};
+use stormguard::tool::{scan, ListedTool, Toolbox};
+
+const USAGE: &str =
+    "usage: stormguard-audit TOOLS.toml|TOOLS.json [--json] [--scan DIR] [--mcp TOOLS_LIST.json]";
 
 fn rs_files(dir: &Path, out: &mut Vec<(String, String)>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
@@ -22,20 +27,31 @@ fn main() -> ExitCode {
     let mut file: Option<PathBuf> = None;
     let mut json = false;
     let mut scan_dir: Option<PathBuf> = None;
+    let mut mcp_file: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--json" => json = true,
-            "--scan" => scan_dir = args.next().map(PathBuf::from),
-            _ if file.is_none() => file = Some(PathBuf::from(a)),
+            "--scan" | "--mcp" => {
+                let Some(path) = args.next().map(PathBuf::from) else {
+                    eprintln!("{a} needs a path\n{USAGE}");
+                    return ExitCode::from(2);
+                };
+                if a == "--scan" {
+                    scan_dir = Some(path);
+                } else {
+                    mcp_file = Some(path);
+                }
+            }
+            _ if file.is_none() && !a.starts_with("--") => file = Some(PathBuf::from(a)),
             _ => {
-                eprintln!("usage: stormguard-audit TOOLS.toml|TOOLS.json [--json] [--scan DIR]");
+                eprintln!("{USAGE}");
                 return ExitCode::from(2);
             }
         }
     }
     let Some(file) = file else {
-        eprintln!("usage: stormguard-audit TOOLS.toml|TOOLS.json [--json] [--scan DIR]");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
     let text = match std::fs::read_to_string(&file) {
@@ -57,7 +73,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let audit = toolbox.audit();
+    let audit = match mcp_file {
+        None => toolbox.audit(),
+        Some(path) => {
+            let listed = std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                .and_then(|v| ListedTool::from_tools_list(&v).map_err(|e| e.to_string()))
+                .and_then(|listed| toolbox.audit_against(&listed).map_err(|e| e.to_string()));
+            match listed {
+                Ok(audit) => audit,
+                Err(e) => {
+                    eprintln!("{}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+        }
+    };
     let mut hits = Vec::new();
     if let Some(dir) = scan_dir {
         let mut files = Vec::new();

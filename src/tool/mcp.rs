@@ -4,12 +4,11 @@
 
 use super::boxed::BoxFuture;
 use super::call::Call;
-use super::parts::{Annotations, RetryOwner, UnknownOutcome};
+use super::listed::ListedTool;
+use super::parts::Annotations;
 use super::router::ToolRouter;
-use super::spec::Tool;
 use super::toolbox::{SpecError, Toolbox};
 use super::tools::Tools;
-use crate::class::ToolClass;
 use crate::classify::McpClassifier;
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::key::KeyStamp;
@@ -110,8 +109,9 @@ impl Tools {
 }
 
 impl Toolbox {
-    /// The toolbox with the tools an MCP server lists (`tools/list`): a tool it declares keeps
-    /// its declaration (and gets the server's annotations, so the audit checks them against its
+    /// The toolbox with the tools an MCP server lists (`tools/list`), as
+    /// [`Toolbox::with_listed_tools`] does with the JSON answer: a tool it declares keeps its
+    /// declaration (and takes the server's annotations, so the audit checks them against its
     /// class); any other is declared from its annotations, as documentation and never as the
     /// guarantee: read-only is a read and idempotent an idempotent write, both retried by the
     /// layer; anything else an unkeyed write nobody retries, whose unknown outcome is escalated
@@ -139,39 +139,18 @@ impl Toolbox {
     /// assert_eq!(codes, [("post_ticket", "write-without-receipt")]);
     /// # Ok::<(), stormguard::tool::SpecError>(())
     /// ```
-    pub fn with_mcp_tools(mut self, listed: &[rmcp::model::Tool]) -> Result<Self, SpecError> {
-        for listed in listed {
-            let annotations = listed.annotations.as_ref().map(|a| Annotations {
-                read_only_hint: a.read_only_hint,
-                idempotent_hint: a.idempotent_hint,
-                destructive_hint: a.destructive_hint,
-            });
-            let name = listed.name.as_ref();
-            match self.tools_mut().iter_mut().find(|t| t.name == name) {
-                Some(declared) => {
-                    if declared.annotations.is_none() {
-                        declared.annotations = annotations;
-                    }
-                }
-                None => {
-                    let class = annotations
-                        .as_ref()
-                        .map_or(ToolClass::UnkeyedWrite, Tool::class_from_annotations);
-                    let owner = match class {
-                        ToolClass::Read | ToolClass::IdempotentWrite => RetryOwner::Layer,
-                        _ => RetryOwner::None,
-                    };
-                    let mut tool = Tool::new(name, class, owner);
-                    if class != ToolClass::Read {
-                        tool = tool.unknown_outcome(UnknownOutcome::Escalate);
-                    }
-                    if let Some(a) = annotations {
-                        tool = tool.annotations(a);
-                    }
-                    self = self.with_tool(tool)?;
-                }
-            }
-        }
-        self.validate().map(|()| self)
+    pub fn with_mcp_tools(self, listed: &[rmcp::model::Tool]) -> Result<Self, SpecError> {
+        let listed: Vec<ListedTool> = listed
+            .iter()
+            .map(|t| ListedTool {
+                name: t.name.as_ref().to_owned(),
+                annotations: t.annotations.as_ref().map(|a| Annotations {
+                    read_only_hint: a.read_only_hint,
+                    idempotent_hint: a.idempotent_hint,
+                    destructive_hint: a.destructive_hint,
+                }),
+            })
+            .collect();
+        self.with_listed_tools(&listed)
     }
 }

@@ -19,6 +19,7 @@ mod call;
 mod either;
 mod held;
 mod key_watch;
+mod listed;
 #[cfg(feature = "rmcp")]
 mod mcp;
 mod parts;
@@ -37,6 +38,7 @@ pub use audit::{Audit, Finding, Row, Severity};
 pub use build::Stores;
 pub use call::Call;
 pub use held::{HeldCall, HeldResolution};
+pub use listed::ListedTool;
 #[cfg(feature = "rmcp")]
 pub use mcp::McpPeer;
 pub use parts::{
