@@ -188,7 +188,6 @@ impl Toolbox {
     }
 
     /// The tools, to amend in place (the caller validates after).
-    #[cfg(feature = "rmcp")]
     pub(super) fn tools_mut(&mut self) -> &mut [Tool] {
         &mut self.tools
     }
