@@ -24,7 +24,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 type Stack = tower::util::BoxCloneService<http::Request<Full<Bytes>>, StreamedResponse, ToolError>;
 type StreamedResponse = http::Response<
     stormguard::classify::ClassifiedBody<
-        stormguard::peek::PeekedBody<hyper::body::Incoming>,
+        stormguard::stream::CommittedBody<hyper::body::Incoming>,
         stormguard::classify::StreamEos,
         stormguard::breaker::future::StreamTicket<stormguard::breaker::CountDependencyFailures>,
     >,
@@ -62,24 +62,30 @@ fn recorded<T>(recorder: &DebuggingRecorder, f: impl std::future::Future<Output 
     metrics::with_local_recorder(recorder, || rt.block_on(f))
 }
 
-/// The breaker's `count` outcomes (`success` or `failure`).
-fn outcomes(recorder: &DebuggingRecorder, count: &str) -> u64 {
+/// Every counter, by name and labels (`name` or `name{label=value}`), taken at once: a
+/// snapshot sets the counters back to zero.
+fn counters(recorder: &DebuggingRecorder) -> std::collections::HashMap<String, u64> {
     recorder
         .snapshotter()
         .snapshot()
         .into_vec()
         .into_iter()
-        .find(|(key, _, _, _)| {
-            key.key().name() == "stormguard_breaker_outcomes_total"
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "count" && l.value() == count)
+        .filter_map(|(key, _, _, v)| {
+            let labels: Vec<String> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = match labels.is_empty() {
+                true => key.key().name().to_owned(),
+                false => format!("{}{{{}}}", key.key().name(), labels.join(",")),
+            };
+            match v {
+                DebugValue::Counter(n) => Some((name, n)),
+                _ => None,
+            }
         })
-        .map_or(0, |(_, _, _, v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("not a counter: {other:?}"),
-        })
+        .collect()
 }
 
 fn breaker() -> Breaker {
@@ -163,16 +169,29 @@ fn a_stream_that_breaks_after_its_first_frame_is_never_sent_again_and_the_breake
         (first, rest, received)
     });
     assert_eq!(first, EVENT);
-    assert!(rest.is_err(), "the caller sees the break after the frame");
+    // The break is not hyper's raw error but says the answer is partial, and how much arrived.
+    let err = ToolError::from(rest.expect_err("the caller sees the break after the frame"));
+    assert_eq!(
+        (err.code(), err.retryable()),
+        (ErrorCode::PartialAnswer, false),
+        "{err:?}"
+    );
+    assert!(
+        err.hint().contains(&format!("after {} bytes", EVENT.len())),
+        "{}",
+        err.hint()
+    );
     assert_eq!(
         received, 1,
         "part of the answer reached the caller: never sent again"
     );
+    let counted = counters(&recorder);
     assert_eq!(
-        outcomes(&recorder, "failure"),
-        1,
-        "counted at the stream's end"
+        counted.get("stormguard_breaker_outcomes_total{breaker=model-api,count=failure}"),
+        Some(&1),
+        "counted at the stream's end: {counted:?}"
     );
+    assert_eq!(counted.get(stormguard::stream::PARTIAL_ANSWERS), Some(&1));
 }
 
 #[test]
@@ -239,7 +258,9 @@ async fn a_stream_cut_by_chaos_is_sent_again_only_when_nothing_reached_the_calle
             0 => assert_eq!(answer.unwrap_err().code(), ErrorCode::Unavailable),
             _ => {
                 let body = answer.unwrap().into_body();
-                assert!(body.collect().await.is_err(), "the caller sees the cut");
+                let err =
+                    ToolError::from(body.collect().await.expect_err("the caller sees the cut"));
+                assert_eq!(err.code(), ErrorCode::PartialAnswer, "{err:?}");
             }
         }
         assert_eq!(

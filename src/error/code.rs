@@ -62,6 +62,9 @@ pub enum ErrorCode {
     /// The account's quota or credit is used up (OpenAI's `insufficient_quota`, a 429 that no
     /// wait fixes): nothing helps until billing or limits change.
     QuotaExhausted,
+    /// A streamed answer broke after part of it reached the caller: what was read is not the
+    /// whole answer, and nothing below sent it again (the caller holds part of it).
+    PartialAnswer,
 }
 
 impl ErrorCode {
@@ -75,7 +78,7 @@ impl ErrorCode {
     ///     assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
     /// }
     /// ```
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::RateLimited,
         ErrorCode::Unavailable,
         ErrorCode::Timeout,
@@ -98,6 +101,7 @@ impl ErrorCode {
         ErrorCode::ReceiptExpired,
         ErrorCode::StoreUnavailable,
         ErrorCode::QuotaExhausted,
+        ErrorCode::PartialAnswer,
     ];
 
     /// The stable snake_case string.
@@ -125,6 +129,7 @@ impl ErrorCode {
             ErrorCode::ReceiptExpired => "receipt_expired",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::QuotaExhausted => "quota_exhausted",
+            ErrorCode::PartialAnswer => "partial_answer",
         }
     }
 
@@ -213,6 +218,9 @@ impl ErrorCode {
             }
             ErrorCode::QuotaExhausted => {
                 "the account's quota or credit is used up; waiting or retrying will not help until billing or limits change; tell the user"
+            }
+            ErrorCode::PartialAnswer => {
+                "the answer broke off midway; discard the part you have and do not act on it; ask again only if the call was a read"
             }
         }
     }

@@ -1,5 +1,6 @@
 //! [`ResponseFuture`]: the future of [`CommitAtFirstFrame`](super::CommitAtFirstFrame).
 
+use super::committed::CommittedBody;
 use crate::classify::FailureClass;
 use crate::error::{BoxError, ErrorCode, ToolError};
 use crate::peek::PeekedBody;
@@ -79,7 +80,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    type Output = Result<Response<PeekedBody<B>>, BoxError>;
+    type Output = Result<Response<CommittedBody<B>>, BoxError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         loop {
@@ -89,7 +90,9 @@ where
                 StateProj::Calling { future } => {
                     let res = ready!(future.poll(cx)).map_err(Into::into)?;
                     if !res.status().is_success() {
-                        return Poll::Ready(Ok(res.map(PeekedBody::passthrough)));
+                        return Poll::Ready(Ok(
+                            res.map(|b| CommittedBody::passed(PeekedBody::passthrough(b)))
+                        ));
                     }
                     let (parts, body) = res.into_parts();
                     this.state.set(State::Reading {
@@ -131,6 +134,7 @@ where
                                 continue;
                             };
                             let body = PeekedBody::replayed(std::mem::take(frames), None);
+                            let body = CommittedBody::passed(body);
                             return Poll::Ready(Ok(Response::from_parts(parts, body)));
                         }
                         Poll::Pending => {
@@ -149,7 +153,8 @@ where
                             continue;
                         };
                         let frames = std::mem::take(frames);
-                        let body = PeekedBody::replayed(frames, Some(body));
+                        let body =
+                            CommittedBody::committed(PeekedBody::replayed(frames, Some(body)));
                         return Poll::Ready(Ok(Response::from_parts(parts, body)));
                     }
                 }

@@ -11,7 +11,7 @@
 //! | the stream | what the caller sees | retried |
 //! |---|---|---|
 //! | breaks, or is silent past the timeout, before its first data frame | nothing yet | a read, a keyed or idempotent write: yes, as any `Ambiguous` failure; an unkeyed write: no, `outcome_unknown` (the server may have started the work) |
-//! | breaks after its first data frame | the frames so far, then the body's error | never: the caller has part of the answer |
+//! | breaks after its first data frame | the frames so far, then a `partial_answer` error ([`CommittedBody`]) | never: the caller has part of the answer |
 //! | ends (with or without data) | the whole answer | - |
 //!
 //! Put it under the breaker, directly over the client: the breaker (with
@@ -60,10 +60,12 @@
 //! # }
 //! ```
 
+mod committed;
 pub mod future;
 
+pub use committed::{CommittedBody, PARTIAL_ANSWERS};
+
 use crate::error::BoxError;
-use crate::peek::PeekedBody;
 use future::ResponseFuture;
 use http::Response;
 use http_body::Body;
@@ -131,7 +133,8 @@ impl<S> Layer<S> for CommitAtFirstFrameLayer {
 }
 
 /// The service [`CommitAtFirstFrameLayer`] makes: a 2xx answer is returned at its first data
-/// frame (its body is then the frames read, followed by the rest, as a [`PeekedBody`]); a stream
+/// frame (its body is then the frames read, followed by the rest, as a [`CommittedBody`], whose
+/// break after that frame is a `partial_answer` error); a stream
 /// that breaks or stays silent before it is an error (a [`ToolError`](crate::error::ToolError),
 /// `unavailable` or `timeout`, `Ambiguous`, with the body's error as its source).
 #[derive(Clone, Debug)]
@@ -147,7 +150,7 @@ where
     B: Body<Data = bytes::Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    type Response = Response<PeekedBody<B>>;
+    type Response = Response<CommittedBody<B>>;
     type Error = BoxError;
     type Future = ResponseFuture<S::Future, B>;
 
