@@ -4,6 +4,7 @@
 
 use super::decide::GiveUp;
 use super::part::LayerPart;
+use super::paused;
 use super::Retrier;
 use crate::budget::Refusal;
 use crate::class::ToolClass;
@@ -165,6 +166,9 @@ pub(super) fn deadline_passed<S, C, R>(
     let mut err = ToolError::new(code)
         .with_attempts(attempts)
         .with_retryable(false);
+    if let Some(note) = paused::note(&retrier.name) {
+        err = err.with_hint(format!("{}{note}", code.default_hint()));
+    }
     if let Some((failure, _)) = part.last() {
         err = err.with_class(failure);
     }
@@ -199,6 +203,9 @@ pub(super) fn cut_off<S, C, R>(retrier: &Retrier<S, C, R>, part: &mut LayerPart)
     {
         hint = hint::from_evidence(&hint, seen).into();
     }
+    if let Some(note) = paused::note(&retrier.name) {
+        hint = format!("{hint}{note}").into();
+    }
     ToolError::new(code)
         .with_class(FailureClass::Ambiguous)
         .with_attempts(attempts)
@@ -228,10 +235,14 @@ pub(super) fn not_sent<S, C, R>(retrier: &Retrier<S, C, R>, op: &mut OpState) ->
     let attempts = op.attempts().saturating_sub(1);
     telemetry::retry_refused(retrier.policy.class(), GiveUp::Deadline.reason());
     tracing::info!(layer = %retrier.name, code = code.as_str(), attempts, reason = "deadline", "not sent");
+    let hint = match paused::note(&retrier.name) {
+        Some(note) => format!("{}{note}", hint::deadline_before_sending()).into(),
+        None => std::borrow::Cow::Borrowed(hint::deadline_before_sending()),
+    };
     ToolError::new(code)
         .with_attempts(attempts)
         .with_retryable(false)
-        .with_hint(hint::deadline_before_sending())
+        .with_hint(hint)
 }
 
 /// A nested layer's own attempts are spent and the operation's are not: the failure goes to the

@@ -134,6 +134,7 @@ pub mod future;
 pub(crate) mod layer;
 mod outcome;
 mod part;
+mod paused;
 pub(crate) mod policy;
 mod replay;
 mod request;
