@@ -208,3 +208,51 @@ fn the_servers_annotations_overrule_the_tables_and_a_bad_answer_exits_2() {
     assert!(out.contains("--mcp needs a path"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_misspelt_declaration_fails_the_audit_and_one_page_of_several_is_refused() {
+    let dir = std::env::temp_dir().join(format!("sg-audit-near-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let table = dir.join("tools.toml");
+    std::fs::write(
+        &table,
+        "[[tools]]\nname = \"send_invoce\"\nclass = \"keyed_write\"\nretry = [\"layer\"]\nkey = [\"run\", \"tool\", \"id:invoice_id\"]\nunknown_outcome = \"escalate\"\n",
+    )
+    .unwrap();
+    // The server's send_invoice says idempotent: undeclared, it would be retried without a key.
+    let list = dir.join("list.json");
+    std::fs::write(
+        &list,
+        r#"{"tools": [{"name": "send_invoice", "annotations": {"idempotentHint": true}}]}"#,
+    )
+    .unwrap();
+    let (code, json) = run(&[
+        table.to_str().unwrap(),
+        "--mcp",
+        list.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(code, 1, "a misspelt tool fails CI: {json}");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let misspelt = v["audit"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["code"] == "declared-not-listed")
+        .unwrap()
+        .clone();
+    assert_eq!(misspelt["severity"], "error");
+    assert!(misspelt["message"]
+        .as_str()
+        .unwrap()
+        .contains("`send_invoice`"));
+    std::fs::write(
+        &list,
+        r#"{"result": {"tools": [{"name": "send_invoce"}], "nextCursor": "page-2"}}"#,
+    )
+    .unwrap();
+    let (code, out) = run(&[table.to_str().unwrap(), "--mcp", list.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("nextCursor"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

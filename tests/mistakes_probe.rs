@@ -6,41 +6,14 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use stormguard::classify::{ModelApiClassifier, OkIsSuccess};
 use stormguard::error::{BoxError, ErrorCode};
 use stormguard::tool::{Call, Stores, Toolbox};
 use support::call;
+use support::invoice::invoice_body;
 use support::server::{self, serve_keys};
-use tower::{service_fn, Layer, Service};
-
-/// The invoice body: POSTs with the call's key, answers the status and body as read.
-fn invoice_body(
-    addr: SocketAddr,
-) -> impl Service<Call, Response = http::Response<String>, Error = BoxError, Future = impl Send>
-       + Clone
-       + Send {
-    let client = reqwest::Client::new();
-    service_fn(move |call: Call| {
-        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
-        async move {
-            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
-            let resp = client
-                .post(url)
-                .header("Idempotency-Key", key)
-                .body(call.args().to_string())
-                .send()
-                .await?;
-            let status = resp.status().as_u16();
-            Ok::<_, BoxError>(
-                http::Response::builder()
-                    .status(status)
-                    .body(resp.text().await?)?,
-            )
-        }
-    })
-}
+use tower::{service_fn, Layer};
 
 /// Mistake: `.classifier(OkIsSuccess)` (the docs' advice for JSON) on a body that answers an
 /// `http::Response`. A 503 before the work is the failure its status says: retried with the

@@ -29,18 +29,23 @@ fn fingerprint_of(value: &serde_json::Value) -> Result<String, KeyError> {
 }
 
 /// An identifier as the key reads it, where that differs from how it was written: a string
-/// holding an integer is that integer (`"4471"` is `4471`: the model writes an id either way),
-/// and surrounding whitespace is not part of an identifier (`" 4471"`). `None`: as written.
+/// holding an integer as the integer is written is that integer (`"4471"` is `4471`: the model
+/// writes an id either way; `"04471"` and `"+4471"` stay strings, other ids), and surrounding
+/// whitespace is not part of an identifier (`" 4471"`). `None`: as written.
 pub(super) fn normalized_id(value: &serde_json::Value) -> Option<serde_json::Value> {
     let serde_json::Value::String(s) = value else {
         return None;
     };
     let t = s.trim();
+    // Only the integer's own spelling: "0012" and "12" (a zero-padded id), "+12", are other ids.
     if let Ok(n) = t.parse::<u64>() {
-        return Some(n.into());
-    }
-    if let Ok(n) = t.parse::<i64>() {
-        return Some(n.into());
+        if n.to_string() == t {
+            return Some(n.into());
+        }
+    } else if let Ok(n) = t.parse::<i64>() {
+        if n.to_string() == t {
+            return Some(n.into());
+        }
     }
     (t.len() != s.len()).then(|| t.into())
 }

@@ -117,8 +117,9 @@ impl Toolbox {
         // is one), named after it for the refusal's hint. The first takes seed stream 0.
         let mut own_budgets = BTreeMap::new();
         for tool in self.tools().iter().filter(|t| t.budget.is_none()) {
-            let owner = tool.budget_owner();
-            if own_budgets.contains_key(owner) {
+            let (dependency, owner) = tool.budget_owner();
+            let at = (dependency, owner.to_owned());
+            if own_budgets.contains_key(&at) {
                 continue;
             }
             let n = match own_budgets.len() as u64 {
@@ -128,7 +129,7 @@ impl Toolbox {
             let budget = seeded(RetryBudget::builder().name(owner), n)
                 .build()
                 .map_err(|e| config_error("budgets", owner, &e))?;
-            own_budgets.insert(owner.to_owned(), budget);
+            own_budgets.insert(at, budget);
         }
         let mut breakers = BTreeMap::new();
         for (name, spec) in self.breakers() {

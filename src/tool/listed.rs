@@ -51,7 +51,8 @@ impl ListedTool {
     /// Reads a `tools/list` answer: the JSON-RPC response (`{"result": {"tools": [...]}}`), its
     /// result (`{"tools": [...]}`) or the bare array. Other annotations (`title`,
     /// `openWorldHint`) are ignored; a tool without a name, or a hint that is not a boolean, is a
-    /// [`SpecError`], never skipped.
+    /// [`SpecError`], never skipped, and so is one page of several (a `nextCursor`): an audit of
+    /// part of the list would pass the rest unseen.
     ///
     /// ```
     /// use stormguard::tool::ListedTool;
@@ -69,6 +70,14 @@ impl ListedTool {
                 .get("tools")
                 .and_then(Value::as_array),
         };
+        let page = answer.get("result").unwrap_or(answer);
+        if page.get("nextCursor").is_some_and(|c| !c.is_null()) {
+            return Err(SpecError::new(
+                None,
+                "nextCursor",
+                "the answer is one page of several (nextCursor): an audit of part of the list misses the rest; save every page's tools in one {\"tools\": [...]}",
+            ));
+        }
         let Some(tools) = tools else {
             return Err(SpecError::new(
                 None,
@@ -156,9 +165,9 @@ impl Toolbox {
     }
 
     /// The audit of this table against what a server lists: [`Toolbox::with_listed_tools`]
-    /// audited, plus a `declared-not-listed` warning for each declared tool the server does not
-    /// list (a misspelt name leaves the server's tool undeclared, so it runs on its annotations'
-    /// class, not on yours) and a `listed-not-declared` note for each tool declared only from
+    /// audited, plus `declared-not-listed` for each declared tool the server does not list (an
+    /// error when the server lists an undeclared name one or two edits away: the misspelt tool
+    /// runs on its annotations' class, not on yours; else a warning) and a `listed-not-declared` note for each tool declared only from
     /// its annotations. `stormguard-audit TOOLS.toml --mcp tools-list.json` prints it.
     ///
     /// ```
@@ -179,15 +188,30 @@ impl Toolbox {
         let merged = self.clone().with_listed_tools(listed)?;
         let mut audit = merged.audit();
         for t in self.tools() {
-            if !names.contains(t.name.as_str()) {
-                audit.findings.push(Finding {
+            if names.contains(t.name.as_str()) {
+                continue;
+            }
+            // A listed, undeclared name one or two edits away is the misspelt tool: it runs on
+            // its annotations' class, not the declared one (an error); otherwise a warning.
+            let near = names
+                .iter()
+                .find(|n| !declared.contains(**n) && edits(&t.name, n) <= 2);
+            audit.findings.push(match near {
+                Some(near) => Finding {
+                    severity: Severity::Error,
+                    tool: t.name.clone(),
+                    code: "declared-not-listed",
+                    message: format!("declared, but the server lists `{near}` and not this name: `{near}` runs undeclared, on the class its annotations suggest, and this declaration is never used."),
+                    fix: "spell the name as the server lists it",
+                },
+                None => Finding {
                     severity: Severity::Warning,
                     tool: t.name.clone(),
                     code: "declared-not-listed",
                     message: "declared, but the server does not list it: if the name is misspelt, the server's tool runs undeclared, on the class its annotations suggest.".to_owned(),
                     fix: "spell the name as the server lists it (or drop the declaration)",
-                });
-            }
+                },
+            });
         }
         for name in names.difference(&declared) {
             audit.findings.push(Finding {
@@ -199,5 +223,38 @@ impl Toolbox {
             });
         }
         Ok(audit)
+    }
+}
+
+/// The edit distance of two names (Levenshtein, by characters): small names, small cost.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut last = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let here = row[j + 1];
+            row[j + 1] = (here + 1)
+                .min(row[j] + 1)
+                .min(last + usize::from(ca != *cb));
+            last = here;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::edits;
+
+    #[test]
+    fn edits_count_insertions_deletions_and_substitutions() {
+        assert_eq!(edits("send_invoice", "send_invoice"), 0);
+        assert_eq!(edits("send_invoce", "send_invoice"), 1);
+        assert_eq!(edits("book_shipment", "book_shipments"), 1);
+        assert_eq!(edits("serch", "search"), 1);
+        assert_eq!(edits("charge", "refund"), 6);
+        assert_eq!(edits("", "ab"), 2);
     }
 }

@@ -209,9 +209,14 @@ impl Tool {
         }
     }
 
-    /// Whose budget it draws on when it names none: its dependency, or itself.
-    pub(crate) fn budget_owner(&self) -> &str {
-        self.dependency.as_deref().unwrap_or(&self.name)
+    /// Whose budget it draws on when it names none: its dependency's (`true`, the name), or its
+    /// own (`false`, its name). The two never share: a tool `chat` declaring no dependency and a
+    /// tool declaring `dependency = "chat"` draw on two budgets.
+    pub(crate) fn budget_owner(&self) -> (bool, &str) {
+        match &self.dependency {
+            Some(d) => (true, d),
+            None => (false, &self.name),
+        }
     }
 
     /// The checks deserialising also runs: a non-empty name, one or more retry owners, no zero

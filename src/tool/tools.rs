@@ -55,9 +55,10 @@ use std::time::Duration;
 pub struct Tools {
     pub(super) toolbox: Toolbox,
     pub(super) budgets: BTreeMap<String, RetryBudget>,
-    /// The budget of each dependency whose tools name no budget (a tool that names no
-    /// dependency is one of its own), by the dependency's name.
-    pub(super) own_budgets: BTreeMap<String, RetryBudget>,
+    /// The budget of each dependency whose tools name no budget (`(true, dependency)`), and of
+    /// each tool naming neither (`(false, tool)`): a dependency and a tool of one name never
+    /// share.
+    pub(super) own_budgets: BTreeMap<(bool, String), RetryBudget>,
     /// The budget given to every tool that names none ([`Tools::with_default_budget`]).
     pub(super) default_budget: Option<RetryBudget>,
     pub(super) breakers: BTreeMap<String, Breaker>,
@@ -333,7 +334,10 @@ impl Tools {
     fn unnamed_budget(&self, tool: &Tool) -> Option<&RetryBudget> {
         match &self.default_budget {
             Some(budget) => Some(budget),
-            None => self.own_budgets.get(tool.budget_owner()),
+            None => {
+                let (dependency, name) = tool.budget_owner();
+                self.own_budgets.get(&(dependency, name.to_owned()))
+            }
         }
     }
 

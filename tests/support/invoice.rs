@@ -26,3 +26,35 @@ pub fn invoice_tools(max_attempts: Option<u32>) -> Tools {
         .build(Stores::new())
         .unwrap()
 }
+
+#[cfg(feature = "reqwest")]
+/// The invoice body: POSTs with the call's key, answers the status and body as read.
+pub fn invoice_body(
+    addr: std::net::SocketAddr,
+) -> impl tower::Service<
+    stormguard::tool::Call,
+    Response = http::Response<String>,
+    Error = stormguard::error::BoxError,
+    Future = impl Send,
+> + Clone
+       + Send {
+    let client = reqwest::Client::new();
+    tower::service_fn(move |call: stormguard::tool::Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        async move {
+            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
+            let resp = client
+                .post(url)
+                .header("Idempotency-Key", key)
+                .body(call.args().to_string())
+                .send()
+                .await?;
+            let status = resp.status().as_u16();
+            Ok::<_, stormguard::error::BoxError>(
+                http::Response::builder()
+                    .status(status)
+                    .body(resp.text().await?)?,
+            )
+        }
+    })
+}

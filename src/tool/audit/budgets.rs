@@ -6,14 +6,25 @@ use super::{Finding, Severity};
 use crate::tool::Toolbox;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One finding per named budget whose tools declare two or more dependencies.
+/// One finding per named budget whose tools declare two or more dependencies, where a tool
+/// that declares none, beside one that does, is a dependency of its own (its name). A budget
+/// whose tools declare no dependency at all is one the user chose to share: no finding.
 pub(super) fn findings(tb: &Toolbox, out: &mut Vec<Finding>) {
-    let mut dependencies: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let mut dependencies: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut declared: BTreeSet<&str> = BTreeSet::new();
     for t in tb.tools() {
-        if let (Some(budget), Some(dependency)) = (&t.budget, &t.dependency) {
-            dependencies.entry(budget).or_default().insert(dependency);
+        if let Some(budget) = &t.budget {
+            let owner = match &t.dependency {
+                Some(d) => {
+                    declared.insert(budget);
+                    d.clone()
+                }
+                None => format!("{} (its own)", t.name),
+            };
+            dependencies.entry(budget).or_default().insert(owner);
         }
     }
+    dependencies.retain(|budget, _| declared.contains(budget));
     for (budget, deps) in dependencies.into_iter().filter(|(_, d)| d.len() > 1) {
         let named: Vec<String> = deps.iter().map(|d| format!("`{d}`")).collect();
         out.push(Finding {
