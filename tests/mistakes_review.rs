@@ -38,11 +38,7 @@ async fn a_zero_padded_id_is_another_invoice_and_an_integer_as_a_string_is_the_s
             .await;
             assert_eq!(answer.unwrap().status(), 201);
         }
-        assert_eq!(
-            sent.load(Ordering::SeqCst),
-            sends,
-            "{first} then {second}"
-        );
+        assert_eq!(sent.load(Ordering::SeqCst), sends, "{first} then {second}");
     }
 }
 
@@ -66,7 +62,11 @@ fn a_tools_own_budget_is_not_a_dependency_of_the_same_name() {
     );
     search.deposit();
     assert!(search.balance() > 0.0);
-    assert_eq!(summarize.balance(), search.balance(), "one dependency, one budget");
+    assert_eq!(
+        summarize.balance(),
+        search.balance(),
+        "one dependency, one budget"
+    );
     assert_eq!(chat.balance(), 0.0, "the tool's own budget is its own");
 }
 

@@ -194,6 +194,36 @@ fn a_stream_that_breaks_after_its_first_frame_is_never_sent_again_and_the_breake
     assert_eq!(counted.get(stormguard::stream::PARTIAL_ANSWERS), Some(&1));
 }
 
+/// A stream that says one event and then nothing: the reader is not left waiting (before: the
+/// body was pending for as long as the server kept the connection), it gets the event, then
+/// `partial_answer` once the layer's timeout (200 ms here) of silence has passed; never resent.
+#[test]
+fn a_stream_silent_after_its_first_frame_ends_partial_after_the_timeout() {
+    let recorder = DebuggingRecorder::new();
+    let (first, rest, received) = recorded(&recorder, async {
+        let (addr, received) = serve(vec![Answer::SilentAfter]).await;
+        let svc = stack(ToolClass::Read, &breaker(), Duration::from_millis(200));
+        let res = svc.oneshot(get(addr)).await.expect("committed");
+        let mut body = res.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        // Bounded here only so that a regression fails instead of hanging the suite.
+        let rest = tokio::time::timeout(Duration::from_secs(30), body.frame())
+            .await
+            .expect("the silence is bounded by the layer's timeout");
+        let received = *received.lock().unwrap();
+        (first, rest, received)
+    });
+    assert_eq!(first, EVENT);
+    let err = ToolError::from(rest.unwrap().expect_err("a partial answer"));
+    assert_eq!(err.code(), ErrorCode::PartialAnswer, "{err:?}");
+    assert!(
+        err.hint().contains("went silent for 200 ms"),
+        "{}",
+        err.hint()
+    );
+    assert_eq!(received, 1);
+}
+
 #[test]
 fn an_unkeyed_write_whose_stream_breaks_before_its_first_frame_is_not_sent_again() {
     let recorder = DebuggingRecorder::new();

@@ -153,8 +153,8 @@ where
                             continue;
                         };
                         let frames = std::mem::take(frames);
-                        let body =
-                            CommittedBody::committed(PeekedBody::replayed(frames, Some(body)));
+                        let body = PeekedBody::replayed(frames, Some(body));
+                        let body = CommittedBody::committed(body, timeout);
                         return Poll::Ready(Ok(Response::from_parts(parts, body)));
                     }
                 }

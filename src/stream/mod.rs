@@ -12,6 +12,7 @@
 //! |---|---|---|
 //! | breaks, or is silent past the timeout, before its first data frame | nothing yet | a read, a keyed or idempotent write: yes, as any `Ambiguous` failure; an unkeyed write: no, `outcome_unknown` (the server may have started the work) |
 //! | breaks after its first data frame | the frames so far, then a `partial_answer` error ([`CommittedBody`]) | never: the caller has part of the answer |
+//! | is silent past the timeout between two frames after the first | the frames so far, then a `partial_answer` error | never |
 //! | ends (with or without data) | the whole answer | - |
 //!
 //! Put it under the breaker, directly over the client: the breaker (with
@@ -78,7 +79,8 @@ use tower_service::Service;
 /// that has said nothing for this long after its head is treated as a broken stream.
 pub const DEFAULT_FIRST_FRAME_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Holds each 2xx streamed answer until its first data frame: see the [module](self).
+/// Holds each 2xx streamed answer until its first data frame, and bounds the silence before it
+/// and between any two frames after it by its timeout: see the [module](self).
 ///
 /// ```
 /// use std::time::Duration;

@@ -18,6 +18,8 @@ pub enum Answer {
     BreakAfter,
     /// The head, then nothing for a minute.
     Silent,
+    /// The head and one event, then nothing for a minute.
+    SilentAfter,
     /// The head and one event, then the stream's end.
     Whole,
 }
@@ -59,6 +61,11 @@ pub async fn serve(script: Vec<Answer>) -> (SocketAddr, Arc<Mutex<u32>>) {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     Answer::Silent => tokio::time::sleep(Duration::from_secs(60)).await,
+                    Answer::SilentAfter => {
+                        let _ = socket.write_all(chunk.as_bytes()).await;
+                        let _ = socket.flush().await;
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
                     Answer::Whole => {
                         let _ = socket.write_all(chunk.as_bytes()).await;
                         let _ = socket.write_all(b"0\r\n\r\n").await;
