@@ -94,3 +94,102 @@ fn a_named_budget_across_a_declared_dependency_and_none_is_flagged() {
         { "name": "lookup", "class": "read", "retry": ["layer"], "budget": "default" } ]}"#
     ));
 }
+
+/// A read tool's stack made per call (`tools.layer(..)` inside the handler): the `201 Created`
+/// an earlier stack saw is the tool's, so the later stack does not resend its ambiguous failure
+/// (before: each new stack forgot it, and the 502 was resent as a read's).
+#[tokio::test]
+async fn a_201_seen_by_one_stack_of_a_read_is_known_to_the_next() {
+    let (addr, sent, _) = serve_keys(|n| match n {
+        0 => server::status(201, &[]),
+        _ => server::status(502, &[]),
+    })
+    .await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "lookup", "class": "read", "retry": ["layer"],
+                        "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let mut first = tools.layer("lookup").unwrap().layer(invoice_body(addr));
+    let answer = call(&mut first, Call::new("run-1", "s1", json!({ "q": 1 }))).await;
+    assert_eq!(answer.unwrap().status(), 201);
+    let mut second = tools.layer("lookup").unwrap().layer(invoice_body(addr));
+    let err = call(&mut second, Call::new("run-1", "s2", json!({ "q": 2 })))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        stormguard::error::ErrorCode::OutcomeUnknown,
+        "{err}"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 2, "the 502 is not resent");
+}
+
+/// A JSON answer that is only a provider's error envelope, from a body that read a 503 with
+/// `.json::<Value>()` (its status lost), under `OkIsSuccess`: a failure, retried with the key,
+/// never the receipt (before: the error body was stored as the invoice's receipt, the reissue was
+/// answered from it, and no invoice was ever sent).
+#[tokio::test]
+async fn an_error_envelope_read_as_json_is_a_failure_not_the_receipt() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use stormguard::classify::OkIsSuccess;
+    let (addr, sent, keys) = serve_keys(|n| {
+        let (status, body) = match n {
+            0 => (
+                503,
+                r#"{"error":{"type":"api_error","message":"upstream connect error"}}"#,
+            ),
+            _ => (201, r#"{"invoice":"in_1"}"#),
+        };
+        http::Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let body = tower::service_fn(move |call: Call| {
+        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
+        async move {
+            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
+            let resp = client
+                .post(url)
+                .header("Idempotency-Key", key)
+                .send()
+                .await?;
+            let text = resp.text().await?; // `.json()` needs reqwest's `json` feature
+            Ok::<_, stormguard::error::BoxError>(serde_json::from_str::<serde_json::Value>(&text)?)
+        }
+    });
+    let tools = invoice_tools(None);
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .classifier(OkIsSuccess)
+        .layer(body);
+    let first = call(
+        &mut invoice,
+        Call::new("run-1", "step-2", json!({ "invoice_id": 4471 })),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first, json!({ "invoice": "in_1" }));
+    let reissue = call(
+        &mut invoice,
+        Call::new("run-1", "step-5", json!({ "invoice_id": 4471 })),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        reissue,
+        json!({ "invoice": "in_1" }),
+        "the receipt is the invoice"
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    let keys = keys.lock().unwrap().clone();
+    assert_eq!(keys[0], keys[1], "retried with its key");
+}

@@ -47,10 +47,20 @@ fn stated_status(object: &serde_json::Map<String, Value>) -> Option<u64> {
 /// assert!(answer_status(&json!({ "code": "E1001" })).is_none());
 /// assert!(answer_status(&json!({ "status": 201 })).is_none());
 /// assert!(answer_status(&json!({ "status": 404 })).is_none()); // "no such record", not a failure
+/// // A provider's error envelope and nothing else (a 5xx body read as JSON, its status lost):
+/// let lost = json!({ "error": { "type": "api_error", "message": "upstream connect error" } });
+/// assert_eq!(answer_status(&lost).unwrap().failure_class(), Some(FailureClass::Ambiguous));
+/// let google = json!({ "error": { "code": 503, "message": "unavailable", "status": "UNAVAILABLE" } });
+/// assert_eq!(answer_status(&google).unwrap().code(), Some(ErrorCode::Unavailable));
+/// assert!(answer_status(&json!({ "id": 7, "error": null })).is_none());
+/// assert!(answer_status(&json!({ "id": 7, "error": { "message": "a field the answer has" } })).is_none());
 /// ```
 pub fn answer_status(answer: &Value) -> Option<Classification> {
     let object = answer.as_object()?;
-    let status = stated_status(object).filter(|s| (400..=599).contains(s))?;
+    let Some(status) = stated_status(object) else {
+        return error_envelope(object);
+    };
+    let status = Some(status).filter(|s| (400..=599).contains(s))?;
     let said = |field: &str, what: &str| {
         let error = object.get("error");
         [field, "code"]
@@ -70,6 +80,45 @@ pub fn answer_status(answer: &Value) -> Option<Classification> {
     // The HTTP table; 404 and 410 are "no such record", not a failure.
     let c = super::status_table::classify_status_code(u16::try_from(status).ok()?);
     matches!(c.verdict(), Verdict::Failure(_)).then_some(c)
+}
+
+/// The top-level fields an error envelope may carry beside `error` (Anthropic's `type: "error"`,
+/// a request id); any other field makes the object an answer that happens to hold an error.
+const ENVELOPE_FIELDS: &[&str] = &["error", "type", "request_id", "requestId"];
+
+/// A provider's error envelope, and nothing else: `{"error": {...}}` (OpenAI, Google), or
+/// `{"type": "error", "error": {...}}` (Anthropic), its status lost (a 5xx body read as JSON by
+/// `.json()`). Its status from `error.code` or `error.status` where one is stated, else its
+/// `error.type`: a spent quota, an overload, a rate limit, a refused argument or credential;
+/// anything else an `Ambiguous` `internal` (it failed, and whether it took effect is not known).
+/// A not-found is "no such record", as a 404: `None`.
+fn error_envelope(object: &serde_json::Map<String, Value>) -> Option<Classification> {
+    let error = object.get("error")?.as_object()?;
+    if !object.keys().all(|k| ENVELOPE_FIELDS.contains(&k.as_str())) {
+        return None;
+    }
+    if let Some(status) = stated_status(error) {
+        let mut folded = serde_json::Map::new();
+        folded.insert("status".into(), status.into());
+        folded.insert("error".into(), Value::Object(error.clone()));
+        return answer_status(&Value::Object(folded));
+    }
+    let kind = ["type", "code"]
+        .iter()
+        .find_map(|f| error.get(*f).and_then(Value::as_str))
+        .unwrap_or("");
+    use FailureClass::*;
+    let (class, code) = match kind {
+        "insufficient_quota" => (Permanent, ErrorCode::QuotaExhausted),
+        "overloaded_error" | "server_overloaded" => (Transient, ErrorCode::Unavailable),
+        "rate_limit_error" | "rate_limit_exceeded" => (Transient, ErrorCode::RateLimited),
+        "invalid_request_error" => (Permanent, ErrorCode::InvalidArgument),
+        "authentication_error" | "invalid_api_key" => (Permanent, ErrorCode::Unauthenticated),
+        "permission_error" => (Permanent, ErrorCode::PermissionDenied),
+        "not_found_error" => return None,
+        _ => (Ambiguous, ErrorCode::Internal),
+    };
+    Some(Classification::failure(class, code))
 }
 
 /// A classifier that reads a `serde_json::Value` answer's own status ([`answer_status`]) before

@@ -209,6 +209,12 @@ impl Toolbox {
             quotas,
             stores: made,
             held: Default::default(),
+            creates: self
+                .tools()
+                .iter()
+                .filter(|t| t.class == crate::class::ToolClass::Read && !t.trust_class)
+                .map(|t| (t.name.clone(), Default::default()))
+                .collect(),
         })
     }
 

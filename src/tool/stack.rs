@@ -108,6 +108,8 @@ struct Parts {
     read_back: Option<(u32, Duration)>,
     /// The held-calls book, for a tool without receipts.
     held: Option<Held>,
+    /// Whether this read has answered `201 Created` (the tool's, shared by its stacks).
+    creates: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl<C: Clone, Cd: Clone, RB: Clone> Clone for ToolLayer<C, Cd, RB> {
@@ -146,6 +148,8 @@ pub(super) struct Shared {
     pub(super) receipt: Option<(AnyStore, ReceiptConfig)>,
     pub(super) hedge: Option<HedgeSpec>,
     pub(super) held: Book,
+    /// Whether the tool (a read) has answered `201 Created`, shared by its stacks.
+    pub(super) creates: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
@@ -159,6 +163,7 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
             receipt,
             hedge,
             held,
+            creates,
         } = shared;
         let refuse =
             |field: &str, reason: &str| Err(SpecError::new(Some(&tool.name), field, reason));
@@ -217,6 +222,7 @@ impl<RB> ToolLayer<DefaultClassifier, DefaultCodec, RB> {
         };
         let parts = Parts {
             held,
+            creates,
             tool,
             name,
             policy,
@@ -384,7 +390,7 @@ where
         // answer 201 (a PUT that made the resource): no disagreement there.
         let declared = self.parts.policy.class();
         let creates = (declared == crate::class::ToolClass::Read && !self.parts.tool.trust_class)
-            .then(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+            .then(|| self.parts.creates.clone().unwrap_or_default());
         let says = match &creates {
             Some(flag) => says.watching_creates(flag.clone(), declared),
             None => says,

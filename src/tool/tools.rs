@@ -16,6 +16,7 @@ use crate::quota::KeyedQuotaLayer;
 use crate::receipt::{AnyStore, DefaultCodec, NoReadBack, ReceiptConfig};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,6 +67,9 @@ pub struct Tools {
     pub(super) stores: BTreeMap<String, AnyStore>,
     /// The calls held because their outcome is unknown (tools without receipts).
     pub(super) held: Book,
+    /// Per tool declared `read` (without `trust_class`): whether it has answered `201 Created`,
+    /// shared by every stack made for it, so a layer made per call keeps what an earlier saw.
+    pub(super) creates: BTreeMap<String, Arc<AtomicBool>>,
 }
 
 impl fmt::Debug for Tools {
@@ -249,6 +253,7 @@ impl Tools {
             receipt,
             hedge,
             held: self.held.clone(),
+            creates: self.creates.get(name).cloned(),
         };
         Ok((Arc::new(tool.clone()), shared))
     }
