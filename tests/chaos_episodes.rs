@@ -45,9 +45,26 @@ fn script() -> Vec<Step> {
 
 #[test]
 fn a_sound_table_does_nothing_twice_over_1000_episodes_with_crashes() {
+    // A table the audit passes (issue 37: no audit fix may lead to a duplicate).
+    let audit = toolbox(sound_invoice(), sound_ticket()).audit();
+    assert!(!audit.has_errors(), "{}", audit.to_markdown());
+    // The audit's earlier suggested fix for the ticket (no retries, escalate, no receipt) is
+    // no longer a pass: nothing would record the ticket across a crash.
+    let unrecorded = json!({ "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
+            "unknown_outcome": "escalate" });
+    let audit = toolbox(sound_invoice(), unrecorded).audit();
+    assert!(
+        audit
+            .findings
+            .iter()
+            .any(|f| f.code == "write-without-receipt"),
+        "{}",
+        audit.to_markdown()
+    );
     let report = Harness::new(toolbox(sound_invoice(), sound_ticket()), script())
         .run(1_000, 7)
         .unwrap();
+    println!("1,000 episodes, seed 7: {report:?}");
     assert_eq!(report.duplicate_effects, 0, "{report:?}");
     assert_eq!(report.lost_work, 0, "{report:?}");
     assert!(report.crashes > 100, "{report:?}");
