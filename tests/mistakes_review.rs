@@ -193,3 +193,32 @@ async fn an_error_envelope_read_as_json_is_a_failure_not_the_receipt() {
     let keys = keys.lock().unwrap().clone();
     assert_eq!(keys[0], keys[1], "retried with its key");
 }
+
+/// A keyed write answered 404 (a route not deployed yet, an id the model then corrects) did
+/// nothing: no receipt records it, so the reissue is sent (before: the 404 became the receipt,
+/// and every reissue was answered 404 without being sent).
+#[tokio::test]
+async fn a_404_to_a_keyed_write_is_not_its_receipt() {
+    let (addr, sent, _) = serve_keys(|n| match n {
+        0 => server::status(404, &[]),
+        _ => server::status(201, &[]),
+    })
+    .await;
+    let tools = invoice_tools(None);
+    let mut invoice = tools
+        .layer("send_invoice")
+        .unwrap()
+        .layer(invoice_body(addr));
+    let args = json!({ "invoice_id": 4471 });
+    let first = call(&mut invoice, Call::new("run-1", "step-2", args.clone())).await;
+    assert_eq!(first.unwrap().status(), 404);
+    let reissue = call(&mut invoice, Call::new("run-1", "step-5", args.clone())).await;
+    assert_eq!(
+        reissue.unwrap().status(),
+        201,
+        "sent, not answered from a 404"
+    );
+    let again = call(&mut invoice, Call::new("run-1", "step-6", args)).await;
+    assert_eq!(again.unwrap().status(), 201, "the 201 is the receipt");
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+}

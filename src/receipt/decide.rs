@@ -59,7 +59,8 @@ pub(super) enum Plan {
 ///
 /// | result | verdict | key conflict | plan |
 /// |---|---|---|---|
-/// | `Ok` | `Success`, `Empty` | any | `Record` (`NotEncoded` if the codec fails; `NoReceipt` with [`NotStored`](super::NotStored)) |
+/// | `Ok` | `Success` | any | `Record` (`NotEncoded` if the codec fails; `NoReceipt` with [`NotStored`](super::NotStored)) |
+/// | `Ok` | `Empty` (404, 410, gRPC `NOT_FOUND`: no such record) | any | `Abandon`: nothing was done, and a receipt of "nothing" would answer every reissue without sending it (a route not deployed yet, an id the model corrected) |
 /// | any | a failure | `InProgress`, `Reused` | `KeyHeld` |
 /// | any | `Ambiguous`, or an `Err` called a success | none | `InDoubt` |
 /// | any | any other failure | none | `Abandon` |
@@ -70,6 +71,7 @@ pub(super) fn plan<Res, E, Cd: Codec<Res>>(
     codec: &Cd,
 ) -> Plan {
     match (result, verdict, conflict) {
+        (Ok(_), Verdict::Empty, None) => Plan::Abandon,
         (Ok(res), Verdict::Success | Verdict::Empty, _) if codec.stores() => {
             match codec.encode(res) {
                 Ok(bytes) => Plan::Record(bytes),
@@ -120,10 +122,7 @@ mod tests {
             plan(&ok, success, None, &codec),
             Plan::Record(b"7".to_vec())
         );
-        assert_eq!(
-            plan(&ok, Verdict::Empty, None, &codec),
-            Plan::Record(b"7".to_vec())
-        );
+        assert_eq!(plan(&ok, Verdict::Empty, None, &codec), Plan::Abandon);
         assert_eq!(
             plan(&Ok::<u32, ()>(0), success, None, &codec),
             Plan::NotEncoded("zero".into())
