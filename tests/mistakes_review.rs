@@ -222,3 +222,42 @@ async fn a_404_to_a_keyed_write_is_not_its_receipt() {
     assert_eq!(again.unwrap().status(), 201, "the 201 is the receipt");
     assert_eq!(sent.load(Ordering::SeqCst), 2);
 }
+
+/// A ticket whose outcome is unknown is held; the model's reissue with the id written `"7"`
+/// instead of `7` is the same call, refused `outcome_unknown`, not sent (before: a second ticket).
+#[tokio::test]
+async fn a_held_call_reissued_with_its_id_as_a_string_is_still_held() {
+    let (addr, sent, _) = serve_keys(|n| match n {
+        0 => server::status(502, &[]),
+        _ => server::status(201, &[]),
+    })
+    .await;
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "post_ticket", "class": "unkeyed_write", "retry": ["none"],
+                        "unknown_outcome": "escalate" }]}"#,
+    )
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let mut ticket = tools
+        .layer("post_ticket")
+        .unwrap()
+        .layer(invoice_body(addr));
+    let first = call(
+        &mut ticket,
+        Call::new("run-1", "s2", json!({ "ticket": 7 })),
+    )
+    .await;
+    let code = first.unwrap_err().code();
+    assert_eq!(code, stormguard::error::ErrorCode::OutcomeUnknown);
+    let reissue = call(
+        &mut ticket,
+        Call::new("run-1", "s3", json!({ "ticket": "7" })),
+    )
+    .await;
+    assert_eq!(
+        reissue.unwrap_err().code(),
+        stormguard::error::ErrorCode::OutcomeUnknown
+    );
+    assert_eq!(sent.load(Ordering::SeqCst), 1, "one ticket");
+}

@@ -32,7 +32,7 @@ fn fingerprint_of(value: &serde_json::Value) -> Result<String, KeyError> {
 /// holding an integer as the integer is written is that integer (`"4471"` is `4471`: the model
 /// writes an id either way; `"04471"` and `"+4471"` stay strings, other ids), and surrounding
 /// whitespace is not part of an identifier (`" 4471"`). `None`: as written.
-pub(super) fn normalized_id(value: &serde_json::Value) -> Option<serde_json::Value> {
+pub(crate) fn normalized_id(value: &serde_json::Value) -> Option<serde_json::Value> {
     let serde_json::Value::String(s) = value else {
         return None;
     };

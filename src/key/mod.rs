@@ -45,6 +45,7 @@ mod layer;
 mod mcp;
 mod number;
 
+pub(crate) use action::normalized_id;
 pub use action::Action;
 use canonical::to_value;
 pub use canonical::{canonical_json, MAX_DEPTH};

@@ -10,7 +10,7 @@
 //! resume records its calls in a receipt store; the audit says so).
 
 use crate::error::{ErrorCode, ToolError};
-use crate::key::canonical_json;
+use crate::key::{canonical_json, normalized_id};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -179,6 +179,21 @@ pub(super) fn id_of(tool: &str, run: &str, args: &Value, context: &[(String, Str
             hash.update(part.as_bytes());
         }
     }
+    // An id the model wrote as `7` and then as `"7"` is one call: the book errs on the side of
+    // holding (each top-level field read as the key reads an `id:` field).
+    let normalized = args.as_object().and_then(|object| {
+        let any = object.values().any(|v| normalized_id(v).is_some());
+        any.then(|| {
+            let mut copy = object.clone();
+            for v in copy.values_mut() {
+                if let Some(n) = normalized_id(v) {
+                    *v = n;
+                }
+            }
+            Value::Object(copy)
+        })
+    });
+    let args = normalized.as_ref().unwrap_or(args);
     // A number canonical JSON cannot write is still the same call as itself.
     let args = canonical_json(args).unwrap_or_else(|_| args.to_string());
     hash.update(args.as_bytes());
