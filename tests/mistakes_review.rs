@@ -261,3 +261,55 @@ async fn a_held_call_reissued_with_its_id_as_a_string_is_still_held() {
     );
     assert_eq!(sent.load(Ordering::SeqCst), 1, "one ticket");
 }
+
+/// A tool declared `read` whose server annotates it `destructiveHint: true` (merged by
+/// `with_mcp_tools` / `with_listed_tools`), named without a write verb: the annotation is
+/// evidence, the stricter wins, and its ambiguous failure is not resent (before: only the audit
+/// said so; the runtime resent the 502 as a read's).
+#[test]
+fn a_read_its_server_calls_destructive_is_not_resent_after_an_ambiguous_failure() {
+    use stormguard::tool::ListedTool;
+    let listed = ListedTool::from_tools_list(&json!({ "tools": [
+        { "name": "archive_record", "annotations": { "destructiveHint": true } }
+    ]}))
+    .unwrap();
+    let tools = Toolbox::from_json_str(
+        r#"{"tools": [{ "name": "archive_record", "class": "read", "retry": ["layer"],
+                        "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+    )
+    .unwrap()
+    .with_listed_tools(&listed)
+    .unwrap()
+    .build(Stores::new())
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ((err, sent), warnings) = support::logs::warnings(|| {
+        rt.block_on(async {
+            let (addr, sent, _) = serve_keys(|_| server::status(502, &[])).await;
+            let mut archive = tools
+                .layer("archive_record")
+                .unwrap()
+                .layer(invoice_body(addr));
+            let answer = call(
+                &mut archive,
+                Call::new("run-1", "s1", json!({ "record": 7 })),
+            )
+            .await;
+            (answer.unwrap_err(), sent.load(Ordering::SeqCst))
+        })
+    });
+    assert_eq!(
+        err.code(),
+        stormguard::error::ErrorCode::OutcomeUnknown,
+        "{err}"
+    );
+    assert!(err.hint().contains("destructiveHint"), "{}", err.hint());
+    assert_eq!(sent, 1, "not resent");
+    assert!(
+        warnings.iter().any(|l| l.contains("destructive")),
+        "{warnings:?}"
+    );
+}

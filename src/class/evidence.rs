@@ -46,6 +46,9 @@ enum Seen {
     WriteVerb(u8),
     /// The tool answered `201 Created` (RFC 9110 §15.3.2): its calls create something.
     CreatedAnswer,
+    /// The tool's server annotates it `destructiveHint: true` (and not idempotent): doing it
+    /// twice may do it twice.
+    Destructive,
 }
 
 /// The verbs whose tools create, send or pay for something: doing one twice does it twice.
@@ -104,6 +107,23 @@ impl Evidence {
         Some(Evidence(Seen::WriteVerb(u8::try_from(i).ok()?)))
     }
 
+    /// The evidence of a tool's MCP annotations: `destructiveHint: true` without
+    /// `idempotentHint: true` (the server says a call changes something and a repeat may change
+    /// it again). Hints, not guarantees; but where they disagree with a declared read, the
+    /// stricter wins.
+    ///
+    /// ```
+    /// use stormguard::class::{Evidence, ToolClass};
+    /// let e = Evidence::annotations(Some(true), None).unwrap(); // destructive
+    /// assert_eq!(e.tighten(ToolClass::Read, false), ToolClass::UnkeyedWrite);
+    /// assert!(Evidence::annotations(Some(true), Some(true)).is_none()); // and idempotent
+    /// assert!(Evidence::annotations(None, None).is_none());
+    /// ```
+    pub fn annotations(destructive: Option<bool>, idempotent: Option<bool>) -> Option<Evidence> {
+        (destructive == Some(true) && idempotent != Some(true))
+            .then_some(Evidence(Seen::Destructive))
+    }
+
     /// The evidence of a tool that answered `201 Created`: each call creates something.
     pub(crate) fn created_answer() -> Evidence {
         Evidence(Seen::CreatedAnswer)
@@ -120,7 +140,7 @@ impl Evidence {
     /// The class the evidence implies.
     pub fn class(self) -> ToolClass {
         match self.0 {
-            Seen::UnkeyedMethod | Seen::WriteVerb(_) | Seen::CreatedAnswer => {
+            Seen::UnkeyedMethod | Seen::WriteVerb(_) | Seen::CreatedAnswer | Seen::Destructive => {
                 ToolClass::UnkeyedWrite
             }
             Seen::KeyedMethod => ToolClass::KeyedWrite,
@@ -146,7 +166,9 @@ impl Evidence {
             return declared;
         }
         let seen = match self.0 {
-            Seen::WriteVerb(_) | Seen::CreatedAnswer if keyed => ToolClass::KeyedWrite,
+            Seen::WriteVerb(_) | Seen::CreatedAnswer | Seen::Destructive if keyed => {
+                ToolClass::KeyedWrite
+            }
             _ => self.class(),
         };
         declared.strictest(seen)
@@ -175,13 +197,14 @@ impl Evidence {
     }
 
     /// A short label for metrics and logs: `unkeyed_method`, `keyed_method`, `write_verb`,
-    /// `created_answer`.
+    /// `created_answer`, `destructive_annotation`.
     pub fn as_str(self) -> &'static str {
         match self.0 {
             Seen::UnkeyedMethod => "unkeyed_method",
             Seen::KeyedMethod => "keyed_method",
             Seen::WriteVerb(_) => "write_verb",
             Seen::CreatedAnswer => "created_answer",
+            Seen::Destructive => "destructive_annotation",
         }
     }
 
@@ -201,6 +224,10 @@ impl Evidence {
                 )
             }
             Seen::CreatedAnswer => "a tool that answered 201 Created (it creates)".to_owned(),
+            Seen::Destructive => {
+                "a tool its server annotates destructiveHint: true (a repeat may change it again)"
+                    .to_owned()
+            }
         }
     }
 }

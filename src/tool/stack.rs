@@ -267,9 +267,18 @@ fn write_without_record(tool: &Tool) -> bool {
         ToolClass::UnkeyedWrite | ToolClass::MultiStep => true,
         ToolClass::KeyedWrite => tool.key.is_none(),
         ToolClass::Read | ToolClass::IdempotentWrite => {
-            !tool.trust_class && Evidence::tool_name(&tool.name).is_some()
+            !tool.trust_class && tool_evidence(tool).is_some()
         }
     }
+}
+
+/// What the tool itself shows of its class: its name (a write verb), else its server's
+/// annotations (`destructiveHint`).
+fn tool_evidence(tool: &Tool) -> Option<Evidence> {
+    Evidence::tool_name(&tool.name).or_else(|| {
+        let a = tool.annotations?;
+        Evidence::annotations(a.destructive_hint, a.idempotent_hint)
+    })
 }
 
 /// The `Retry`'s policy: the tool's class with its deadline, attempts and backoff.
@@ -469,10 +478,11 @@ where
             None => retry,
         };
         // The tool's name is evidence too: a `create_ticket` declared a read decides as the
-        // write it says it is, unless the table trusts its class.
+        // write it says it is, unless the table trusts its class; and so are its server's
+        // annotations (a `destructiveHint` on a read).
         let retry = match self.parts.tool.trust_class {
             true => retry.trust_class(),
-            false => retry.named(Evidence::tool_name(&self.parts.name)),
+            false => retry.named(tool_evidence(&self.parts.tool)),
         };
         let key_fields = self.parts.key.as_ref().map_or_else(Vec::new, |key| {
             key.parts

@@ -30,7 +30,7 @@ pub(super) fn findings(t: &Tool, out: &mut Vec<Finding>) {
         add(
             Severity::Error,
             "annotation-destructive-on-read",
-            "the server says destructiveHint: true but the tool is declared read: a retry of a destructive call repeats it.".into(),
+            "the server says destructiveHint: true but the tool is declared read: the runtime decides it as an unkeyed write (an ambiguous failure is not resent), and a model's reissue repeats it.".into(),
             "declare the write it is; a read has no destructive effect",
         );
     }
