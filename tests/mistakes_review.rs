@@ -313,3 +313,24 @@ fn a_read_its_server_calls_destructive_is_not_resent_after_an_ambiguous_failure(
         "{warnings:?}"
     );
 }
+
+/// One dependency spelt three ways is three budgets: the audit says so.
+#[test]
+fn a_dependency_spelt_three_ways_is_flagged() {
+    let audit = Toolbox::from_json_str(
+        r#"{ "tools": [
+        { "name": "a", "class": "read", "retry": ["layer"], "dependency": "orders-api" },
+        { "name": "b", "class": "read", "retry": ["layer"], "dependency": "orders_api" },
+        { "name": "c", "class": "read", "retry": ["layer"], "dependency": "Orders-API" },
+        { "name": "d", "class": "read", "retry": ["layer"], "dependency": "billing" } ]}"#,
+    )
+    .unwrap()
+    .audit();
+    let found: Vec<_> = audit
+        .findings
+        .iter()
+        .filter(|f| f.code == "dependency-spelt-apart")
+        .collect();
+    assert_eq!(found.len(), 1, "{}", audit.to_markdown());
+    assert!(found[0].message.contains("3 ways"), "{}", found[0].message);
+}

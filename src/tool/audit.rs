@@ -421,6 +421,7 @@ impl Toolbox {
         }
         saga::findings(self, &mut findings);
         budgets::findings(self, &mut findings);
+        budgets::spelling_findings(self, &mut findings);
         build::findings(self, &mut findings);
         Audit {
             table: self.tools().iter().map(row).collect(),

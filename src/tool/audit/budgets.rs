@@ -40,3 +40,34 @@ pub(super) fn findings(tb: &Toolbox, out: &mut Vec<Finding>) {
         });
     }
 }
+
+/// One finding per group of `dependency` values that differ only in case and separators
+/// (`orders-api`, `orders_api`, `Orders-API`): each is a budget of its own, so one outage is
+/// counted in three budgets and none of them holds it back.
+pub(super) fn spelling_findings(tb: &Toolbox, out: &mut Vec<Finding>) {
+    let mut spellings: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    for t in tb.tools() {
+        if let Some(d) = &t.dependency {
+            let folded: String = d
+                .chars()
+                .filter(|c| c.is_alphanumeric())
+                .flat_map(char::to_lowercase)
+                .collect();
+            spellings.entry(folded).or_default().insert(d);
+        }
+    }
+    for names in spellings.into_values().filter(|n| n.len() > 1) {
+        let named: Vec<String> = names.iter().map(|d| format!("`{d}`")).collect();
+        out.push(Finding {
+            severity: Severity::Warning,
+            tool: format!("dependency {}", named.join(", ")),
+            code: "dependency-spelt-apart",
+            message: format!(
+                "{} look like one dependency spelt {} ways: each has a budget of its own, so one outage spends each and none holds the retries back.",
+                named.join(", "),
+                names.len()
+            ),
+            fix: "spell the dependency one way in every tool",
+        });
+    }
+}
