@@ -78,6 +78,55 @@ async fn a_naive_tower_retry_around_a_ticket_tool_creates_one_ticket() {
     assert_eq!(tools.held().len(), 1);
 }
 
+/// Mistake: the same naive tower `Retry` (4 attempts) around a declared read, over a provider
+/// down with 502s. The stack retries as declared (3 attempts); the outer layer's clones of the
+/// call come back after the stack ended it and are answered with that ending, not sent: 3
+/// requests, not 12. Said once, counted; a new call (the model's reissue) is sent.
+#[test]
+fn a_tower_retry_around_a_read_does_not_multiply_its_attempts() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ((err, after_clones, after_reissue), warnings) = support::logs::warnings(|| {
+        rt.block_on(async {
+            let (addr, requests) = serve(|_| server::status(502, &[])).await;
+            let tools = Toolbox::from_json_str(
+                r#"{"tools": [{ "name": "search", "class": "read", "retry": ["layer"],
+                                "backoff": { "base_ms": 1, "cap_ms": 2 } }]}"#,
+            )
+            .unwrap()
+            .build(Stores::new())
+            .unwrap();
+            let client = reqwest::Client::new();
+            let body = service_fn(move |_: Call| {
+                let (client, url) = (client.clone(), format!("http://{addr}/search"));
+                async move { Ok::<_, BoxError>(client.get(url).send().await?) }
+            });
+            let stack = tools.layer("search").unwrap().layer(body);
+            let mut svc = ServiceBuilder::new()
+                .layer(tower::retry::RetryLayer::new(RetryEveryError(4)))
+                .service(stack);
+            let err = call(&mut svc, Call::new("run-1", "s1", json!({ "q": "storm" })))
+                .await
+                .unwrap_err();
+            let after_clones = requests.load(Ordering::SeqCst);
+            // The model asks again: a new call, sent (its own 3 attempts).
+            let _ = call(&mut svc, Call::new("run-1", "s2", json!({ "q": "storm" }))).await;
+            (err, after_clones, requests.load(Ordering::SeqCst))
+        })
+    });
+    assert_eq!(after_clones, 3, "the stack's 3 attempts, not 3 x 4");
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{err}");
+    assert!(err.hint().contains("retry layer above"), "{}", err.hint());
+    assert_eq!(after_reissue, 6, "a new call is sent");
+    let said: Vec<_> = warnings
+        .iter()
+        .filter(|l| l.contains("retry layer above"))
+        .collect();
+    assert_eq!(said.len(), 1, "{warnings:?}");
+}
+
 /// Mistake: a chat tool over `reqwest::Response` without `PeekErrorBodyLayer` or
 /// `ModelApiClassifier`, and the provider's quota is spent. The body is not in memory, so the 429
 /// cannot be told from a rate limit: it is retried as one, and the crate says so (a WARN, and

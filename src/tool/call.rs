@@ -149,6 +149,11 @@ impl Call {
         &self.step
     }
 
+    /// The arguments, shared (a clone of the call shares them: see `above`).
+    pub(super) fn args_shared(&self) -> &Arc<Value> {
+        &self.args
+    }
+
     /// The step, shared (for the held-calls book).
     pub(super) fn step_shared(&self) -> Arc<str> {
         self.step.clone()

@@ -12,6 +12,7 @@
 //! assert!(toolbox.audit().findings.is_empty());
 //! ```
 
+mod above;
 mod audit;
 mod boxed;
 mod build;

@@ -2,6 +2,7 @@
 //! sees a call (addressed to another tool, a key field missing, no quota entry, a call the
 //! held-calls book holds), and [`ToolFuture`], which tells the book how the call ended.
 
+use super::above::Above;
 use super::boxed::{BoxFuture, Boxed};
 use super::call::Call;
 use super::held::{self, Admit, Book, Ending, Seen};
@@ -36,6 +37,8 @@ pub struct ToolService<Res> {
     /// The argument fields the key is made of.
     key_fields: Arc<[String]>,
     held: Option<Held>,
+    /// Its last failed call, to know the clone a retry layer above sends again.
+    above: Above,
 }
 
 impl<Res> ToolService<Res> {
@@ -52,6 +55,7 @@ impl<Res> ToolService<Res> {
             quota_context,
             key_fields,
             held,
+            above: Above::default(),
         }
     }
 }
@@ -64,6 +68,7 @@ impl<Res> Clone for ToolService<Res> {
             quota_context: self.quota_context.clone(),
             key_fields: self.key_fields.clone(),
             held: self.held.clone(),
+            above: self.above.clone(),
         }
     }
 }
@@ -125,8 +130,12 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
                 return ToolFuture::refused(err);
             }
         }
+        if let Some(err) = self.above.clone_of_failed(&self.name, call.args_shared()) {
+            return ToolFuture::refused(err);
+        }
+        let watch = (self.above.clone(), call.args_shared().clone());
         let Some(held) = &self.held else {
-            return ToolFuture::sent(self.inner.call(call), None);
+            return ToolFuture::sent(self.inner.call(call), None, watch);
         };
         let mut seen = Seen::new(self.name.clone(), call.sameness(), call.step_shared());
         if held.track || held.book.holds_any(&self.name) {
@@ -141,7 +150,7 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
             polled: false,
             tracked: held.track,
         };
-        ToolFuture::sent(self.inner.call(call), Some(guard))
+        ToolFuture::sent(self.inner.call(call), Some(guard), watch)
     }
 }
 
@@ -150,6 +159,8 @@ impl<Res: Send + 'static> Service<Call> for ToolService<Res> {
 pub struct ToolFuture<Res> {
     state: State<Res>,
     guard: Option<Guard>,
+    /// Where its ending is told, and its arguments (a refusal tells nothing).
+    watch: Option<(Above, Arc<serde_json::Value>)>,
 }
 
 enum State<Res> {
@@ -162,13 +173,19 @@ impl<Res> ToolFuture<Res> {
         ToolFuture {
             state: State::Refused(Some(err)),
             guard: None,
+            watch: None,
         }
     }
 
-    fn sent(future: BoxFuture<Res, ToolError>, guard: Option<Guard>) -> Self {
+    fn sent(
+        future: BoxFuture<Res, ToolError>,
+        guard: Option<Guard>,
+        watch: (Above, Arc<serde_json::Value>),
+    ) -> Self {
         ToolFuture {
             state: State::Sent(future),
             guard,
+            watch: Some(watch),
         }
     }
 }
@@ -207,6 +224,12 @@ impl<Res> Future for ToolFuture<Res> {
                 Ok(_) => Ending::Answered,
                 Err(e) => held::ending_of(e),
             });
+        }
+        if let Some((above, args)) = this.watch.take() {
+            match &out {
+                Ok(_) => above.answered(),
+                Err(e) => above.ended(args, e),
+            }
         }
         Poll::Ready(out)
     }
