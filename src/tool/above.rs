@@ -55,7 +55,8 @@ impl Above {
 
     /// A call that succeeded: no clone of an earlier failure is pending any more.
     pub(super) fn answered(&self) {
-        if self.0.any.swap(false, Ordering::AcqRel) {
+        // A load first: the first try of a healthy tool writes nothing shared.
+        if self.0.any.load(Ordering::Acquire) && self.0.any.swap(false, Ordering::AcqRel) {
             *self.0.last.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
     }
