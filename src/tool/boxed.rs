@@ -11,6 +11,27 @@ use tower_service::Service;
 
 pub(super) type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 
+pin_project_lite::pin_project! {
+    /// A future whose error is turned into `E`.
+    struct ErrIntoFuture<F, E> {
+        #[pin]
+        future: F,
+        into: std::marker::PhantomData<fn() -> E>,
+    }
+}
+
+impl<F, T, E1, E> Future for ErrIntoFuture<F, E>
+where
+    F: Future<Output = Result<T, E1>>,
+    E1: Into<E>,
+{
+    type Output = Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T, E>> {
+        self.project().future.poll(cx).map_err(Into::into)
+    }
+}
+
 /// What a boxed service can do: be ready, be called, be cloned.
 trait Erased<Req, Res, E>: Send + Sync {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), E>>;
@@ -41,8 +62,12 @@ where
     }
 
     fn call(&mut self, req: Req) -> BoxFuture<Res, E> {
-        let future = self.service().call(req);
-        Box::pin(async move { future.await.map_err(Into::into) })
+        // Not an `async` block: the stack's future (some kilobytes) is moved once, into the box,
+        // not into a block first.
+        Box::pin(ErrIntoFuture {
+            future: self.service().call(req),
+            into: std::marker::PhantomData,
+        })
     }
 
     fn clone_box(&self) -> Box<dyn Erased<Req, Res, E>> {
