@@ -214,25 +214,7 @@ async fn a_keyed_write_whose_body_sends_its_key_is_retried_with_it() {
     })
     .await;
     let tools = support::invoice::invoice_tools(None);
-    let client = reqwest::Client::new();
-    let body = service_fn(move |call: Call| {
-        let (client, url) = (client.clone(), format!("http://{addr}/invoices"));
-        async move {
-            let key = call.key().map(|k| k.to_string()).unwrap_or_default();
-            let resp = client
-                .post(url)
-                .header("Idempotency-Key", key)
-                .body(call.args().to_string())
-                .send()
-                .await?;
-            let status = resp.status().as_u16();
-            Ok::<_, BoxError>(
-                http::Response::builder()
-                    .status(status)
-                    .body(String::new())?,
-            )
-        }
-    });
+    let body = support::invoice::invoice_body(addr);
     let mut invoice = tools.layer("send_invoice").unwrap().layer(body);
     let answer = call(
         &mut invoice,
